@@ -1,0 +1,20 @@
+"""The addon chain, in mitmproxy's addon order: gates on the way out, trail last."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from etiquette_addons.robots_gate import RobotsGate
+from etiquette_addons.runtime import Runtime
+from etiquette_addons.settings import Settings
+from etiquette_addons.trail import Trail
+
+
+def build_chain(runtime: Runtime | None = None) -> list[Any]:
+    """Every etiquette addon, sharing one runtime; order matters (see each hook)."""
+    rt = runtime or Runtime()
+    return [
+        Settings(rt),  # options, config, state, audit log; starts each flow's notes
+        RobotsGate(rt),  # RFC 9309: refuse before anything else spends the site's budget
+        Trail(rt),  # decision header and audit line: last, after every decision is made
+    ]

@@ -1,0 +1,165 @@
+"""The `etiquette-proxy` command (SPEC §3): run, check-config, ca."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from etiquette_proxy.config import Config, ConfigError, load_config_file
+
+COMMANDS = ("run", "check-config", "ca")
+
+log = logging.getLogger("etiquette_proxy.cli")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="etiquette-proxy", description="A local forward proxy that makes any crawler polite.")
+    sub = parser.add_subparsers(dest="command")
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--config", metavar="FILE", help="YAML config (default: built-in defaults)")
+        p.add_argument("--state-dir", metavar="D", help="state directory (default ~/.local/state/etiquette-proxy)")
+        p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], help="override a config key")
+
+    run = sub.add_parser("run", help="run the proxy (the default command)")
+    common(run)
+    run.add_argument("--listen-host", metavar="H", help="address to listen on (default 127.0.0.1)")
+    run.add_argument("--listen-port", metavar="P", type=int, help="port to listen on, 0 for any free one (default 8080)")
+    run.add_argument("--audit-log", metavar="FILE", help="audit log file, or - for stdout (default <state-dir>/audit.jsonl)")
+    run.add_argument("--mode", choices=("enforce", "observe"), help="observe: forward everything, log what would be done")
+
+    check = sub.add_parser("check-config", help="validate a config file; exit 2 listing every problem")
+    check.add_argument("file", metavar="FILE")
+    check.add_argument("--set", metavar="KEY=VALUE", action="append", default=[])
+
+    ca = sub.add_parser("ca", help="print the path of the CA certificate clients must trust for HTTPS")
+    common(ca)
+    return parser
+
+
+def _overrides(args: argparse.Namespace) -> list[str]:
+    out = list(args.set)
+    for flag, key in (("state_dir", "state.dir"), ("listen_host", "listen.host"), ("listen_port", "listen.port"),
+                      ("audit_log", "audit.log"), ("mode", "mode")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            out.append(f"{key}={value}")
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS + ("-h", "--help"):
+        argv.insert(0, "run")
+    args = _parser().parse_args(argv)
+    if args.command == "check-config":
+        return check_config(args.file, args.set)
+    overrides = _overrides(args)
+    try:
+        config = load_config_file(args.config, overrides)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
+    if args.command == "ca":
+        return print_ca(config)
+    return run(config, args.config, overrides)
+
+
+def check_config(path: str, overrides: Sequence[str] = ()) -> int:
+    try:
+        config = load_config_file(path, overrides)
+        problem = _listen_problem(config, path)
+        if problem:
+            print(problem, file=sys.stderr)
+            return 2
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
+    print(f"{path}: ok")
+    return 0
+
+
+def _listen_problem(config: Config, source: str) -> str | None:
+    """SPEC §12: listen on loopback unless told otherwise; elsewhere requires proxy auth."""
+    from etiquette_addons.settings import is_loopback
+
+    host = config.listen.host
+    if not is_loopback(host) and not config.listen.proxyauth:
+        return (f"{source}:1: listen.host: {host!r} is not a loopback address "
+                "(expected 127.0.0.1 or ::1, or set listen.proxyauth to user:pass)")
+    return None
+
+
+def state_dir(config: Config) -> str:
+    return os.path.abspath(os.path.expanduser(config.state.dir))
+
+
+def print_ca(config: Config) -> int:
+    from mitmproxy import certs
+
+    directory = state_dir(config)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    certs.CertStore.from_store(directory, "mitmproxy", 2048)  # creates the CA on first use
+    print(os.path.join(directory, "mitmproxy-ca-cert.pem"))
+    return 0
+
+
+def _setup_logging() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    for noisy in ("mitmproxy", "asyncio", "hpack", "passlib"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def run(config: Config, config_path: str | None, overrides: list[str]) -> int:
+    problem = _listen_problem(config, config_path or "--listen-host")
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    _setup_logging()
+    try:
+        return asyncio.run(_serve(config, config_path, overrides))
+    except KeyboardInterrupt:
+        return 0
+
+
+async def _serve(config: Config, config_path: str | None, overrides: list[str]) -> int:
+    from mitmproxy import options
+    from mitmproxy.tools.dump import DumpMaster
+
+    from etiquette_addons.chain import build_chain
+    from etiquette_addons.runtime import Runtime
+
+    opts = options.Options(listen_host=config.listen.host, listen_port=config.listen.port,
+                           confdir=state_dir(config))
+    master = DumpMaster(opts, with_termlog=False, with_dumper=False)
+    runtime = Runtime()
+    master.addons.add(*build_chain(runtime))
+    # Options our addons register can only be set once they are added (MITMPROXY-NOTES).
+    opts.update(etiquette_config=config_path or "", etiquette_set=overrides)
+
+    loop = asyncio.get_running_loop()
+
+    def stop() -> None:
+        if runtime.stopping.is_set():
+            return
+        runtime.stopping.set()  # held requests answer locally instead of being cut off
+        loop.call_later(0.2, master.shutdown)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+    await master.run()
+    errorcheck = master.addons.get("errorcheck")
+    return 1 if errorcheck is not None and errorcheck.logger.has_errored else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""Per-flow decision notes in `flow.metadata`, built up by each addon, written by the trail."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from mitmproxy import http
+
+KEY = "etiquette"
+
+
+@dataclass
+class FlowNotes:
+    site: str  # host:port, the unit of pacing and health
+    origin: str  # scheme://host:port, the unit of robots.txt
+    started: float = field(default_factory=time.monotonic)
+    outcome: str | None = None  # set by whichever addon decided; else derived from the status
+    reason: str = ""
+    local: bool = False  # answered by the proxy, the site was not contacted
+    waited_s: float = 0.0
+    upstream_status: int | None = None
+    would: str | None = None  # observe mode: what enforce mode would have done
+    logged: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def would_do(self, outcome: str, reason: str) -> None:
+        """Observe mode: remember the first thing enforce mode would have done."""
+        if self.would is None:
+            self.would = outcome
+            self.extra["would_reason"] = reason
+
+
+def site_of(request: http.Request) -> str:
+    # MITMPROXY-NOTES: key on request.host/port, never pretty_host (it prefers Host:).
+    host = request.host.lower()
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{host}:{request.port}"
+
+
+def origin_of(request: http.Request) -> str:
+    return f"{request.scheme.lower()}://{site_of(request)}"
+
+
+def notes_of(flow: http.HTTPFlow) -> FlowNotes:
+    """The flow's notes, created on first use."""
+    notes = flow.metadata.get(KEY)
+    if notes is None:
+        notes = FlowNotes(site=site_of(flow.request), origin=origin_of(flow.request))
+        flow.metadata[KEY] = notes
+    return notes
+
+
+def skip(flow: http.HTTPFlow) -> bool:
+    """Flows a request hook must leave alone: already answered, failed, or replayed."""
+    return flow.response is not None or flow.error is not None or not flow.live

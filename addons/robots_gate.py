@@ -1,0 +1,166 @@
+"""robots.txt gate: nothing robots.txt disallows leaves the machine (SPEC §4, RFC 9309).
+
+Before the first request to an origin, robots.txt is fetched through the same upstream path
+(one fetch however many requests wait on it), cached per origin in memory and in the state
+store, and every request is checked against it before any other addon lets it go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from urllib.parse import urljoin
+
+from mitmproxy import http
+
+from etiquette_proxy.audit import audit_record
+from etiquette_proxy.clock import wall
+from etiquette_proxy.robots import FetchResult, RobotsEntry, RobotsPolicy, RobotsSettings, product_token
+
+from etiquette_addons.notes import notes_of, skip
+from etiquette_addons.runtime import Runtime
+from etiquette_addons.side_fetch import SideFetchError, fetch
+from etiquette_addons.trail import answer_locally
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "robots"
+REDIRECTS = (301, 302, 303, 307, 308)
+
+
+class RobotsGate:
+    def __init__(self, runtime: Runtime):
+        self.rt = runtime
+        self.policy = RobotsPolicy()
+        self.entries: dict[str, RobotsEntry] = {}
+        self._inflight: dict[str, asyncio.Future[RobotsEntry]] = {}
+        # Set by the pacing addon: robots.txt fetches count against the site's budget (SPEC §4).
+        self.before_fetch = None
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        if skip(flow):
+            return
+        notes = notes_of(flow)
+        if notes.extra.get("internal"):
+            return
+        request = flow.request
+        settings = RobotsSettings.from_config(self.rt.config, notes.site)
+        client_ua = request.headers.get("user-agent")
+        entry = await self.entry_for(notes.origin, notes.site, client_ua, settings)
+        if not flow.live or flow.response is not None:
+            return
+        notes.extra["robots"] = entry.kind
+
+        if request.path.split("?", 1)[0] == "/robots.txt":
+            self._answer_robots(flow, entry)
+            return
+
+        token = product_token(settings.user_agent or client_ua)
+        verdict = self.policy.verdict(entry, request.path, token)
+        if verdict.allowed:
+            delay = self.policy.crawl_delay(entry, token, settings)
+            if delay is not None:
+                notes.extra["crawl_delay"] = delay
+            return
+        if self.rt.observe:
+            notes.would_do("disallowed", verdict.reason)
+            return
+        answer_locally(flow, verdict.status, "disallowed", verdict.reason, verdict.retry_after_s)
+
+    def _answer_robots(self, flow: http.HTTPFlow, entry: RobotsEntry) -> None:
+        """A client's own robots.txt request is answered from the cache (SPEC §4)."""
+        if entry.kind == "unreachable":
+            if not self.rt.observe:
+                answer_locally(flow, 503, "disallowed", entry.note,
+                               max(1.0, entry.expires_at - wall()))
+            return
+        if self.rt.observe:
+            return
+        notes = notes_of(flow)
+        notes.outcome = "served-stored"
+        notes.reason = f"robots.txt from the proxy's cache ({entry.note})"
+        notes.local = True
+        status = entry.status if entry.status and entry.kind == "rules" else (entry.status or 404)
+        flow.response = http.Response.make(
+            status, entry.text.encode("utf-8"), {"Content-Type": "text/plain; charset=utf-8"}
+        )
+
+    async def entry_for(self, origin: str, site: str, client_ua: str | None, settings: RobotsSettings) -> RobotsEntry:
+        """The robots.txt entry for `origin`, fetched once for all waiting requests."""
+        entry = self.entries.get(origin) or self._load(origin)
+        if self.policy.is_fresh(entry):
+            assert entry is not None
+            return entry
+        future = self._inflight.get(origin)
+        if future is None:
+            future = asyncio.ensure_future(self._refresh(origin, site, client_ua, entry, settings))
+            self._inflight[origin] = future
+            future.add_done_callback(lambda _: self._inflight.pop(origin, None))
+        # shield: a client that goes away must not cancel the fetch others wait on
+        return await asyncio.shield(future)
+
+    def _load(self, origin: str) -> RobotsEntry | None:
+        raw = self.rt.state.get(NAMESPACE, origin)
+        if raw is None:
+            return None
+        try:
+            entry = RobotsEntry.from_state(raw)
+        except ValueError as e:
+            log.warning("stored robots.txt entry for %s dropped: %s", origin, e)
+            self.rt.state.forget(NAMESPACE, origin)
+            return None
+        self.entries[origin] = entry
+        return entry
+
+    async def _refresh(self, origin: str, site: str, client_ua: str | None, previous: RobotsEntry | None,
+                       settings: RobotsSettings) -> RobotsEntry:
+        ua = self.rt.config.identity.user_agent or client_ua or "etiquette-proxy"
+        try:
+            result = await self._fetch(origin, site, ua, settings)
+        except Exception as e:  # noqa: BLE001 - any failure means "unreachable", never a crash
+            log.exception("robots.txt fetch for %s failed unexpectedly", origin)
+            result = FetchResult(None, error=f"{type(e).__name__}")
+        entry = self.policy.after_fetch(origin, result, previous, settings)
+        self.entries[origin] = entry
+        try:
+            self.rt.state.put(NAMESPACE, origin, entry.to_state())
+        except Exception:  # noqa: BLE001
+            log.exception("could not persist robots.txt entry for %s", origin)
+        return entry
+
+    async def _fetch(self, origin: str, site: str, ua: str, settings: RobotsSettings) -> FetchResult:
+        url = f"{origin}/robots.txt"
+        for hop in range(settings.max_redirects + 1):
+            if self.before_fetch is not None:
+                await self.before_fetch(site)
+            try:
+                response = await fetch(url, path=self.rt.upstream, headers={"User-Agent": ua},
+                                       timeout=settings.timeout, max_bytes=settings.max_bytes + 1)
+            except SideFetchError as e:
+                self._audit(url, site, ua, None, f"robots.txt fetch for {origin}: {e}")
+                return FetchResult(None, error=str(e), redirects=hop)
+            self._audit(url, site, ua, response.status, f"robots.txt fetch for {origin}")
+            if response.status in REDIRECTS:
+                location = response.header("location")
+                if not location:
+                    return FetchResult(response.status, error="redirect without Location", redirects=hop)
+                url = urljoin(url, location.strip())
+                continue
+            return FetchResult(response.status, response.body, redirects=hop, truncated=response.truncated)
+        return FetchResult(None, error="too many redirects", redirects=settings.max_redirects + 1)
+
+    def _audit(self, url: str, site: str, ua: str, status: int | None, reason: str) -> None:
+        """The proxy's own robots.txt requests reach the site too: they are logged like any other."""
+        if self.rt.audit is None:
+            return
+        if status is None:
+            outcome = "failed"
+        elif status >= 400:
+            outcome = "refused"
+        else:
+            outcome = "fetched"
+        self.rt.audit.write(audit_record(
+            ts=wall(), outcome=outcome, method="GET", url=url, site=site, status=status,
+            upstream_status=status, waited_s=0.0, rate=self.rt.rate_for(site), reason=reason,
+            client_ua=ua, robots_fetch=True,
+        ))

@@ -1,0 +1,118 @@
+"""First addon of the chain: options, config, state, audit log, and the ready line."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from mitmproxy import ctx, exceptions, http
+
+from etiquette_proxy.audit import AuditLog
+from etiquette_proxy.config import ConfigError, load_config_file
+from etiquette_proxy.state import DiskState
+
+from etiquette_addons.notes import notes_of
+from etiquette_addons.runtime import Runtime, expand_dir
+from etiquette_addons.side_fetch import UpstreamPath
+
+log = logging.getLogger(__name__)
+
+_OPTIONS = ("etiquette_config", "etiquette_set", "etiquette_state_dir", "etiquette_audit_log", "etiquette_mode")
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class Settings:
+    def __init__(self, runtime: Runtime):
+        self.rt = runtime
+        self._loaded_key: tuple[object, ...] | None = None
+
+    def load(self, loader) -> None:  # type: ignore[no-untyped-def]
+        loader.add_option("etiquette_config", str, "", "etiquette-proxy config file (YAML).")
+        loader.add_option("etiquette_set", Sequence[str], [], "etiquette-proxy config overrides, KEY=VALUE.")
+        loader.add_option("etiquette_state_dir", str, "", "etiquette-proxy state directory.")
+        loader.add_option("etiquette_audit_log", str, "", "etiquette-proxy audit log file, or - for stdout.")
+        loader.add_option("etiquette_mode", str, "", "etiquette-proxy mode: enforce or observe.")
+        loader.add_option("etiquette_ready_line", bool, True, "Print the ready line when listening.")
+
+    def configure(self, updated: set[str]) -> None:
+        if not (set(_OPTIONS) & updated) and self._loaded_key is not None:
+            return
+        o = ctx.options
+        key = (o.etiquette_config, tuple(o.etiquette_set), o.etiquette_state_dir, o.etiquette_audit_log, o.etiquette_mode)
+        if key == self._loaded_key:
+            return
+        overrides = list(o.etiquette_set)
+        if o.etiquette_state_dir:
+            overrides.append(f"state.dir={o.etiquette_state_dir}")
+        if o.etiquette_audit_log:
+            overrides.append(f"audit.log={o.etiquette_audit_log}")
+        if o.etiquette_mode:
+            overrides.append(f"mode={o.etiquette_mode}")
+        try:
+            config = load_config_file(o.etiquette_config or None, overrides)
+        except ConfigError as e:
+            raise exceptions.OptionsError(str(e)) from None
+        self._loaded_key = key
+        self._open(config)
+
+    def _open(self, config) -> None:  # type: ignore[no-untyped-def]
+        rt = self.rt
+        if rt.audit is not None:
+            rt.audit.close()
+        rt.state.close()
+        rt.config = config
+        rt.state_dir = expand_dir(config.state.dir)
+        os.makedirs(rt.state_dir, mode=0o700, exist_ok=True)
+        rt.state = DiskState(os.path.join(rt.state_dir, "state"))
+        audit_path = config.audit.log or os.path.join(rt.state_dir, "audit.jsonl")
+        rt.audit = AuditLog(audit_path if audit_path == "-" else os.path.expanduser(audit_path))
+        rt.upstream = UpstreamPath(ca_file=config.upstream.ca_file, insecure=config.upstream.insecure,
+                                   proxy=config.upstream.proxy)
+        # MITMPROXY-NOTES: the eager strategy opens TCP+TLS to the site even for requests we
+        # answer locally; lazy means a refused request never touches the site.
+        changes: dict[str, object] = {"connection_strategy": "lazy", "confdir": rt.state_dir}
+        changes["ssl_insecure"] = config.upstream.insecure
+        if config.upstream.ca_file:
+            changes["ssl_verify_upstream_trusted_ca"] = config.upstream.ca_file
+        if config.upstream.proxy:
+            changes["mode"] = [f"upstream:{config.upstream.proxy}"]
+        if config.listen.proxyauth:
+            changes["proxyauth"] = config.listen.proxyauth
+        current = {k: getattr(ctx.options, k) for k in changes}
+        if current != changes:
+            ctx.options.update(**changes)
+        log.info("etiquette-proxy: mode %s, state in %s, audit log %s", config.mode, rt.state_dir, audit_path)
+
+    def running(self) -> None:
+        if not ctx.options.etiquette_ready_line:
+            return
+        server = ctx.master.addons.get("proxyserver")
+        addrs = server.listen_addrs() if server else []
+        for host, port, *_ in addrs[:1]:
+            shown = f"[{host}]" if ":" in host else host
+            sys.stdout.write(f"etiquette-proxy listening on http://{shown}:{port}\n")
+            sys.stdout.flush()
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        notes_of(flow)  # start the clock for waited_s
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        notes = notes_of(flow)
+        if not notes.local and flow.response is not None and notes.upstream_status is None:
+            notes.upstream_status = flow.response.status_code
+
+    def done(self) -> None:
+        if self.rt.audit is not None:
+            self.rt.audit.close()
+        self.rt.state.close()

@@ -1,0 +1,122 @@
+"""Local answers, the X-Etiquette-Decision header, and the audit line for every flow.
+
+Trail is the last addon of the chain: by the time its hooks run, every other addon has
+written its part of the decision into the flow's notes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from mitmproxy import http
+
+from etiquette_proxy.clock import wall
+from etiquette_proxy.audit import audit_record
+
+from etiquette_addons.notes import FlowNotes, notes_of
+from etiquette_addons.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+DECISION_HEADER = "X-Etiquette-Decision"
+
+
+def answer_locally(
+    flow: http.HTTPFlow, status: int, outcome: str, reason: str, retry_after_s: float | None = None
+) -> None:
+    """Answer the client from the proxy; the site is not contacted (SPEC §3, §7: small)."""
+    notes = notes_of(flow)
+    notes.outcome = outcome
+    notes.reason = reason
+    notes.local = True
+    # Header values come from rules and sites' text: never let CR/LF split a header.
+    safe_reason = " ".join(reason.split())
+    body = f"etiquette-proxy: {outcome}. {safe_reason}".rstrip(".") + ".\n"
+    headers = {
+        "Content-Type": "text/plain; charset=utf-8",
+        "Cache-Control": "no-store",
+        DECISION_HEADER: outcome,
+    }
+    if retry_after_s is not None:
+        seconds = max(1, math.ceil(retry_after_s))
+        headers["Retry-After"] = str(seconds)
+        notes.extra.setdefault("retry_after", str(seconds))
+    flow.response = http.Response.make(status, body.encode("utf-8"), headers)
+
+
+def final_outcome(notes: FlowNotes, flow: http.HTTPFlow) -> str:
+    if notes.outcome:
+        return notes.outcome
+    if flow.response is None:
+        return "failed"
+    status = flow.response.status_code
+    if status == 304:
+        return "unchanged"  # the client asked conditionally itself
+    return "refused" if status >= 400 else "fetched"
+
+
+class Trail:
+    """Writes one audit line per flow and marks responses with the decision."""
+
+    def __init__(self, runtime: Runtime):
+        self.rt = runtime
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        assert flow.response is not None
+        flow.response.headers[DECISION_HEADER] = final_outcome(notes_of(flow), flow)
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        assert flow.response is not None
+        notes = notes_of(flow)
+        flow.response.headers[DECISION_HEADER] = final_outcome(notes, flow)
+        self.write(flow, notes)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        notes = notes_of(flow)
+        if notes.logged:
+            return
+        if not notes.outcome:
+            notes.outcome = "failed"
+        if not notes.reason and flow.error is not None:
+            notes.reason = flow.error.msg
+        self.write(flow, notes)
+
+    def write(self, flow: http.HTTPFlow, notes: FlowNotes) -> None:
+        if notes.logged or self.rt.audit is None:
+            return
+        notes.logged = True
+        request = flow.request
+        status = flow.response.status_code if flow.response is not None else None
+        if flow.error is not None and flow.response is None and "disconnect" not in flow.error.msg.lower():
+            status = 502  # mitmproxy answers the client 502 for an upstream failure
+        extra = dict(notes.extra)
+        if notes.would is not None:
+            extra["would"] = notes.would
+        if flow.response is not None and flow.response.raw_content is not None:
+            extra.setdefault("bytes", len(flow.response.raw_content))
+        try:
+            record = audit_record(
+                ts=wall(),
+                outcome=final_outcome(notes, flow),
+                method=request.method,
+                url=request.url,
+                site=notes.site,
+                status=status,
+                upstream_status=None if notes.local else notes.upstream_status,
+                waited_s=notes.waited_s,
+                rate=self.rt.rate_for(notes.site),
+                reason=notes.reason or _default_reason(flow),
+                client_ua=request.headers.get("user-agent"),
+                **extra,
+            )
+            self.rt.audit.write(record)
+        except Exception:  # noqa: BLE001 - never let logging take a flow down
+            log.exception("could not write the audit line for %s", request.url)
+
+
+def _default_reason(flow: http.HTTPFlow) -> str:
+    if flow.response is None:
+        return flow.error.msg if flow.error else "no response"
+    return f"site answered {flow.response.status_code}"
+

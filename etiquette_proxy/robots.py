@@ -1,0 +1,251 @@
+"""robots.txt policy per origin (RFC 9309), over protego's matcher.
+
+Pure: the addon fetches, this module decides what a fetch result means, how long it is
+good for, and whether a URL may be requested. No I/O, time through an injected clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Literal
+
+from protego import Protego
+
+from etiquette_proxy.clock import Clock, wall
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["rules", "allow_all", "unreachable"]
+
+
+@dataclass(frozen=True)
+class RobotsSettings:
+    """The robots.* config for one site."""
+
+    ttl: float = 86400.0
+    timeout: float = 10.0
+    max_bytes: int = 500 * 1024
+    max_redirects: int = 5
+    retry_min: float = 30.0
+    retry_max: float = 3600.0
+    keep_good_copy: float = 30 * 86400.0
+    max_crawl_delay: float = 60.0
+    user_agent: str | None = None
+
+    @classmethod
+    def from_config(cls, config: Any, site: str) -> RobotsSettings:
+        v = config.for_site(site).robots
+        return cls(
+            ttl=min(v.ttl, 86400.0), timeout=v.timeout, max_bytes=v.max_bytes,
+            max_redirects=v.max_redirects, retry_min=v.retry_min, retry_max=v.retry_max,
+            keep_good_copy=v.keep_good_copy, max_crawl_delay=v.max_crawl_delay,
+            user_agent=v.user_agent,
+        )
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    """What one robots.txt fetch (after following redirects) produced."""
+
+    status: int | None  # final HTTP status; None when no answer came (error below)
+    body: bytes = b""
+    error: str | None = None  # "timeout", "connection refused", "too many redirects", ...
+    redirects: int = 0
+    truncated: bool = False
+
+
+@dataclass(frozen=True)
+class RobotsEntry:
+    """The cached state of one origin's robots.txt. JSON-able through to_state()."""
+
+    origin: str
+    kind: Kind
+    status: int | None
+    text: str  # the rules in force ("" for allow_all / unreachable without a good copy)
+    fetched_at: float  # when the rules in force were fetched
+    checked_at: float  # when this state was reached (last fetch attempt)
+    expires_at: float  # when to fetch again
+    failures: int = 0  # consecutive 5xx / network failures, for the backoff
+    note: str = ""  # why this state, for logs and the dashboard
+    stale: bool = False  # rules from an earlier good copy kept while unreachable
+
+    def to_state(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_state(cls, state: Any) -> RobotsEntry:
+        """Rebuild from stored state; ValueError when it is not a robots entry."""
+        try:
+            entry = cls(**state)
+            if entry.kind not in ("rules", "allow_all", "unreachable"):
+                raise ValueError(entry.kind)
+            float(entry.expires_at) + float(entry.fetched_at) + float(entry.checked_at)
+            if not isinstance(entry.text, str):
+                raise ValueError("text")
+            return entry
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"not a robots.txt entry: {e}") from None
+
+
+@dataclass(frozen=True)
+class RobotsVerdict:
+    """May this URL be requested, and why."""
+
+    allowed: bool
+    reason: str
+    status: int = 200  # what a refusal answers with: 403 disallowed, 503 unreachable
+    retry_after_s: float | None = None
+
+
+# -- product tokens (RFC 9309 §2.2.1) ---------------------------------------------------------
+
+_PRODUCT = re.compile(r"([A-Za-z0-9_][A-Za-z0-9_.-]*)/[^\s;()]*")
+# Tokens every browser-like User-Agent carries; they say nothing about which crawler it is.
+_GENERIC = {"mozilla", "applewebkit", "khtml", "gecko", "chrome", "safari", "firefox",
+            "version", "mobile", "edg", "opr", "like", "chromium", "trident"}
+
+
+def product_token(user_agent: str | None) -> str:
+    """The product token a User-Agent header names, lower-cased (`MyBot/1.0 (+url)` → mybot)."""
+    if not user_agent:
+        return "*"
+    names = [m.group(1).lower() for m in _PRODUCT.finditer(user_agent)]
+    for name in names:
+        if name not in _GENERIC:
+            return name
+    if names:
+        return names[0]
+    word = re.match(r"[A-Za-z0-9_-]+", user_agent.strip())
+    return word.group(0).lower() if word else "*"
+
+
+# -- decoding ---------------------------------------------------------------------------------
+
+def decode_body(body: bytes, max_bytes: int) -> tuple[str, list[str]]:
+    """Text protego can parse, plus notes on what was odd about the bytes."""
+    notes: list[str] = []
+    if len(body) > max_bytes:
+        # RFC 9309 §2.5: parse at least 500 KiB. Cut at the last full line so a rule is never
+        # cut in half (a half "Disallow: /private" would still be a valid, different rule).
+        body = body[:max_bytes]
+        cut = max(body.rfind(b"\n"), body.rfind(b"\r"))
+        body = body[: cut + 1] if cut >= 0 else b""
+        notes.append(f"longer than {max_bytes} bytes: parsed the first {len(body)}")
+    if body.startswith(b"\xef\xbb\xbf"):
+        body = body[3:]
+    nuls = body.count(b"\x00")
+    if nuls:
+        notes.append(f"{nuls} NUL bytes removed")
+        body = body.replace(b"\x00", b"")
+    text = body.decode("utf-8", errors="replace")
+    if "\ufffd" in text:
+        notes.append("not valid UTF-8: undecodable bytes replaced")
+    return text, notes
+
+
+# -- the policy -------------------------------------------------------------------------------
+
+class RobotsPolicy:
+    """What a fetch means, how long it holds, and what it allows (RFC 9309 §2.3–2.4)."""
+
+    def __init__(self, clock: Clock = wall):
+        self.clock = clock
+        self._parsed: dict[tuple[str, float], Protego] = {}
+
+    def is_fresh(self, entry: RobotsEntry | None) -> bool:
+        """Whether the entry may be used without fetching again."""
+        return entry is not None and self.clock() < entry.expires_at
+
+    def after_fetch(
+        self, origin: str, fetch: FetchResult, previous: RobotsEntry | None, settings: RobotsSettings
+    ) -> RobotsEntry:
+        """The new entry for `origin` given what the fetch produced."""
+        now = self.clock()
+        status = fetch.status
+        if fetch.error == "too many redirects":
+            # RFC 9309 §2.3.1.2: after five redirects a crawler MAY assume robots.txt is
+            # unavailable, which §2.3.1.3 reads as "no rules".
+            return RobotsEntry(origin, "allow_all", status, "", now, now, now + settings.ttl,
+                               note=f"more than {settings.max_redirects} redirects: treated as unavailable (RFC 9309 §2.3.1.2), no rules")
+        if status is not None and 200 <= status < 300:
+            text, notes = decode_body(fetch.body, settings.max_bytes)
+            note = f"robots.txt {status}" + (f" ({'; '.join(notes)})" if notes else "")
+            if notes:
+                log.warning("robots.txt of %s: %s", origin, "; ".join(notes))
+            return RobotsEntry(origin, "rules", status, text, now, now, now + settings.ttl, note=note)
+        if status is not None and 400 <= status < 500:
+            # RFC 9309 §2.3.1.3: "unavailable" means the crawler may access any resource.
+            # Often an operator's mistake (a blanket 4xx rule that swallowed robots.txt): say so.
+            log.warning("robots.txt of %s answered %s: no rules, everything allowed (RFC 9309 §2.3.1.3)", origin, status)
+            return RobotsEntry(origin, "allow_all", status, "", now, now, now + settings.ttl,
+                               note=f"robots.txt {status}: unavailable, everything allowed (RFC 9309 §2.3.1.3)")
+        # 5xx, 3xx without a usable Location, other statuses, timeout, network error:
+        # RFC 9309 §2.3.1.4 "unreachable" — assume complete disallow, retry with backoff.
+        failures = (previous.failures if previous else 0) + 1
+        backoff = min(settings.retry_max, settings.retry_min * 2 ** (failures - 1))
+        what = f"{status}" if status is not None else (fetch.error or "no answer")
+        # Only a 2xx copy counts as good: a remembered 4xx ("no rules") must not widen access
+        # while the site is failing.
+        good = previous if previous is not None and previous.kind == "rules" else None
+        if good is not None and now - good.fetched_at < settings.keep_good_copy:
+            # RFC 9309 §2.4 allows a cached copy while unreachable; keep it up to 30 days.
+            log.warning("robots.txt of %s unreachable (%s): keeping the copy fetched %.0fs ago", origin, what, now - good.fetched_at)
+            return replace(good, checked_at=now, expires_at=now + backoff, failures=failures, stale=True,
+                           note=f"robots.txt unreachable ({what}); using the copy from {now - good.fetched_at:.0f}s ago")
+        log.warning("robots.txt of %s unreachable (%s): everything disallowed, retry in %.0fs", origin, what, backoff)
+        return RobotsEntry(origin, "unreachable", status, "", now, now, now + backoff, failures=failures,
+                           note=f"robots.txt unreachable ({what})")
+
+    def verdict(self, entry: RobotsEntry, url: str, token: str) -> RobotsVerdict:
+        """Whether `url` (path and query, or absolute) may be requested by `token`."""
+        if entry.kind == "unreachable":
+            wait = max(1.0, entry.expires_at - self.clock())
+            return RobotsVerdict(False, entry.note, status=503, retry_after_s=wait)
+        if entry.kind == "allow_all":
+            return RobotsVerdict(True, entry.note)
+        parser = self._parser(entry)
+        if parser.can_fetch(url, token):
+            return RobotsVerdict(True, "allowed by robots.txt")
+        return RobotsVerdict(False, self._rule_text(parser, url, token), status=403)
+
+    def crawl_delay(self, entry: RobotsEntry, token: str, settings: RobotsSettings) -> float | None:
+        """Seconds between requests the site asks for (Crawl-delay or Request-rate), capped."""
+        if entry.kind != "rules":
+            return None
+        parser = self._parser(entry)
+        delays = []
+        if (d := parser.crawl_delay(token)) is not None and d > 0:
+            delays.append(float(d))
+        if (rr := parser.request_rate(token)) is not None and rr.requests > 0:
+            delays.append(rr.seconds / rr.requests)
+        if not delays:
+            return None
+        return min(max(delays), settings.max_crawl_delay)
+
+    def _parser(self, entry: RobotsEntry) -> Protego:
+        key = (entry.origin, entry.fetched_at)
+        parser = self._parsed.get(key)
+        if parser is None:
+            parser = Protego.parse(entry.text)
+            if len(self._parsed) > 10_000:
+                self._parsed.clear()
+            self._parsed[key] = parser
+        return parser
+
+    @staticmethod
+    def _rule_text(parser: Protego, url: str, token: str) -> str:
+        """The rule that refused `url`, e.g. `Disallow: /private/` (for the audit reason)."""
+        try:
+            from protego._utils import _quote_path  # protego keeps the rule objects private
+
+            rule_set = parser._get_matching_rule_set(token)
+            path = _quote_path(url)
+            for rule in rule_set._rules:  # type: ignore[union-attr]
+                if rule.value.match(path):
+                    group = rule_set.user_agent  # type: ignore[union-attr]
+                    return f"Disallow: {rule.value._pattern} (group {group})"
+        except Exception:  # noqa: BLE001 - the reason is decoration; the verdict stands
+            pass
+        return "Disallow (robots.txt)"

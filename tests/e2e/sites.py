@@ -1,0 +1,185 @@
+"""Real local sites for end-to-end tests: threaded HTTP(S) servers on loopback.
+
+A site is a table of routes. Each route answers with a status, headers and body, or misbehaves
+on purpose (stalls, resets, streams forever). Every request that arrives is recorded with its
+arrival time and headers, so a test can prove what did and did not reach the site.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import ssl
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Answer:
+    status: int = 200
+    body: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
+    stall_s: float = 0.0  # sleep before answering (a site that stalls)
+    reset: bool = False  # close the connection with RST instead of answering
+    endless: bool = False  # stream a body that never ends (bounded by the test's lifetime)
+
+
+Route = Answer | Callable[["Arrival"], Answer]
+
+
+@dataclass
+class Arrival:
+    method: str
+    path: str
+    headers: dict[str, str]
+    at: float  # time.monotonic()
+
+
+class Site:
+    """A local site. `site.route("/robots.txt", Answer(200, b"..."))`; `site.arrivals`."""
+
+    def __init__(self, tls: TLSFiles | None = None, default: Answer | None = None):
+        self.routes: dict[str, Route] = {}
+        self.default = default or Answer(200, b"<html><body>page</body></html>", {"Content-Type": "text/html"})
+        self.arrivals: list[Arrival] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        site = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                site._handle(self)
+
+            do_HEAD = do_POST = do_PUT = do_DELETE = do_GET
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.scheme = "http"
+        if tls is not None:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(tls.cert, tls.key)
+            self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+            self.scheme = "https"
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def base(self) -> str:
+        host = "localhost" if self.scheme == "https" else "127.0.0.1"
+        return f"{self.scheme}://{host}:{self.port}"
+
+    def url(self, path: str) -> str:
+        return self.base + path
+
+    def route(self, path: str, answer: Route) -> Site:
+        self.routes[path] = answer
+        return self
+
+    def hits(self, path: str) -> list[Arrival]:
+        with self._lock:
+            return [a for a in self.arrivals if a.path == path]
+
+    def paths(self) -> list[str]:
+        with self._lock:
+            return [a.path for a in self.arrivals]
+
+    def close(self) -> None:
+        self._stop.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _handle(self, handler: BaseHTTPRequestHandler) -> None:
+        arrival = Arrival(handler.command, handler.path, {k.lower(): v for k, v in handler.headers.items()}, time.monotonic())
+        length = int(handler.headers.get("Content-Length") or 0)
+        if length:
+            handler.rfile.read(length)
+        with self._lock:
+            self.arrivals.append(arrival)
+        route = self.routes.get(handler.path) or self.routes.get(handler.path.split("?", 1)[0]) or self.default
+        answer = route(arrival) if callable(route) else route
+        if answer.stall_s:
+            self._stop.wait(answer.stall_s)
+        if answer.reset:
+            handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            handler.connection.close()
+            handler.close_connection = True
+            return
+        handler.send_response(answer.status)
+        headers = {"Date": handler.date_time_string(), **answer.headers}
+        if answer.endless:
+            headers["Transfer-Encoding"] = "chunked"
+        elif handler.command != "HEAD" or "Content-Length" not in headers:
+            headers.setdefault("Content-Length", str(len(answer.body)))
+        for k, v in headers.items():
+            handler.send_header(k, v)
+        handler.end_headers()
+        if handler.command == "HEAD":
+            return
+        try:
+            if answer.endless:
+                chunk = b"Disallow: /x\n" * 5000
+                deadline = time.monotonic() + 30
+                while not self._stop.is_set() and time.monotonic() < deadline:
+                    handler.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                handler.close_connection = True
+            else:
+                handler.wfile.write(answer.body)
+        except OSError:
+            handler.close_connection = True
+
+
+@dataclass(frozen=True)
+class TLSFiles:
+    ca: str
+    cert: str
+    key: str
+
+
+def make_tls(directory: Path) -> TLSFiles:
+    """A private CA and a localhost certificate it signs (for sites with their own certificate)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    import ipaddress
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "etiquette test site CA")])
+    ca = (
+        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+        .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=30))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
+        .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=30))
+        .add_extension(x509.SubjectAlternativeName([
+            x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    files = TLSFiles(str(directory / "site-ca.pem"), str(directory / "site.pem"), str(directory / "site-key.pem"))
+    Path(files.ca).write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    Path(files.cert).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    Path(files.key).write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    return files
