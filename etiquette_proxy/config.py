@@ -332,7 +332,7 @@ def _compose(text: str, file: str, problems: list[ConfigProblem]) -> Any:
 
 def _plain(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _plain(v.value) for k, v in value.items()}
+        return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, _Located):
         return _plain(value.value)
     if isinstance(value, list):
@@ -467,6 +467,8 @@ def _apply_override(item: str, index: int, values: dict[str, Any], sites: dict[s
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
+    if isinstance(value, (list, dict)) and not raw.strip().startswith(("[", "{")):
+        value = raw  # "-" or "a: b" on the command line mean the text itself
     parts = _split_dotted(key.strip())
     if parts and parts[0] == "sites":
         if len(parts) < 3 or not _valid_site(parts[1]):

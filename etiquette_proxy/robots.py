@@ -121,6 +121,9 @@ def product_token(user_agent: str | None) -> str:
     return word.group(0).lower() if word else "*"
 
 
+_NOISE = re.compile("[\ufffd\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
 # -- decoding ---------------------------------------------------------------------------------
 
 def decode_body(body: bytes, max_bytes: int) -> tuple[str, list[str]]:
@@ -141,7 +144,10 @@ def decode_body(body: bytes, max_bytes: int) -> tuple[str, list[str]]:
         body = body.replace(b"\x00", b"")
     text = body.decode("utf-8", errors="replace")
     if "\ufffd" in text:
-        notes.append("not valid UTF-8: undecodable bytes replaced")
+        notes.append("not valid UTF-8: undecodable bytes dropped")
+    # Undecodable bytes and control characters are noise around the directives, not part of
+    # them: dropping them keeps a rule like "\xff\xfeDisallow: /x" in force.
+    text = _NOISE.sub("", text)
     return text, notes
 
 
@@ -152,7 +158,7 @@ class RobotsPolicy:
 
     def __init__(self, clock: Clock = wall):
         self.clock = clock
-        self._parsed: dict[tuple[str, float], Protego] = {}
+        self._parsed: dict[tuple[str, str], Protego] = {}
 
     def is_fresh(self, entry: RobotsEntry | None) -> bool:
         """Whether the entry may be used without fetching again."""
@@ -225,7 +231,7 @@ class RobotsPolicy:
         return min(max(delays), settings.max_crawl_delay)
 
     def _parser(self, entry: RobotsEntry) -> Protego:
-        key = (entry.origin, entry.fetched_at)
+        key = (entry.origin, entry.text)  # str caches its hash: cheap per request
         parser = self._parsed.get(key)
         if parser is None:
             parser = Protego.parse(entry.text)

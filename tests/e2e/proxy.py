@@ -63,7 +63,8 @@ class Proxy:
         return str(self.state_dir / "mitmproxy-ca-cert.pem")
 
     def stderr(self) -> str:
-        self._stderr.flush()
+        if not self._stderr.closed:
+            self._stderr.flush()
         return self.stderr_path.read_text(errors="replace")
 
     def audit(self) -> list[dict[str, Any]]:
@@ -84,6 +85,8 @@ class Proxy:
             time.sleep(0.05)
 
     def stop(self, timeout: float = 10.0) -> int:
+        if self._stderr.closed:
+            return self.proc.returncode
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -123,6 +126,8 @@ class Proxy:
         out = subprocess.run(["curl", "-s", "-i", "-A", ua, "--max-time", "30", *args, url],
                              env=env, capture_output=True, timeout=40, check=False)
         head, _, body = out.stdout.partition(b"\r\n\r\n")
+        while b"connection established" in head.split(b"\r\n", 1)[0].lower():  # the CONNECT answer
+            head, _, body = body.partition(b"\r\n\r\n")
         lines = head.decode("latin-1").split("\r\n")
         status = int(lines[0].split()[1]) if lines and lines[0].startswith("HTTP") else 0
         headers = {}

@@ -63,7 +63,15 @@ class Site:
 
             do_HEAD = do_POST = do_PUT = do_DELETE = do_GET
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.connections = 0  # TCP connections accepted, including ones that never sent a request
+
+        class Server(ThreadingHTTPServer):
+            def get_request(self):  # type: ignore[no-untyped-def]
+                conn = super().get_request()
+                site.connections += 1
+                return conn
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.scheme = "http"
         if tls is not None:
