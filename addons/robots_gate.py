@@ -20,7 +20,7 @@ from etiquette_proxy.robots import FetchResult, RobotsEntry, RobotsPolicy, Robot
 from etiquette_addons.notes import notes_of, skip
 from etiquette_addons.runtime import Runtime
 from etiquette_addons.side_fetch import SideFetchError, fetch
-from etiquette_addons.trail import answer_locally
+from etiquette_addons.trail import answer_locally, fail_closed
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,12 @@ class RobotsGate:
     async def request(self, flow: http.HTTPFlow) -> None:
         if skip(flow):
             return
+        try:
+            await self._gate(flow)
+        except Exception as e:  # noqa: BLE001
+            fail_closed(flow, "the robots.txt gate", e)
+
+    async def _gate(self, flow: http.HTTPFlow) -> None:
         notes = notes_of(flow)
         if notes.extra.get("internal"):
             return

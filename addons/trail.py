@@ -7,12 +7,12 @@ written its part of the decision into the flow's notes.
 from __future__ import annotations
 
 import logging
-import math
 
 from mitmproxy import http
 
 from etiquette_proxy.clock import wall
 from etiquette_proxy.audit import audit_record
+from etiquette_proxy.refusals import local_answer
 
 from etiquette_addons.notes import FlowNotes, notes_of
 from etiquette_addons.runtime import Runtime
@@ -30,19 +30,22 @@ def answer_locally(
     notes.outcome = outcome
     notes.reason = reason
     notes.local = True
-    # Header values come from rules and sites' text: never let CR/LF split a header.
-    safe_reason = " ".join(reason.split())
-    body = f"etiquette-proxy: {outcome}. {safe_reason}".rstrip(".") + ".\n"
-    headers = {
-        "Content-Type": "text/plain; charset=utf-8",
-        "Cache-Control": "no-store",
-        DECISION_HEADER: outcome,
-    }
-    if retry_after_s is not None:
-        seconds = max(1, math.ceil(retry_after_s))
-        headers["Retry-After"] = str(seconds)
-        notes.extra.setdefault("retry_after", str(seconds))
-    flow.response = http.Response.make(status, body.encode("utf-8"), headers)
+    answer = local_answer(status, outcome, reason, retry_after_s, now=wall())
+    retry = dict(answer.headers).get("Retry-After")
+    if retry is not None:
+        notes.extra.setdefault("retry_after", retry)
+    flow.response = http.Response.make(
+        answer.status, answer.body, [(k.encode(), v.encode()) for k, v in answer.headers]
+    )
+
+
+def fail_closed(flow: http.HTTPFlow, what: str, error: BaseException) -> None:
+    """A gate that broke must refuse, never wave the request through (SPEC §12)."""
+    log.exception("%s failed on %s; answering 503", what, flow.request.url, exc_info=error)
+    try:
+        answer_locally(flow, 503, "failed", f"etiquette-proxy internal error in {what}", 30)
+    except Exception:  # noqa: BLE001 - last resort: a bare local answer
+        flow.response = http.Response.make(503, b"etiquette-proxy internal error\n")
 
 
 def final_outcome(notes: FlowNotes, flow: http.HTTPFlow) -> str:
