@@ -11,7 +11,8 @@ A row that does not parse is dropped with a warning and treated as absent (SPEC 
 
 Eviction is diskcache's least-recently-used within store.size_limit; it may drop an entry's
 body before its metadata (or the other way round). `body()` checks size and SHA-256 against the
-entry, so a missing or replaced body reads as None and is never served.
+entry, so a missing or replaced body reads as None and is never served. Revisit and gone
+records share the same LRU: losing one only means the URL is fetched again.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import hashlib
 import json
 import logging
 import re
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import diskcache

@@ -10,6 +10,8 @@ Choices where the spec is silent:
   the entry is bound to a SHA-256 of the credentials, as if `Vary: Authorization`: it is injected
   or served only for a request carrying the same credentials, so a stored answer never reaches a
   request with other or no credentials. The secret itself is never written to the store.
+  `Cookie` gets no such binding (as in a browser's private cache); a site whose pages depend on
+  cookies says so with `Vary: Cookie`, which is honoured.
 - `Set-Cookie` is not stored: replaying an old cookie on every revalidated answer would reset
   the crawler's session. A `Set-Cookie` on a 304 still reaches the client.
 - `Vary: *` responses are not stored: no later request can match them (RFC 9111 §4.1).
@@ -21,9 +23,9 @@ import hashlib
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
-Headers = Union[Mapping[str, str], Iterable[tuple[str, str]]]
+Headers = Mapping[str, str] | Iterable[tuple[str, str]]
 HeaderPairs = tuple[tuple[str, str], ...]
 
 FORMAT_VERSION = 1
