@@ -1,0 +1,115 @@
+"""URL keys: one normal form per resource, so the store has one row per page (SPEC §6, seed 004).
+
+`normalise(url, tracking_params)` lower-cases scheme and host (IDN hosts to punycode), drops the
+default port, the fragment, user info and tracking parameters, sorts the query (stable for
+repeated names), and normalises percent-encoding (RFC 3986 §6.2.2). It never guesses beyond
+that: `/docs` and `/docs/` stay two keys (the seed calls the trailing slash a per-site choice)
+and dot segments are left alone (the proxy forwards the path as the client sent it).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from functools import lru_cache
+from urllib.parse import urlsplit
+
+DEFAULT_TRACKING_PARAMS: tuple[str, ...] = ("utm_*", "gclid", "fbclid", "mc_cid", "mc_eid")
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+# RFC 3986 §2.3: unreserved characters are decoded wherever they appear percent-encoded.
+_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+# RFC 3986 §3.3/§3.4: what may appear literally in a path or query (pchar, "/", "?").
+# Everything else (space, quotes, non-ASCII, controls) is percent-encoded as UTF-8.
+_LITERAL = _UNRESERVED | frozenset(b"!$&'()*+,;=:@/?%")
+_PCT = re.compile(r"%([0-9A-Fa-f]{2})")
+_ASCII_HOST = re.compile(r"^[a-z0-9_-]+(\.[a-z0-9_-]+)*$")
+
+
+def normalise(url: str, tracking_params: Iterable[str] = DEFAULT_TRACKING_PARAMS) -> str:
+    """The store key of `url`; raises ValueError for anything that is not an http(s) URL."""
+    if not isinstance(url, str):
+        raise ValueError(f"{url!r} is not a URL (expected text)")
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port  # raises ValueError for junk or out-of-range ports
+    except ValueError as e:
+        raise ValueError(f"{url!r} is not a valid URL ({e})") from None
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS:
+        raise ValueError(f"{url!r} is not an http(s) URL")
+    host = _host(parts.hostname or "", url)
+    netloc = f"[{host}]" if ":" in host else host
+    if port is not None and port != _DEFAULT_PORTS[scheme]:
+        netloc = f"{netloc}:{port}"
+    path = _component(parts.path) or "/"
+    query = _query(parts.query, _tracking_matcher(tuple(tracking_params)))
+    return f"{scheme}://{netloc}{path}" + (f"?{query}" if query else "")
+
+
+def _host(host: str, url: str) -> str:
+    """Lower-case ASCII host, IDN labels as punycode (IDNA 2003 via encodings.idna)."""
+    host = host.rstrip(".")  # "example.com." names the same DNS host as "example.com"
+    if not host:
+        raise ValueError(f"{url!r} has no host")
+    if ":" in host:  # IPv6 literal; urlsplit has already removed the brackets
+        if not re.fullmatch(r"[0-9a-f:.]+(%25[\w.~-]+)?", host):
+            raise ValueError(f"{url!r} has an invalid IPv6 host")
+        return host
+    if not host.isascii():
+        try:
+            host = host.encode("idna").decode("ascii").lower()
+        except UnicodeError as e:
+            raise ValueError(f"{url!r} has an invalid international host ({e})") from None
+    if not _ASCII_HOST.match(host):
+        raise ValueError(f"{url!r} has an invalid host {host!r}")
+    return host
+
+
+def _component(text: str) -> str:
+    """Percent-encoding normalised: unreserved decoded, other escapes upper-case, rest encoded."""
+    out: list[str] = []
+    raw = text.encode("utf-8", "surrogateescape")
+    i, n = 0, len(raw)
+    while i < n:
+        byte = raw[i]
+        if byte == 0x25:  # "%"
+            hexpair = raw[i + 1:i + 3]
+            if len(hexpair) == 2 and _PCT.fullmatch("%" + hexpair.decode("latin-1")):
+                value = int(hexpair, 16)
+                out.append(chr(value) if value in _UNRESERVED else f"%{value:02X}")
+                i += 3
+                continue
+            out.append("%25")  # a lone "%" is data, written the one valid way
+        elif byte in _LITERAL:
+            out.append(chr(byte))
+        else:
+            out.append(f"%{byte:02X}")
+        i += 1
+    return "".join(out)
+
+
+@lru_cache(maxsize=256)
+def _tracking_matcher(patterns: tuple[str, ...]) -> tuple[frozenset[str], tuple[str, ...]]:
+    """Exact names and `prefix*` wildcards, lower-cased (seed 004 compares names lower-cased)."""
+    exact = frozenset(p.lower() for p in patterns if not p.endswith("*"))
+    prefixes = tuple(p[:-1].lower() for p in patterns if p.endswith("*"))
+    return exact, prefixes
+
+
+def _query(query: str, matcher: tuple[frozenset[str], tuple[str, ...]]) -> str:
+    exact, prefixes = matcher
+    kept: list[tuple[str, str]] = []
+    for piece in query.split("&"):
+        if not piece:
+            continue
+        piece = _component(piece)
+        name = piece.split("=", 1)[0]
+        plain = _PCT.sub(lambda m: chr(int(m.group(1), 16)), name).lower()
+        if plain in exact or (prefixes and plain.startswith(prefixes)):
+            continue
+        kept.append((name, piece))
+    # Sorted by name only: Python's sort is stable, so `a=2&a=1` keeps its order (some
+    # applications read repeated names as an ordered list).
+    kept.sort(key=lambda item: item[0])
+    return "&".join(piece for _, piece in kept)

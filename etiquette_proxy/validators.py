@@ -1,0 +1,401 @@
+"""Validator policy: what to store, when to inject, how a 304 becomes a 200 (SPEC §6, RFC 9111).
+
+Pure: no I/O. Headers come in as `(name, value)` pairs (pass mitmproxy's
+`list(headers.items(multi=True))`) or a plain mapping; names compare case-insensitively.
+
+Choices where the spec is silent:
+- `Cache-Control: private` responses are stored: the proxy is a private cache for the crawler
+  that runs it (RFC 9111 §5.2.2.7 only forbids *shared* caches to store them).
+- Requests with `Authorization` are stored too (RFC 9111 §3.5 restricts shared caches only), but
+  the entry is bound to a SHA-256 of the credentials, as if `Vary: Authorization`: it is injected
+  or served only for a request carrying the same credentials, so a stored answer never reaches a
+  request with other or no credentials. The secret itself is never written to the store.
+  `Cookie` gets no such binding (as in a browser's private cache); a site whose pages depend on
+  cookies says so with `Vary: Cookie`, which is honoured.
+- `Set-Cookie` is not stored: replaying an old cookie on every revalidated answer would reset
+  the crawler's session. A `Set-Cookie` on a 304 still reaches the client.
+- `Vary: *` responses are not stored: no later request can match them (RFC 9111 §4.1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+Headers = Mapping[str, str] | Iterable[tuple[str, str]]
+HeaderPairs = tuple[tuple[str, str], ...]
+
+FORMAT_VERSION = 1
+# Validators longer than this are refused for injection: real ETags are tens of bytes, and a
+# huge one is either a bug or an attempt to bloat our requests (SPEC §12).
+MAX_VALIDATOR_LEN = 1024
+
+CONDITIONAL_HEADERS = frozenset(
+    {"if-none-match", "if-modified-since", "if-match", "if-unmodified-since", "if-range", "range"}
+)
+# RFC 9110 §7.6.1 hop-by-hop fields and framing: never stored, never copied from a 304.
+_HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
+    "te", "trailer", "transfer-encoding", "upgrade",
+})
+_NOT_STORED = _HOP_BY_HOP | {"content-length", "set-cookie"}
+# RFC 9111 §3.2: a 304 updates stored fields except Content-Length and fields the stored body
+# depends on: the body is kept as received, so its coding, type and range stay the stored ones.
+_NOT_UPDATED_BY_304 = _HOP_BY_HOP | {
+    "content-length", "content-encoding", "content-type", "content-range", "set-cookie",
+}
+
+
+# -- headers ----------------------------------------------------------------------------------
+
+def header_pairs(headers: Headers) -> HeaderPairs:
+    """Headers as a tuple of (name, value) pairs, whatever they came as."""
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    return tuple((str(k), str(v)) for k, v in items)
+
+
+def header_values(headers: HeaderPairs, name: str) -> list[str]:
+    """Every value of `name` (case-insensitive), in order."""
+    lname = name.lower()
+    return [v for k, v in headers if k.lower() == lname]
+
+
+def header_value(headers: HeaderPairs, name: str) -> str | None:
+    """The first value of `name`, or None."""
+    values = header_values(headers, name)
+    return values[0] if values else None
+
+
+def _tokens(headers: HeaderPairs, name: str) -> list[str]:
+    """Comma-separated list field (RFC 9110 §5.6.1), lower-cased, directive arguments cut."""
+    out = []
+    for value in header_values(headers, name):
+        for item in value.split(","):
+            token = item.split("=", 1)[0].strip().lower()
+            if token:
+                out.append(token)
+    return out
+
+
+def cache_directives(headers: HeaderPairs) -> frozenset[str]:
+    """The Cache-Control directive names present."""
+    return frozenset(_tokens(headers, "cache-control"))
+
+
+def _connection_listed(headers: HeaderPairs) -> frozenset[str]:
+    # RFC 9110 §7.6.1: fields named in Connection are hop-by-hop as well.
+    return frozenset(_tokens(headers, "connection"))
+
+
+def storable_headers(headers: HeaderPairs) -> HeaderPairs:
+    """Response headers worth keeping: no hop-by-hop, framing or Set-Cookie."""
+    listed = _connection_listed(headers)
+    return tuple((k, v) for k, v in headers if k.lower() not in _NOT_STORED and k.lower() not in listed)
+
+
+# -- the stored entry -------------------------------------------------------------------------
+
+def credentials_digest(request_headers: HeaderPairs) -> str | None:
+    """SHA-256 of the Authorization value(s), or None when the request carries none."""
+    values = header_values(request_headers, "authorization")
+    if not values:
+        return None
+    return hashlib.sha256("\n".join(values).encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _vary_value(request_headers: HeaderPairs, name: str) -> str | None:
+    # RFC 9111 §4.1: values may be normalised before comparing: repeated lines are one list
+    # (RFC 9110 §5.3), and whitespace around commas and inside items carries no meaning.
+    values = header_values(request_headers, name)
+    if not values:
+        return None
+    return ",".join(" ".join(item.split()) for v in values for item in v.split(","))
+
+
+@dataclass(frozen=True)
+class StoredEntry:
+    """One stored GET 200: validators, headers and the facts needed to match a later request."""
+
+    url: str
+    headers: HeaderPairs
+    etag: str | None
+    last_modified: str | None
+    vary: tuple[tuple[str, str | None], ...]  # (lower-case request header, value when stored)
+    credentials: str | None  # SHA-256 of Authorization, or None
+    stored_at: float
+    body_size: int
+    body_sha256: str
+    status: int = 200
+
+    @classmethod
+    def build(cls, url: str, request_headers: Headers, response_headers: Headers, body: bytes,
+              now: float) -> StoredEntry:
+        """The entry for a response that `should_store` accepted."""
+        req, resp = header_pairs(request_headers), header_pairs(response_headers)
+        vary_names = sorted(set(_tokens(resp, "vary")))
+        return cls(
+            url=url,
+            headers=storable_headers(resp),
+            etag=header_value(resp, "etag"),
+            last_modified=header_value(resp, "last-modified"),
+            vary=tuple((name, _vary_value(req, name)) for name in vary_names),
+            credentials=credentials_digest(req),
+            stored_at=float(now),
+            body_size=len(body),
+            body_sha256=hashlib.sha256(body).hexdigest(),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able form, shared by every storage backend."""
+        return {
+            "v": FORMAT_VERSION,
+            "url": self.url,
+            "status": self.status,
+            "headers": [[k, v] for k, v in self.headers],
+            "etag": self.etag,
+            "last_modified": self.last_modified,
+            "vary": [[k, v] for k, v in self.vary],
+            "credentials": self.credentials,
+            "stored_at": self.stored_at,
+            "body_size": self.body_size,
+            "body_sha256": self.body_sha256,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> StoredEntry:
+        """Parse a stored dict; ValueError for anything of the wrong shape (corrupt or foreign)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"entry is {type(data).__name__}, not a dict")
+        if data.get("v") != FORMAT_VERSION:
+            raise ValueError(f"entry format {data.get('v')!r} is not {FORMAT_VERSION}")
+        try:
+            entry = cls(
+                url=_str(data["url"]),
+                status=_int(data["status"]),
+                headers=tuple((_str(k), _str(v)) for k, v in _list(data["headers"])),
+                etag=_opt_str(data["etag"]),
+                last_modified=_opt_str(data["last_modified"]),
+                vary=tuple((_str(k), _opt_str(v)) for k, v in _list(data["vary"])),
+                credentials=_opt_str(data["credentials"]),
+                stored_at=_float(data["stored_at"]),
+                body_size=_int(data["body_size"]),
+                body_sha256=_str(data["body_sha256"]),
+            )
+        except KeyError as e:
+            raise ValueError(f"entry lacks {e}") from None
+        except (TypeError, ValueError) as e:  # e.g. a header that is not a pair
+            raise ValueError(f"entry has a bad field: {e}") from None
+        if entry.status != 200 or entry.body_size < 0 or len(entry.body_sha256) != 64:
+            raise ValueError("entry has impossible values")
+        return entry
+
+
+def _str(v: Any) -> str:
+    if not isinstance(v, str):
+        raise TypeError(f"{v!r} is not text")
+    return v
+
+
+def _opt_str(v: Any) -> str | None:
+    return None if v is None else _str(v)
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{v!r} is not an integer")
+    return v
+
+
+def _float(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise TypeError(f"{v!r} is not a finite number")
+    return float(v)
+
+
+def _list(v: Any) -> list[Any]:
+    if not isinstance(v, list):
+        raise TypeError(f"{v!r} is not a list")
+    return v
+
+
+# -- decisions --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StoreDecision:
+    """Whether to store a response, and why."""
+
+    store: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Injection:
+    """Validators to add to a request, or none and why; carries the entry it relied on.
+
+    The addon keeps `entry` (and the body it read for it) with the flow, so a 304 is answered
+    from what was injected even if the store changes or evicts the entry meanwhile.
+    """
+
+    headers: HeaderPairs
+    reason: str
+    entry: StoredEntry | None = None
+
+    @property
+    def inject(self) -> bool:
+        return bool(self.headers)
+
+
+@dataclass(frozen=True)
+class Revalidation:
+    """What a 304 to our injected validators becomes: a 200 for the client, or a re-fetch."""
+
+    usable: bool
+    reason: str
+    headers: HeaderPairs = ()  # the client's 200 headers, Content-Length set for the body
+    entry: StoredEntry | None = None  # the refreshed entry to put back in the store
+
+
+@dataclass(frozen=True)
+class Match:
+    """Whether a stored entry answers this request (Vary and credentials), and why not."""
+
+    ok: bool
+    reason: str
+
+
+# -- policy -----------------------------------------------------------------------------------
+
+def should_store(method: str, status: int, request_headers: Headers, response_headers: Headers,
+                 body_size: int, max_body: int) -> StoreDecision:
+    """Store a GET 200 unless no-store, `Vary: *` or a body over store.max_body (SPEC §6)."""
+    req, resp = header_pairs(request_headers), header_pairs(response_headers)
+    if method.upper() != "GET":
+        return StoreDecision(False, f"{method} responses are not stored (SPEC §6: GET only)")
+    if status != 200:
+        return StoreDecision(False, f"status {status} is not stored (SPEC §6: 200 only)")
+    if "no-store" in cache_directives(resp):
+        return StoreDecision(False, "response Cache-Control: no-store (RFC 9111 §5.2.2.5)")
+    if "no-store" in cache_directives(req):
+        return StoreDecision(False, "request Cache-Control: no-store (RFC 9111 §5.2.1.5)")
+    if "*" in _tokens(resp, "vary"):
+        return StoreDecision(False, "Vary: * matches no later request (RFC 9111 §4.1)")
+    if body_size < 0 or body_size > max_body:
+        return StoreDecision(False, f"body of {body_size} bytes is over store.max_body ({max_body})")
+    return StoreDecision(True, "GET 200 without no-store")
+
+
+def matches(entry: StoredEntry, request_headers: Headers) -> Match:
+    """Does `entry` answer a request with these headers? (Vary, RFC 9111 §4.1; credentials)."""
+    req = header_pairs(request_headers)
+    for name, stored in entry.vary:
+        if name == "*":
+            return Match(False, "stored with Vary: * (RFC 9111 §4.1)")
+        if _vary_value(req, name) != stored:
+            return Match(False, f"Vary: {name} differs from the stored request (RFC 9111 §4.1)")
+    if credentials_digest(req) != entry.credentials:
+        return Match(False, "stored for other credentials (Authorization differs)")
+    return Match(True, "request matches the stored Vary and credentials")
+
+
+def is_safe_validator(value: str) -> bool:
+    """Printable ASCII only, at most MAX_VALIDATOR_LEN: no CR/LF/NUL header injection."""
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= MAX_VALIDATOR_LEN
+        and all(0x20 <= ord(c) <= 0x7E for c in value)
+    )
+
+
+def inject_headers(entry: StoredEntry | None, method: str, request_headers: Headers) -> Injection:
+    """If-None-Match / If-Modified-Since to add from `entry`, or none with the reason (SPEC §6)."""
+    if method.upper() != "GET":
+        return Injection((), f"{method} requests are not revalidated (only GET is stored)")
+    req = header_pairs(request_headers)
+    own = sorted({k.lower() for k, _ in req} & CONDITIONAL_HEADERS)
+    if own:
+        return Injection((), f"client sent {', '.join(own)}: its own answer passes through")
+    if entry is None:
+        return Injection((), "nothing stored for this URL")
+    match = matches(entry, req)
+    if not match.ok:
+        return Injection((), match.reason)
+    for name, value in (("ETag", entry.etag), ("Last-Modified", entry.last_modified)):
+        if value is not None and not is_safe_validator(value):
+            return Injection((), f"stored {name} refused: control or non-ASCII characters, or "
+                                 f"over {MAX_VALIDATOR_LEN} bytes (SPEC §12)")
+    headers: list[tuple[str, str]] = []
+    # RFC 9111 §4.3.1: send the ETag as If-None-Match and Last-Modified as If-Modified-Since;
+    # the site evaluates If-None-Match first (RFC 9110 §13.2.2).
+    if entry.etag is not None:
+        headers.append(("If-None-Match", entry.etag))
+    if entry.last_modified is not None:
+        headers.append(("If-Modified-Since", entry.last_modified))
+    if not headers:
+        return Injection((), "stored response has neither ETag nor Last-Modified")
+    return Injection(tuple(headers), "stored validators injected", entry)
+
+
+def _etag_opaque(tag: str) -> tuple[bool, str]:
+    """(weak, opaque-tag): RFC 9110 §8.8.3.2 weak comparison compares the opaque tags."""
+    tag = tag.strip()
+    weak = tag.startswith("W/")
+    return weak, tag[2:] if weak else tag
+
+
+def answer_304(entry: StoredEntry, headers_304: Headers, now: float) -> Revalidation:
+    """Turn a 304 to our validators into the stored 200, headers updated (RFC 9111 §4.3.4)."""
+    fresh = header_pairs(headers_304)
+    new_etag = header_value(fresh, "etag")
+    new_modified = header_value(fresh, "last-modified")
+    # RFC 9111 §4.3.4: the validator in the 304 selects the stored response to update; if it
+    # names another representation, the 304 is not about our body and must not be used.
+    if new_etag is not None and entry.etag is not None:
+        if _etag_opaque(new_etag)[1] != _etag_opaque(entry.etag)[1]:
+            return Revalidation(False, f"304 names ETag {new_etag[:80]!r}, stored is "
+                                       f"{entry.etag[:80]!r} (RFC 9111 §4.3.4): re-fetch")
+    elif (new_etag is None and new_modified is not None and entry.last_modified is not None
+          and new_modified != entry.last_modified):
+        return Revalidation(False, f"304 names Last-Modified {new_modified[:80]!r}, stored is "
+                                   f"{entry.last_modified[:80]!r} (RFC 9111 §4.3.4): re-fetch")
+    listed = _connection_listed(fresh)
+    updates = [(k, v) for k, v in fresh
+               if k.lower() not in _NOT_UPDATED_BY_304 and k.lower() not in listed]
+    replaced = {k.lower() for k, _ in updates}
+    merged = tuple((k, v) for k, v in entry.headers if k.lower() not in replaced) + tuple(updates)
+    refreshed = StoredEntry(
+        url=entry.url,
+        headers=storable_headers(merged),
+        etag=header_value(merged, "etag"),
+        last_modified=header_value(merged, "last-modified"),
+        vary=entry.vary,
+        credentials=entry.credentials,
+        stored_at=float(now),
+        body_size=entry.body_size,
+        body_sha256=entry.body_sha256,
+    )
+    # The client gets the merged fields plus the 304's own Set-Cookie, framed for the body.
+    cookies = tuple((k, v) for k, v in fresh if k.lower() == "set-cookie")
+    client = refreshed.headers + cookies + (("Content-Length", str(entry.body_size)),)
+    return Revalidation(True, "304 to stored validators: stored body with updated headers",
+                        client, refreshed)
+
+
+def stored_response_headers(entry: StoredEntry) -> HeaderPairs:
+    """Headers for answering from the store (served-stored), framed for the stored body."""
+    return entry.headers + (("Content-Length", str(entry.body_size)),)
+
+
+def may_serve_unvalidated(entry: StoredEntry, request_headers: Headers) -> Match:
+    """May `entry` be served without asking the site (revisit.enforce)? Not if no-cache."""
+    # RFC 9111 §5.2.2.4: no-cache means the site wants every reuse validated first.
+    directives = cache_directives(entry.headers)
+    if "no-cache" in directives or "must-revalidate" in directives:
+        return Match(False, "stored response says no-cache/must-revalidate (RFC 9111 §5.2.2)")
+    req = header_pairs(request_headers)
+    if {k.lower() for k, _ in req} & CONDITIONAL_HEADERS:
+        return Match(False, "client sent conditional or range headers")
+    return matches(entry, req)
+
