@@ -13,7 +13,12 @@ from typing import Any
 from etiquette_proxy.signals import Signal
 
 # Seed 000: "hard and soft blocks deserve the heaviest weights: they mean data you did not get".
-WEIGHTS: dict[str, float] = {"hard_block": 35.0, "challenge": 25.0, "soft_block": 25.0, "latency": 15.0}
+WEIGHTS: dict[str, float] = {
+    "hard_block": 35.0,
+    "challenge": 25.0,
+    "soft_block": 25.0,
+    "latency": 15.0,
+}
 # Seed 000: full penalty at 20 percentage points above the site's own normal rate ...
 FULL_RATE_EXCESS = 0.20
 # ... and at three times the site's own normal p95 (linear from 1x).
@@ -77,7 +82,7 @@ class LatencySketch:
         if not isinstance(state, list) or len(state) % 2 or len(state) > 400:
             raise ValueError("latency sketch: expected [bucket, count, ...]")
         sketch = cls()
-        for b, c in zip(state[::2], state[1::2]):
+        for b, c in zip(state[::2], state[1::2], strict=True):
             if not (_is_int(b) and _is_int(c) and c > 0 and -10 <= b <= 100):
                 raise ValueError("latency sketch: bad bucket")
             sketch.buckets[b] = sketch.buckets.get(b, 0) + c
@@ -132,7 +137,11 @@ class Tally:
 
     @classmethod
     def from_state(cls, state: Any) -> Tally:
-        if not isinstance(state, list) or len(state) != 6 or not all(_is_int(x) and x >= 0 for x in state[:5]):
+        if (
+            not isinstance(state, list)
+            or len(state) != 6
+            or not all(_is_int(x) and x >= 0 for x in state[:5])
+        ):
             raise ValueError("tally: expected [n, hard, challenge, soft, error, sketch]")
         n, hard, challenge, soft, error = state[:5]
         if hard + challenge + soft + error > n:
@@ -154,8 +163,15 @@ class Baseline:
 
     @classmethod
     def of(cls, tally: Tally, source: str) -> Baseline:
-        return cls(source, tally.n, tally.rate("hard"), tally.rate("challenge"), tally.rate("soft"),
-                   tally.rate("error"), tally.latency.p95())
+        return cls(
+            source,
+            tally.n,
+            tally.rate("hard"),
+            tally.rate("challenge"),
+            tally.rate("soft"),
+            tally.rate("error"),
+            tally.latency.p95(),
+        )
 
 
 @dataclass(frozen=True)
@@ -227,7 +243,9 @@ class RouteFinding:
     reason: str
 
 
-def route_problem(routes: dict[str, Tally], min_requests: int, baseline: Baseline | None) -> RouteFinding | None:
+def route_problem(
+    routes: dict[str, Tally], min_requests: int, baseline: Baseline | None
+) -> RouteFinding | None:
     """Routes whose failures stand far above the others' while the others are fine, if any."""
     floor = max(ROUTE_MIN_REQUESTS, math.ceil(ROUTE_MIN_SHARE * min_requests))
     judged = {r: t for r, t in routes.items() if r and t.n >= floor}
@@ -248,5 +266,6 @@ def route_problem(routes: dict[str, Tally], min_requests: int, baseline: Baselin
     names = ", ".join(bad)
     return RouteFinding(
         tuple(bad),
-        f"route problem: {names} (hard+error {100 * fail[worst]:.0f}% vs {100 * good_rate:.0f}% on other routes)",
+        f"route problem: {names} (hard+error {100 * fail[worst]:.0f}%"
+        f" vs {100 * good_rate:.0f}% on other routes)",
     )

@@ -22,18 +22,18 @@ HEAD_BYTES = 64 * 1024
 # Built-in markers, lower-case bytes (bodies may be in any encoding; ASCII markers are searched
 # byte-wise after an ASCII lower-casing, so a UTF-16 body simply never matches).
 CHALLENGE_MARKERS: tuple[bytes, ...] = (
-    b"just a moment...",        # Cloudflare interstitial <title>
-    b"cf-chl",                  # Cloudflare challenge ids (cf-chl-widget, cf-chl-bypass)
-    b"_cf_chl",                 # Cloudflare challenge options (window._cf_chl_opt)
-    b"challenge-platform",      # Cloudflare /cdn-cgi/challenge-platform/
+    b"just a moment...",  # Cloudflare interstitial <title>
+    b"cf-chl",  # Cloudflare challenge ids (cf-chl-widget, cf-chl-bypass)
+    b"_cf_chl",  # Cloudflare challenge options (window._cf_chl_opt)
+    b"challenge-platform",  # Cloudflare /cdn-cgi/challenge-platform/
     b"g-recaptcha",
     b"h-captcha",
     b"hcaptcha",
-    b"px-captcha",              # PerimeterX / HUMAN
-    b"/_incapsula_resource",    # Imperva Incapsula
+    b"px-captcha",  # PerimeterX / HUMAN
+    b"/_incapsula_resource",  # Imperva Incapsula
     b"datadome",
-    b"captcha-delivery",        # DataDome's challenge host (geo.captcha-delivery.com)
-    b"attention required!",     # Cloudflare block/challenge <title>
+    b"captcha-delivery",  # DataDome's challenge host (geo.captcha-delivery.com)
+    b"attention required!",  # Cloudflare block/challenge <title>
     b"verify you are human",
 )
 BLOCK_MARKERS: tuple[bytes, ...] = (
@@ -156,7 +156,7 @@ def classify_response(
     method: str = "GET",
     normal_size: float | None = None,
 ) -> Classification:
-    """The hostility signal one response carries; `normal_size` is the site's median for its type."""
+    """The hostility signal of one response; `normal_size` is the site's median for its type."""
     media = media_type(header_value(headers, "content-type"))
     if header_value(headers, "cf-mitigated").strip().lower() == "challenge":
         return Classification(Signal.CHALLENGE, "cf-mitigated: challenge")
@@ -168,19 +168,26 @@ def classify_response(
     )
     # Lower-case the head only when some marker list is to be searched: it is the costly step.
     scan = bool(body_head) and _is_text(media)
-    head = body_head[:HEAD_BYTES].lower() if scan and (
-        maybe_interstitial or markers.site_challenge or markers.site_block) else b""
+    head = (
+        body_head[:HEAD_BYTES].lower()
+        if scan and (maybe_interstitial or markers.site_challenge or markers.site_block)
+        else b""
+    )
     if head:
         found = _find(head, markers.site_challenge)
         if found is None and maybe_interstitial:
             found = _find(head, markers.challenge)
         if found is not None:
-            return Classification(Signal.CHALLENGE, f"challenge marker {found.decode('utf-8', 'replace')!r}")
+            return Classification(
+                Signal.CHALLENGE, f"challenge marker {found.decode('utf-8', 'replace')!r}"
+            )
     if 300 <= status < 400:
         location = header_value(headers, "location").lower().encode("utf-8", "replace")
         found = _find(location, markers.site_challenge + markers.challenge) if location else None
         if found is not None:
-            return Classification(Signal.CHALLENGE, f"redirect to challenge {found.decode('utf-8', 'replace')!r}")
+            return Classification(
+                Signal.CHALLENGE, f"redirect to challenge {found.decode('utf-8', 'replace')!r}"
+            )
     if status in _HARD_STATUSES:
         return Classification(Signal.HARD_BLOCK, _HARD_STATUSES[status])
     if status >= 500 or status < 100:
@@ -192,7 +199,9 @@ def classify_response(
         if found is None and maybe_interstitial:
             found = _find(head, markers.block)
         if found is not None:
-            return Classification(Signal.SOFT_BLOCK, f"block marker {found.decode('utf-8', 'replace')!r}")
+            return Classification(
+                Signal.SOFT_BLOCK, f"block marker {found.decode('utf-8', 'replace')!r}"
+            )
     if body_size <= 0 or (body_size <= 256 and not body_head[:256].strip()):
         return Classification(Signal.SOFT_BLOCK, "empty body")
     if (
@@ -203,7 +212,8 @@ def classify_response(
         share = 100 * body_size / normal_size
         return Classification(
             Signal.SOFT_BLOCK,
-            f"body {body_size} B, {share:.0f}% of usual {normal_size:.0f} B for {media or 'untyped'}",
+            f"body {body_size} B, {share:.0f}% of usual {normal_size:.0f} B"
+            f" for {media or 'untyped'}",
             by_size=True,
         )
     return _OK
@@ -230,7 +240,9 @@ class SizeNorm:
         if media not in self._median:
             sizes = self._sizes.get(media)
             self._median[media] = (
-                float(median_low(sizes)) if sizes is not None and len(sizes) >= SIZE_MIN_SAMPLES else None
+                float(median_low(sizes))
+                if sizes is not None and len(sizes) >= SIZE_MIN_SAMPLES
+                else None
             )
         return self._median[media]
 

@@ -17,8 +17,14 @@ from etiquette_proxy.health_score import (
 from etiquette_proxy.signals import Signal
 
 
-def tally(n: int = 100, hard: int = 0, challenge: int = 0, soft: int = 0, error: int = 0,
-          latency: float = 0.2) -> Tally:
+def tally(
+    n: int = 100,
+    hard: int = 0,
+    challenge: int = 0,
+    soft: int = 0,
+    error: int = 0,
+    latency: float = 0.2,
+) -> Tally:
     t = Tally()
     plan = [Signal.HARD_BLOCK] * hard + [Signal.CHALLENGE] * challenge + [Signal.SOFT_BLOCK] * soft
     plan += [Signal.ERROR] * error
@@ -36,18 +42,21 @@ def test_weights_are_the_seed_weights():
     assert sum(WEIGHTS.values()) == 100
 
 
-@pytest.mark.parametrize("window, penalty_name, penalty", [
-    # full penalty at +20 pp, linear from 0 at the baseline
-    (tally(hard=20), "hard_block", 35.0),
-    (tally(hard=10), "hard_block", 17.5),
-    (tally(challenge=20), "challenge", 25.0),
-    (tally(challenge=5), "challenge", 6.25),
-    (tally(soft=20), "soft_block", 25.0),
-    (tally(soft=4), "soft_block", 5.0),
-    # caps: a runaway signal takes its weight, never more
-    (tally(hard=100), "hard_block", 35.0),
-    (tally(challenge=90), "challenge", 25.0),
-])
+@pytest.mark.parametrize(
+    "window, penalty_name, penalty",
+    [
+        # full penalty at +20 pp, linear from 0 at the baseline
+        (tally(hard=20), "hard_block", 35.0),
+        (tally(hard=10), "hard_block", 17.5),
+        (tally(challenge=20), "challenge", 25.0),
+        (tally(challenge=5), "challenge", 6.25),
+        (tally(soft=20), "soft_block", 25.0),
+        (tally(soft=4), "soft_block", 5.0),
+        # caps: a runaway signal takes its weight, never more
+        (tally(hard=100), "hard_block", 35.0),
+        (tally(challenge=90), "challenge", 25.0),
+    ],
+)
 def test_rate_penalties_linear_and_capped(window, penalty_name, penalty):
     ws = score_window(window, BASE)
     assert ws.penalties[penalty_name] == pytest.approx(penalty)
@@ -59,7 +68,9 @@ def test_latency_penalty_linear_from_1x_to_3x_and_capped():
     p95 = base.p95_s
     assert p95 is not None
     for factor, expected in ((1.0, 0.0), (2.0, 7.5), (3.0, 15.0), (10.0, 15.0)):
-        ws = score_window(tally(latency=p95 * factor * 0.999), base)  # stay inside the same bucket edge
+        ws = score_window(
+            tally(latency=p95 * factor * 0.999), base
+        )  # stay inside the same bucket edge
         assert ws.penalties["latency"] == pytest.approx(expected, abs=1.6), factor
 
 
@@ -67,7 +78,9 @@ def test_only_excess_over_the_site_baseline_counts():
     # A site that always challenges 3%: 3% today costs nothing.
     base = Baseline.of(tally(1000, challenge=30), "14 days")
     assert score_window(tally(100, challenge=3), base).raw == pytest.approx(100)
-    assert score_window(tally(100, challenge=1), base).raw == pytest.approx(100)  # below normal is not a bonus
+    assert score_window(tally(100, challenge=1), base).raw == pytest.approx(
+        100
+    )  # below normal is not a bonus
     # the same 3% on a site that never challenges costs 25 * 3/20
     assert score_window(tally(100, challenge=3), BASE).raw == pytest.approx(100 - 3.75)
 
@@ -120,29 +133,44 @@ def test_tally_state_round_trip_and_junk():
     t = tally(50, hard=3, challenge=2, soft=1, error=4)
     again = Tally.from_state(t.to_state())
     assert again.to_state() == t.to_state()
-    for junk in (None, [], [1, 2, 3, 4, 5, []], [1, 1, 1, 0, 0, []], [-1, 0, 0, 0, 0, []],
-                 [10, 0, 0, 0, 0, [1]], [10, 0, 0, 0, 0, [1, -2]], [True, 0, 0, 0, 0, []]):
+    for junk in (
+        None,
+        [],
+        [1, 2, 3, 4, 5, []],
+        [1, 1, 1, 0, 0, []],
+        [-1, 0, 0, 0, 0, []],
+        [10, 0, 0, 0, 0, [1]],
+        [10, 0, 0, 0, 0, [1, -2]],
+        [True, 0, 0, 0, 0, []],
+    ):
         with pytest.raises(ValueError):
             Tally.from_state(junk)
 
 
 def test_route_problem_one_route_failing_others_fine():
-    routes = {"de-pool": tally(40, hard=20), "us-pool": tally(40, hard=0), "fr-pool": tally(40, error=1)}
+    routes = {
+        "de-pool": tally(40, hard=20),
+        "us-pool": tally(40, hard=0),
+        "fr-pool": tally(40, error=1),
+    }
     finding = route_problem(routes, 50, BASE)
     assert finding is not None and finding.routes == ("de-pool",)
     assert finding.reason.startswith("route problem: de-pool")
 
 
-@pytest.mark.parametrize("routes", [
-    # failing evenly on every route: the site, not a route (seed 000's first diagnosis)
-    {"a": tally(40, hard=20), "b": tally(40, hard=18), "c": tally(40, hard=22)},
-    # one route only, or too little traffic on the others to compare
-    {"a": tally(100, hard=50)},
-    {"a": tally(100, hard=50), "b": tally(3)},
-    # unlabeled traffic is never called a route
-    {"": tally(100, hard=50), "b": tally(40)},
-    # a small difference is noise
-    {"a": tally(40, hard=4), "b": tally(40, hard=1)},
-])
+@pytest.mark.parametrize(
+    "routes",
+    [
+        # failing evenly on every route: the site, not a route (seed 000's first diagnosis)
+        {"a": tally(40, hard=20), "b": tally(40, hard=18), "c": tally(40, hard=22)},
+        # one route only, or too little traffic on the others to compare
+        {"a": tally(100, hard=50)},
+        {"a": tally(100, hard=50), "b": tally(3)},
+        # unlabeled traffic is never called a route
+        {"": tally(100, hard=50), "b": tally(40)},
+        # a small difference is noise
+        {"a": tally(40, hard=4), "b": tally(40, hard=1)},
+    ],
+)
 def test_no_route_problem(routes):
     assert route_problem(routes, 50, BASE) is None
