@@ -288,3 +288,19 @@ def test_size_norm_state_round_trip_and_junk():
     ):
         with pytest.raises(ValueError):
             SizeNorm.from_state(junk)
+
+
+@pytest.mark.parametrize(
+    "status, body_size",
+    [(0, 10), (-1, 10), (999, 10), (200, -5), (200, 10**15), (103, 0)],
+)
+def test_junk_numbers_never_crash(status, body_size):
+    c = classify_response(status, HTML, b"<p>ok</p>", body_size, normal_size=1000.0)
+    assert c.signal in set(Signal)
+
+
+def test_huge_header_mapping_and_odd_values():
+    headers = {f"X-{i}": "v" * 100 for i in range(500)} | {"CONTENT-TYPE": "text/html"}
+    assert (
+        classify_response(200, headers, b"<h1>Access denied</h1>", 22).signal is Signal.SOFT_BLOCK
+    )
