@@ -18,7 +18,7 @@ from etiquette_proxy.clock import wall
 from etiquette_proxy.robots import FetchResult, RobotsEntry, RobotsPolicy, RobotsSettings, product_token
 
 from etiquette_addons.notes import notes_of, skip
-from etiquette_addons.runtime import Runtime
+from etiquette_addons.runtime import Restraint, Runtime
 from etiquette_addons.side_fetch import SideFetchError, fetch
 from etiquette_addons.trail import answer_locally, fail_closed
 
@@ -67,6 +67,10 @@ class RobotsGate:
             delay = self.policy.crawl_delay(entry, token, settings)
             if delay is not None:
                 notes.extra["crawl_delay"] = delay
+                self.rt.restrain(notes.site, Restraint("crawl-delay", rate_cap=1 / delay,
+                                                       reason=f"robots.txt asks {delay:g}s between requests"))
+            else:
+                self.rt.release(notes.site, "crawl-delay")
             return
         if self.rt.observe:
             notes.would_do("disallowed", verdict.reason)
