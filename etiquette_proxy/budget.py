@@ -277,7 +277,7 @@ class SiteBudget:
         self._settle(now)
         started = self._in_flight.pop(ticket, None) if ticket is not None else None
         # A response to a request that left before the last 429 was answered carries no new lesson.
-        echo = started is not None and started < self._last_throttle_at
+        echo = started is not None and started <= self._last_throttle_at
         fields = _lowered(headers)
         raw_retry = _text(fields.get("retry-after"))
         throttled = status == 429 or (status == 503 and raw_retry is not None)
