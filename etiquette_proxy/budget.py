@@ -33,7 +33,7 @@ import random as _random
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 from etiquette_proxy.clock import Clock, wall
 from etiquette_proxy.ratelimit_fields import RateHint, read_rate_hint
@@ -216,7 +216,7 @@ class SiteBudget:
         ticket = self._next_ticket
         self._next_ticket += 1
         if now < self._breaker_until:
-            return self._refusal(ticket, now, now, self._breaker_until - now, self._breaker_text(now))
+            return self._breaker_refusal(ticket, now, now)
         self._queue[ticket] = now
         if self._plan is not None:  # still valid: only appends since it was made
             self._extend_plan(ticket, now)
@@ -235,7 +235,7 @@ class SiteBudget:
         if force:
             return self._start(ticket, arrival, now)
         if now < self._breaker_until:
-            return self._refusal(ticket, arrival, now, self._breaker_until - now, self._breaker_text(now))
+            return self._breaker_refusal(ticket, arrival, now)
         deadline = arrival + self.settings.max_hold
         head = next(iter(self._queue)) == ticket
         if head:
@@ -244,19 +244,20 @@ class SiteBudget:
             plan = self._plan if self._plan is not None else self._compute_plan(now)
             start = plan[ticket]
         if start - arrival > self.settings.max_hold + _EPS:
-            return self._refusal(ticket, arrival, now, start - now, self._hold_text(start, arrival, now))
-        if not head:
-            # Only the head of the line may start: it wakes the rest when it goes.
-            return self._wait(ticket, arrival, now, deadline - now)
-        if start > now + _EPS:
+            return self._refusal(ticket, arrival, now, start - now,
+                                 self._hold_text(start, arrival, now))
+        if head and start > now + _EPS:
             return self._wait(ticket, arrival, now, start - now)
-        if len(self._in_flight) >= self.settings.max_concurrency:
-            if now >= deadline - _EPS:
-                return self._refusal(ticket, arrival, now, 1.0, (
-                    f"held {now - arrival:.0f}s at pacing.max_concurrency "
-                    f"{self.settings.max_concurrency} > pacing.max_hold {self.settings.max_hold:g}s"))
-            return self._wait(ticket, arrival, now, deadline - now)
-        return self._start(ticket, arrival, now)
+        if head and len(self._in_flight) < self.settings.max_concurrency:
+            return self._start(ticket, arrival, now)
+        if now >= deadline - _EPS:
+            # Its turn came but the line (or the concurrency cap) still holds it: held too long.
+            s = self.settings
+            return self._refusal(ticket, arrival, now, 1.0, (
+                f"held {now - arrival:.0f}s at pacing.max_concurrency {s.max_concurrency}"
+                f" > pacing.max_hold {s.max_hold:g}s"))
+        # Only the head may start, and only into a free slot; a start or a release wakes it.
+        return self._wait(ticket, arrival, now, deadline - now)
 
     def cancel(self, ticket: int) -> None:
         """The client went away: drop its request unsent; its place and token go to the next."""
@@ -271,7 +272,8 @@ class SiteBudget:
 
     # -- learning from responses -------------------------------------------------------------
 
-    def on_response(self, ticket: int | None, status: int, headers: Mapping[str, str]) -> ThrottleDecision:
+    def on_response(self, ticket: int | None, status: int,
+                    headers: Mapping[str, str]) -> ThrottleDecision:
         """Apply the 429 contract and the site's rate-limit fields; frees the request's slot."""
         now = self._clock()
         self._settle(now)
@@ -292,7 +294,7 @@ class SiteBudget:
         cap = self.settings.max_crawl_delay
         rates = []
         for value, as_rate in ((crawl_delay_s, False), (request_rate, True)):
-            if value is None or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            if not _finite(value) or value <= 0:  # absent, junk, negative: no say
                 continue
             # SPEC §4: capped by robots.max_crawl_delay, so a site cannot stall us for days.
             rates.append(max(value if as_rate else 1.0 / value, 1.0 / cap))
@@ -347,8 +349,9 @@ class SiteBudget:
         recent = state.get("recent_throttles", [])
         if not isinstance(recent, list) or not all(_finite(x) for x in recent):
             raise ValueError("budget state recent_throttles is not a list of times")
-        # A corrupt far-future time must not pause a site forever: never longer than the rules allow.
-        paused = min(_num(state, "paused_until") or -math.inf, now + max(s.max_retry_after, s.cooldown))
+        # A corrupt far-future time must not pause a site forever: no longer than the rules allow.
+        longest = max(s.max_retry_after, s.cooldown)
+        paused = min(_num(state, "paused_until") or -math.inf, now + longest)
         breaker = min(_num(state, "breaker_until") or -math.inf, now + s.cooldown)
         hint_rate = _num(state, "hint_rate", positive=True)
         hint_until = min(_num(state, "hint_until") or -math.inf, now + s.max_retry_after)
@@ -357,7 +360,8 @@ class SiteBudget:
         self._rate = min(max(rate, min(s.rate_floor, self._limit())), self._limit())
         self._ceiling = max(ceiling, s.rate_floor) if ceiling else None
         self._last_throttle_at = last if last is not None else -math.inf
-        self._recent = deque(sorted(x for x in recent if now - s.breaker_window < x <= now)[-s.breaker_count:])
+        recent = sorted(x for x in recent if now - s.breaker_window < x <= now)
+        self._recent = deque(recent[-s.breaker_count:])
         self._paused_until = paused
         self._pause_reason = _short(state.get("pause_reason"))
         self._breaker_until = breaker
@@ -378,13 +382,15 @@ class SiteBudget:
             pause = retry.seconds or 0.0
             reason = f"Retry-After: {retry.raw.strip() if retry.raw else pause}"
         elif hint is not None and hint.pause_s:
-            pause, reason = hint.pause_s, hint.reason  # no usable Retry-After, but the quota says when
+            # No usable Retry-After, but the quota says when it resets.
+            pause, reason = hint.pause_s, hint.reason
         else:
             pause, reason = 0.0, ""
         if echo:
             # Sent before the 429 that already halved the rate: honour its pause, count nothing.
             self._pause(now, pause, reason)
-            return self._decision(True, now, pause, retry, f"{reason or 'throttled'} (sent before the last 429; not counted again)", notes)
+            reason = f"{reason or 'throttled'} (sent before the last 429; not counted again)"
+            return self._decision(True, now, pause, retry, reason, notes)
 
         while self._recent and now - self._recent[0] >= s.breaker_window:
             self._recent.popleft()
@@ -416,7 +422,8 @@ class SiteBudget:
         self._pause(now, pause, reason)
         return self._decision(True, now, pause, retry, reason, notes, breaker=breaker)
 
-    def _on_answer(self, now: float, status: int, hint: RateHint | None, echo: bool) -> ThrottleDecision:
+    def _on_answer(self, now: float, status: int, hint: RateHint | None,
+                   echo: bool) -> ThrottleDecision:
         reasons: list[str] = []
         pause = 0.0
         if hint is not None and hint.asks_anything:
@@ -506,7 +513,7 @@ class SiteBudget:
         return self._tokens_after(self._tokens_at, self._tokens, now)
 
     def _tokens_after(self, t: float, k: float, later: float) -> float:
-        """Tokens at `later` from `k` at `t`, a RateLimit hint's slower rate counted until it ends."""
+        """Tokens at `later` from `k` at `t` (at a RateLimit hint's slower rate until it ends)."""
         if later <= t:
             return k
         slow = 0.0
@@ -578,17 +585,21 @@ class SiteBudget:
         return Turn("wait", ticket, self._effective_rate(now), wait_s=max(wait_s, 0.0),
                     waited_s=now - arrival, reason=reason)
 
-    def _refusal(self, ticket: int, arrival: float, now: float, retry_s: float, reason: str) -> Turn:
+    def _refusal(self, ticket: int, arrival: float, now: float, retry_s: float,
+                 reason: str) -> Turn:
         if self._queue.pop(ticket, None) is not None:
             self._plan = None
         return Turn("refuse", ticket, self._effective_rate(now), waited_s=now - arrival,
                     retry_after_s=max(1, math.ceil(retry_s - _EPS)), reason=reason)
 
-    def _breaker_text(self, now: float) -> str:
-        return f"{self._breaker_reason or 'breaker open'} ({self._breaker_until - now:.0f}s left)"
+    def _breaker_refusal(self, ticket: int, arrival: float, now: float) -> Turn:
+        left = self._breaker_until - now
+        reason = f"{self._breaker_reason or 'breaker open'} ({left:.0f}s left)"
+        return self._refusal(ticket, arrival, now, left, reason)
 
     def _hold_text(self, start: float, arrival: float, now: float) -> str:
-        why = f"; {self._pause_reason}" if start <= self._paused_until + _EPS and self._pause_reason else ""
+        paused = start <= self._paused_until + _EPS and self._pause_reason
+        why = f"; {self._pause_reason}" if paused else ""
         return f"hold {start - arrival:.1f}s > pacing.max_hold {self.settings.max_hold:g}s{why}"
 
 
@@ -604,7 +615,7 @@ def _text(value: str | bytes | None) -> str | None:
     return value.decode("latin-1") if isinstance(value, bytes) else value
 
 
-def _finite(x: Any) -> bool:
+def _finite(x: Any) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 

@@ -21,7 +21,8 @@ _STATE_VERSION = 1
 class Budgets:
     """The registry of site budgets, keyed by `host:port` (lower case)."""
 
-    def __init__(self, config: Any, clock: Clock = wall, random: Callable[[], float] = _random.random):
+    def __init__(self, config: Any, clock: Clock = wall,
+                 random: Callable[[], float] = _random.random):
         self._config = config
         self._clock = clock
         self._random = random
@@ -46,12 +47,15 @@ class Budgets:
         """Sites with something to remember (pause, ceiling, breaker, lowered rate)."""
         return {
             "v": _STATE_VERSION,
-            "sites": {site: b.to_state() for site, b in self._budgets.items() if b.remembers_anything()},
+            "sites": {
+                site: b.to_state() for site, b in self._budgets.items() if b.remembers_anything()
+            },
         }
 
     def from_state(self, state: Any) -> list[str]:
         """Restore what `to_state()` saved; returns a note per site whose state was unusable."""
-        if not isinstance(state, dict) or state.get("v") != _STATE_VERSION or not isinstance(state.get("sites"), dict):
+        if (not isinstance(state, dict) or state.get("v") != _STATE_VERSION
+                or not isinstance(state.get("sites"), dict)):
             log.warning("budget state ignored: not a budgets state (%r)", type(state).__name__)
             return ["budget state ignored: not a budgets state"]
         problems = []
@@ -60,7 +64,8 @@ class Budgets:
                 problems.append(f"site {site!r}: not a site name")
                 continue
             key = site.lower()
-            budget = self._budgets.get(key) or SiteBudget.from_config(self._config, key, self._clock, self._random)
+            budget = self._budgets.get(key) or SiteBudget.from_config(
+                self._config, key, self._clock, self._random)
             try:
                 budget.from_state(site_state)
             except ValueError as e:

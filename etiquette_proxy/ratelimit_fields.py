@@ -69,10 +69,11 @@ def read_rate_hint(headers: Mapping[str, str], now: float, max_s: float) -> Rate
     policies = _policies(fields.get("ratelimit-policy"), notes)
     if (value := fields.get("ratelimit")) is not None:
         quotas += _ratelimit_field(_text(value), policies, notes)
-    if any(fields.get(n) is not None for n in ("ratelimit-remaining", "ratelimit-reset")):
-        quotas += _pair("RateLimit", fields.get("ratelimit-remaining"), fields.get("ratelimit-reset"), now, notes)
-    if any(fields.get(n) is not None for n in ("x-ratelimit-remaining", "x-ratelimit-reset")):
-        quotas += _pair("X-RateLimit", fields.get("x-ratelimit-remaining"), fields.get("x-ratelimit-reset"), now, notes)
+    for source in ("RateLimit", "X-RateLimit"):
+        remaining = fields.get(f"{source.lower()}-remaining")
+        reset = fields.get(f"{source.lower()}-reset")
+        if remaining is not None or reset is not None:
+            quotas += _pair(source, remaining, reset, now, notes)
     if not any(q.remaining is not None for q in quotas):
         # A policy alone is the site's standing limit; live counters, when given, say more.
         quotas += [q for q in policies.values() if q.quota is not None]
@@ -108,8 +109,9 @@ def _suggest(quotas: list[_Quota], max_s: float, notes: list[str]) -> RateHint:
         elif q.quota is not None and q.window_s is not None:
             rate = q.quota / q.window_s
             if best_rate is None or rate < best_rate[0]:
-                best_rate = (rate, min(q.window_s, max_s), f"{q.source} {q.quota:g} per {q.window_s:g}s")
-    reasons = [r for r in (best_pause[1] if best_pause else None, best_rate[2] if best_rate else None) if r]
+                reason = f"{q.source} {q.quota:g} per {q.window_s:g}s"
+                best_rate = (rate, min(q.window_s, max_s), reason)
+    reasons = [best[-1] for best in (best_pause, best_rate) if best is not None]
     return RateHint(
         max_rate=best_rate[0] if best_rate else None,
         hold_s=float(best_rate[1]) if best_rate else 0.0,
@@ -193,7 +195,7 @@ def _least(value: str | bytes | None, name: str, notes: list[str],
     parts = [p.strip() for p in _text(value).split(",")]
     numbers = [n for n in (_number(p) for p in parts) if n is not None]
     if len(numbers) < len(parts):
-        notes.append(f"{name} {_show(_text(value))} partly unreadable: ignored what was not a number")
+        notes.append(f"{name} {_show(_text(value))} partly unreadable: ignored the non-numbers")
     return pick(numbers) if numbers else None
 
 
@@ -225,7 +227,9 @@ def _members(value: str) -> list[tuple[str, dict[str, str]]]:
 
 def _split(value: str, sep: str) -> list[str]:
     """Split on `sep` outside double quotes, trimming whitespace."""
-    parts, current, quoted = [], [], False
+    parts: list[str] = []
+    current: list[str] = []
+    quoted = False
     for ch in value:
         if ch == '"':
             quoted = not quoted

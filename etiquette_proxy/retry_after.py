@@ -30,8 +30,10 @@ _MONTHS = {m: i for i, m in enumerate(
     ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"), start=1)}
 _TIME = r"(\d{1,2}):(\d{2}):(\d{2})"
 # RFC 9110 §5.6.7: IMF-fixdate, obsolete RFC 850 and asctime formats; all three MUST be accepted.
-_IMF = re.compile(r"^[a-z]{3,9},\s*(\d{1,2})\s+([a-z]{3})\s+(\d{4})\s+" + _TIME + r"\s+(?:gmt|utc|ut|z|\+0000)$")
-_RFC850 = re.compile(r"^[a-z]{3,9},\s*(\d{1,2})-([a-z]{3})-(\d{2}|\d{4})\s+" + _TIME + r"\s+(?:gmt|utc)$")
+_IMF = re.compile(
+    r"^[a-z]{3,9},\s*(\d{1,2})\s+([a-z]{3})\s+(\d{4})\s+" + _TIME + r"\s+(?:gmt|utc|ut|z|\+0000)$")
+_RFC850 = re.compile(
+    r"^[a-z]{3,9},\s*(\d{1,2})-([a-z]{3})-(\d{2}|\d{4})\s+" + _TIME + r"\s+(?:gmt|utc)$")
 _ASCTIME = re.compile(r"^[a-z]{3}\s+([a-z]{3})\s+(\d{1,2})\s+" + _TIME + r"\s+(\d{4})$")
 _MAX_RAW = 200
 _MAX_DIGITS = 15  # beyond this a delay is "huge" anyway; never feed a megabyte to float()
@@ -110,7 +112,8 @@ def parse_retry_after(value: str | bytes | None, now: float, max_s: float) -> Re
         else:
             delays.append(delay)
     if not delays:
-        return RetryAfter(None, raw, f"Retry-After {_show(raw)} is not a delay or an HTTP-date: ignored")
+        note = f"Retry-After {_show(raw)} is neither a delay nor a date: ignored"
+        return RetryAfter(None, raw, note)
     longest = max(delays)
     notes = []
     if len(items) > 1:

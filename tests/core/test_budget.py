@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
 import json
-import math
 import random
 
 import pytest
@@ -302,7 +302,7 @@ def test_recovery_is_additive_and_stays_below_the_ceiling(clock):
     throttle(b, clock, "1")
     rates = [ok(b, clock).rate for _ in range(40)]
     assert rates[:3] == pytest.approx([2.55, 2.6, 2.65])
-    assert all(later >= earlier for earlier, later in zip(rates, rates[1:]))
+    assert all(later >= earlier for earlier, later in itertools.pairwise(rates))
     assert max(rates) < 4.0
     assert max(rates) == pytest.approx(3.9)  # 2.5 % below the ceiling: a window closed at both ends
 
@@ -620,3 +620,26 @@ def test_retry_after_zero_still_waits_an_interval_of_the_halved_rate(clock):
     assert d.pause_s == 0.0
     nxt = b.reserve()
     assert nxt.action == "wait" and nxt.wait_s == pytest.approx(0.4)
+
+
+def test_a_request_stuck_behind_a_full_site_is_refused_at_its_deadline_not_spun(clock):
+    b = make(clock, rate=100.0, burst=10, max_concurrency=1, max_hold=10.0)
+    b.reserve()
+    head, behind = b.reserve(), b.reserve()
+    clock.advance(9.99)
+    turn = b.admit(behind.ticket)
+    assert turn.action == "wait" and turn.wait_s == pytest.approx(0.01)
+    clock.advance(0.01)
+    assert b.admit(behind.ticket).action == "refuse"
+    assert b.admit(head.ticket).action == "refuse"
+
+
+def test_every_wait_is_positive(clock):
+    # An addon sleeping wait_s must never spin: a wait is always > 0.
+    b = make(clock, rate=3.0, max_concurrency=1, max_hold=2.0)
+    turns = [b.reserve() for _ in range(6)]
+    for _ in range(200):
+        for t in turns:
+            turn = b.admit(t.ticket)
+            assert turn.action != "wait" or turn.wait_s > 0
+        clock.advance(0.05)

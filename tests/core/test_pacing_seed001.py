@@ -140,7 +140,7 @@ def crawl_with_workers(workers: int, latency: float, tries: int = 40):
 @pytest.mark.parametrize("workers", [1, 2, 4])
 @pytest.mark.parametrize("latency", [0.0, 0.05])
 def test_seed_001_with_concurrent_clients(workers, latency):
-    pages, counted, throttled, elapsed = crawl_with_workers(workers, latency)
+    pages, _, throttled, elapsed = crawl_with_workers(workers, latency)
     assert throttled <= 2
     assert pages / elapsed >= 1.5
 
