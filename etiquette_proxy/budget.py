@@ -20,6 +20,11 @@ start time at arrival, so a 429 that arrives while they wait moves all of them b
 (SPEC §5: not one request reaches a site inside a pause it asked for) instead of releasing a
 burst the moment it ends.
 
+Observe mode (`--mode observe`): `reserve()` says what enforce mode would do (log it as
+`would`), then `admit(ticket, force=True)` starts the request at once, so the bucket still
+tracks what the site really received. Persistence: `to_state()` / `from_state()` (or the
+`Budgets` registry, which holds every site's budget).
+
 Time: one injected clock, the wall clock by default, because pauses, ceilings and breakers are
 persisted and must mean the same instant after a restart. A clock that steps backwards only
 stops the bucket refilling; it never lets a request out early.
