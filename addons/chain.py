@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from etiquette_addons.health import ExtractionReports, HealthWatch
 from etiquette_addons.refusals import RefusalTrimmer
 from etiquette_addons.robots_gate import RobotsGate
 from etiquette_addons.runaway import RunawayWatch
@@ -15,10 +16,14 @@ from etiquette_addons.trail import Trail
 def build_chain(runtime: Runtime | None = None) -> list[Any]:
     """Every etiquette addon, sharing one runtime; order matters (see each hook)."""
     rt = runtime or Runtime()
+    robots = RobotsGate(rt)
+    health = HealthWatch(rt, robots=robots)
     return [
         Settings(rt),  # options, config, state, audit log; starts each flow's notes
-        RobotsGate(rt),  # RFC 9309: refuse before anything else spends the site's budget
+        ExtractionReports(health),  # POST etiquette.proxy/report-extraction: answered before any gate
+        robots,  # RFC 9309: refuse before anything else spends the site's budget
         RunawayWatch(rt),  # SPEC §7: URL-space traps (request), retired sites (response)
         RefusalTrimmer(rt),  # SPEC §7: page-only headers off refusals (responseheaders)
+        health,  # SPEC §8: last request hook (the request leaves now); scores before the trail
         Trail(rt),  # decision header and audit line: last, after every decision is made
     ]

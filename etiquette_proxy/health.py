@@ -629,6 +629,18 @@ class HealthBook:
     def sites(self) -> list[str]:
         return sorted(set(self._sites) | set(self._parsers))
 
+    def knows(self, site: str) -> bool:
+        """True when `site` has a SiteHealth (asking never creates one)."""
+        return site in self._sites
+
+    def knows_parser(self, site: str) -> bool:
+        """True when `site` has parser health (asking never creates one)."""
+        return site in self._parsers
+
+    def scored_sites(self) -> list[str]:
+        """Sites with a SiteHealth, in no particular order."""
+        return list(self._sites)
+
     def to_state(self) -> dict[str, Any]:
         return {
             "v": STATE_VERSION,

@@ -59,7 +59,12 @@ INTERSTITIAL_FRACTION = 0.5
 _HARD_STATUSES = {403: "status 403", 429: "status 429"}
 # Connection errors that mean the site cut us off (a reset or an abrupt close), as opposed
 # to a route or DNS failure: seed 000 counts connection resets as hard blocks.
-_RESET_WORDS = ("reset", "econnreset", "aborted", "peer closed", "disconnected", "broken pipe")
+# mitmproxy 11 reports a site that resets (or drops) the connection before answering as
+# "server closed connection" (checked on loopback with an RST after the request arrived).
+_RESET_WORDS = (
+    "reset", "econnreset", "aborted", "peer closed", "server closed connection",
+    "disconnected", "broken pipe",
+)
 
 
 class Signal(StrEnum):

@@ -227,6 +227,7 @@ def test_latin1_body_with_marker_found_bytewise():
         ("ConnectionResetError", Signal.HARD_BLOCK),
         ("peer closed connection without sending complete message body", Signal.HARD_BLOCK),
         ("Server disconnected", Signal.HARD_BLOCK),
+        ("server closed connection", Signal.HARD_BLOCK),  # mitmproxy 11, site sent RST
         ("TimeoutError: read timed out", Signal.ERROR),
         ("[Errno -2] Name or service not known", Signal.ERROR),
         ("[Errno 111] Connection refused", Signal.ERROR),

@@ -1,0 +1,599 @@
+"""Target health per site: every response scored, bands acted on through pacing (SPEC §8).
+
+The scoring lives in the core (etiquette_proxy/health.py, signals.py); this addon feeds it and
+acts on what it returns:
+
+- every forwarded response (and connection error) is classified and counted, with its latency
+  measured from the moment the request left the proxy (after every gate, so time held by
+  pacing is not the site's latency) to the first byte of the response headers;
+- a background task closes windows when traffic stops (`tick`) and runs the canaries;
+- a band change becomes a pacing restraint (source "health"): degrading halves the site's rate
+  and concurrency, hostile pauses it (pacing answers locally 503 `paused` with the reason),
+  healthy lifts the restraint. Entering hostile also writes an alert event line to the audit
+  log and runs `health.alert_command`, if any;
+- state is persisted per site in the state store (namespace "health") when a window closes and
+  on shutdown, so scores, baselines and months of history survive restarts.
+
+`POST http://etiquette.proxy/report-extraction` (parser health, beside the score) is answered by
+`ExtractionReports`, which sits right after Settings so no gate sees it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import shlex
+import time
+import zlib
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import urlsplit
+
+from mitmproxy import http
+
+from etiquette_proxy.audit import audit_record
+from etiquette_proxy.clock import Clock, wall
+from etiquette_proxy.health import Band, BandChange, HealthBook, HealthSettings, SiteHealth
+from etiquette_proxy.robots import RobotsSettings, product_token
+from etiquette_proxy.signals import HEAD_BYTES, Signal
+
+from etiquette_addons.notes import FlowNotes, notes_of, skip
+from etiquette_addons.runtime import Restraint, Runtime
+from etiquette_addons.side_fetch import SideFetchError, fetch
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "health"
+SOURCE = "health"  # the restraint source pacing sees
+INTERNAL_HOST = "etiquette.proxy"
+REPORT_PATH = "/report-extraction"
+MAX_REPORT_BYTES = 64 * 1024
+CANARY_TIMEOUT_S = 15.0
+CANARY_MAX_BYTES = 2 * 1024 * 1024  # the marker may sit anywhere in a normal page
+ALERT_TIMEOUT_S = 60.0  # an alert command still running after this is killed
+HISTORY_POINTS = 96  # sparkline points in status()
+_FACT_SENT = "health_sent_at"
+
+
+def site_of_url(url: str) -> str:
+    """`https://Example.com/x` -> `example.com:443`, the same key the flows use (notes.site_of)."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{url!r} is not an http(s) URL")
+    host = parts.hostname.lower()
+    if ":" in host:
+        host = f"[{host}]"
+    port = parts.port or (443 if scheme == "https" else 80)
+    return f"{host}:{port}"
+
+
+def route_label(runtime: Runtime) -> str:
+    """Issue 6: failures split by route; today one proxy process has one route (its upstream)."""
+    return runtime.config.upstream.proxy or "direct"
+
+
+def body_head(response: http.Response) -> tuple[bytes, int]:
+    """The first HEAD_BYTES of the decoded body (markers are searched there) and the body size.
+
+    The size is the body as it came over the wire; only the head is decoded, so a large gzip
+    page costs a bounded inflate, not a full one.
+    """
+    raw = response.raw_content
+    if raw is None:  # streamed: nothing to look at, the size from the header
+        try:
+            return b"", int(response.headers.get("content-length", "0"))
+        except ValueError:
+            return b"", 0
+    encoding = response.headers.get("content-encoding", "").strip().lower()
+    if encoding in ("", "identity"):
+        return raw[:HEAD_BYTES], len(raw)
+    if encoding in ("gzip", "x-gzip", "deflate"):
+        try:
+            wbits = 16 + zlib.MAX_WBITS if "gzip" in encoding else zlib.MAX_WBITS
+            return zlib.decompressobj(wbits).decompress(raw, HEAD_BYTES), len(raw)
+        except zlib.error:
+            return raw[:HEAD_BYTES], len(raw)
+    try:  # br, zstd: mitmproxy's decoders, whole body
+        return (response.get_content(strict=False) or b"")[:HEAD_BYTES], len(raw)
+    except Exception:  # noqa: BLE001 - an undecodable body is classified by status and size
+        return raw[:HEAD_BYTES], len(raw)
+
+
+def health_key(h: SiteHealth) -> dict[str, Any] | None:
+    """The audit log's `health` key: score and band, when there is something to say."""
+    a = h.assessment()
+    if a.score is None and a.band is Band.HEALTHY:
+        return None
+    return {"score": a.score, "band": a.band.value}
+
+
+def restraint_for(change: BandChange) -> Restraint | None:
+    """SPEC §8 actions, as pacing understands them; None means lift the restraint."""
+    if change.to_band is Band.HOSTILE:
+        return Restraint(SOURCE, paused=True, reason=change.why)
+    if change.to_band is Band.DEGRADING:
+        return Restraint(SOURCE, rate_factor=change.rate_factor,
+                         concurrency_factor=change.rate_factor, reason=change.why)
+    return None
+
+
+def change_record(change: BandChange) -> dict[str, Any]:
+    """The audit log's `band_change` key."""
+    return {"from": change.from_band.value, "to": change.to_band.value, "score": change.score,
+            "action": change.action, "why": change.why}
+
+
+def canaries_of(config: Any) -> list[tuple[str, str, str]]:
+    """(site, url, marker) for every configured canary, top-level and per-site, once each."""
+    lists: list[Iterable[dict[str, str]]] = [config.values.get("health.canaries", ())]
+    lists += [o.get("health.canaries", ()) for o in config.sites.values()]
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for items in lists:
+        for c in items:
+            key = (c["url"], c["marker"])
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                out.append((site_of_url(c["url"]), c["url"], c["marker"]))
+            except ValueError:
+                log.warning("health: canary %r is not an http(s) URL; skipped", c["url"])
+    return out
+
+
+class HealthWatch:
+    """Feeds every response to the site's health and acts on band changes (SPEC §8)."""
+
+    def __init__(self, runtime: Runtime, robots: Any = None, clock: Clock = wall):
+        self.rt = runtime
+        self.robots = robots  # RobotsGate: canaries obey robots.txt like everything else
+        self._clock = clock  # windows are aligned to the wall clock (health.py)
+        self.book = HealthBook(lambda site: HealthSettings.from_config(self.rt.config, site), clock)
+        self._loaded = False
+        self._saved_window: dict[str, int] = {}
+        self._origins: dict[str, str] = {}
+        self._pending: dict[str, list[BandChange]] = {}  # changes no request line has carried yet
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def running(self) -> None:
+        self.restore()
+        self._spawn(self._ticker())
+        for site, url, marker in canaries_of(self.rt.config):
+            self._spawn(self._canary_loop(site, url, marker))
+
+    def done(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        self.save_all()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def restore(self) -> None:
+        """Restore every site's health from the state store; reapply their restraints."""
+        if self._loaded:
+            return
+        self._loaded = True
+        sites: dict[str, Any] = {}
+        parsers: dict[str, Any] = {}
+        try:
+            for site, value in self.rt.state.items(NAMESPACE):
+                if isinstance(value, dict):
+                    if value.get("health") is not None:
+                        sites[site] = value["health"]
+                    if value.get("parser") is not None:
+                        parsers[site] = value["parser"]
+        except Exception:  # noqa: BLE001 - unreadable state: start fresh, never fail to start
+            log.exception("health: could not read stored state; starting fresh")
+        dropped = self.book.load_state({"v": 1, "sites": sites, "parsers": parsers})
+        for site in dropped:
+            if site != "*":
+                self.rt.state.forget(NAMESPACE, site)
+        for site in self.book.sites():
+            h = self.book.site(site)
+            if h.band is not Band.HEALTHY:
+                a = h.assessment()
+                change = BandChange(site, Band.HEALTHY, h.band, a.score, a.reasons,
+                                    "pause" if h.band is Band.HOSTILE else "halve",
+                                    h.rate_factor(), False, wall())
+                self._restrain(site, change)
+
+    def save(self, site: str) -> None:
+        value = {"health": self.book.site(site).to_state(), "parser": None}
+        if self.book.knows_parser(site):  # only persist parsers that exist
+            value["parser"] = self.book.parser(site).to_state()
+        try:
+            self.rt.state.put(NAMESPACE, site, value)
+        except Exception:  # noqa: BLE001
+            log.exception("health: could not persist %s", site)
+
+    def save_all(self) -> None:
+        for site in self.book.sites():
+            self.save(site)
+
+    def _maybe_save(self, site: str, h: SiteHealth) -> None:
+        """Save once per window: when the window the site is in has moved on since the last save."""
+        index = math.floor(self._clock() / h.settings.window_s)
+        if self._saved_window.get(site) != index:
+            if site in self._saved_window:  # not on first sight: nothing closed yet
+                self.save(site)
+            self._saved_window[site] = index
+
+    # -- flows ------------------------------------------------------------------------------
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        # Last request hook before the trail: every gate (pacing's hold included) is behind us,
+        # so this is when the request leaves for the site.
+        if skip(flow):
+            return
+        notes_of(flow).facts[_FACT_SENT] = time.time()
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        notes = notes_of(flow)
+        if notes.facts.get("internal") or flow.response is None:
+            return
+        try:
+            if notes.local or _FACT_SENT not in notes.facts:
+                self._annotate(notes.site, notes)  # a local answer: the site saw nothing
+                return
+            head, size = body_head(flow.response)
+            h = self._site(notes.site, notes.origin)
+            observed = h.observe_response(
+                flow.response.status_code, _headers(flow.response), head, size,
+                self._latency(flow, notes), method=flow.request.method, route=route_label(self.rt),
+            )
+            if observed.signal.signal is not Signal.OK:
+                notes.extra["health_signal"] = observed.signal.signal.value
+            self._after(notes.site, h, [observed.change], notes)
+        except Exception:  # noqa: BLE001 - health is advisory: never take a response down
+            log.exception("health: could not observe %s", flow.request.url)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        notes = notes_of(flow)
+        if notes.facts.get("internal") or notes.local or _FACT_SENT not in notes.facts:
+            return
+        msg = flow.error.msg if flow.error is not None else ""
+        if "client disconnected" in msg.lower():
+            return  # the crawler went away; the site did nothing
+        try:
+            h = self._site(notes.site, notes.origin)
+            latency = time.time() - notes.facts[_FACT_SENT]
+            observed = h.observe_error(msg, latency, route=route_label(self.rt))
+            if observed.signal.signal is not Signal.OK:
+                notes.extra["health_signal"] = observed.signal.signal.value
+            self._after(notes.site, h, [observed.change], notes)
+        except Exception:  # noqa: BLE001
+            log.exception("health: could not observe the error of %s", flow.request.url)
+
+    @staticmethod
+    def _latency(flow: http.HTTPFlow, notes: FlowNotes) -> float | None:
+        assert flow.response is not None
+        first_byte = flow.response.timestamp_start
+        sent = notes.facts.get(_FACT_SENT)
+        if first_byte is None or sent is None:
+            return None
+        return max(0.0, first_byte - sent)
+
+    def _site(self, site: str, origin: str | None = None) -> SiteHealth:
+        self.restore()
+        if origin:
+            self._origins[site] = origin
+        return self.book.site(site)
+
+    def _after(self, site: str, h: SiteHealth, changes: Iterable[BandChange | None],
+               notes: FlowNotes | None) -> None:
+        for change in changes:
+            if change is not None:
+                self._act(change, notes)
+        self._maybe_save(site, h)
+        if notes is not None:
+            self._annotate(site, notes)
+
+    def _annotate(self, site: str, notes: FlowNotes) -> None:
+        """The line's `health` key, plus band changes that no line has carried yet."""
+        if not self.book.knows(site):  # never create a site for a local answer
+            return
+        h = self.book.site(site)
+        key = health_key(h)
+        if key is not None:
+            notes.extra["health"] = key
+        pending = self._pending.pop(site, None)
+        if pending:
+            records = [change_record(c) for c in pending]
+            notes.extra["band_change"] = records[-1] if len(records) == 1 else records
+
+    # -- band changes -----------------------------------------------------------------------
+
+    def _act(self, change: BandChange, notes: FlowNotes | None) -> None:
+        site = change.site
+        log.warning("health %s: %s -> %s (%s): %s", site, change.from_band, change.to_band,
+                    change.action, change.why)
+        self._restrain(site, change)
+        if notes is not None:
+            notes.extra["band_change"] = change_record(change)
+        else:
+            self._pending.setdefault(site, []).append(change)
+        self.save(site)
+        if change.alert:
+            if notes is not None:
+                notes.extra["alert"] = True
+            self._alert(change)
+
+    def _restrain(self, site: str, change: BandChange) -> None:
+        restraint = restraint_for(change)
+        if restraint is None:
+            self.rt.release(site, SOURCE)
+        else:
+            self.rt.restrain(site, restraint)
+
+    def _alert(self, change: BandChange) -> None:
+        """SPEC §8: below 50, an alert event line and the optional alert command."""
+        site = change.site
+        if self.rt.audit is not None:
+            origin = self._origins.get(site, f"http://{site}")
+            try:
+                self.rt.audit.write(audit_record(
+                    ts=wall(), outcome="paused", method="-", url=f"{origin}/", site=site,
+                    status=None, upstream_status=None, waited_s=0.0, rate=self.rt.rate_for(site),
+                    reason=change.why, client_ua=None, event="health_alert",
+                    band_change=change_record(change),
+                    health={"score": change.score, "band": change.to_band.value},
+                ))
+            except Exception:  # noqa: BLE001
+                log.exception("health: could not write the alert line for %s", site)
+        command = self.rt.config.get("health.alert_command")
+        if command:
+            self._spawn(run_alert(command, change))
+
+    # -- background: windows without traffic, canaries -------------------------------------
+
+    async def _ticker(self) -> None:
+        while True:
+            windows = [self.book.site(s).settings.window_s for s in self.book.scored_sites()]
+            windows.append(float(self.rt.config.get("health.window")))
+            await asyncio.sleep(min(30.0, max(0.05, min(windows) / 4)))
+            self.tick()
+
+    def tick(self) -> None:
+        """Close windows whose time is up on every site (no traffic, no close otherwise)."""
+        for site in self.book.scored_sites():
+            try:
+                h = self.book.site(site)
+                self._after(site, h, [h.tick()], None)
+            except Exception:  # noqa: BLE001
+                log.exception("health: tick failed for %s", site)
+
+    async def _canary_loop(self, site: str, url: str, marker: str) -> None:
+        while True:
+            try:
+                await self.canary(site, url, marker)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - one broken canary must not stop the schedule
+                log.exception("health: canary %s failed unexpectedly", url)
+            await asyncio.sleep(float(self.rt.config.get("health.canary_interval", site)))
+
+    async def canary(self, site: str, url: str, marker: str) -> None:
+        """Fetch one canary through the same upstream path; bypasses pacing's pause on purpose."""
+        ua = self.rt.config.identity.user_agent or "etiquette-proxy-canary"
+        if self.robots is not None and not await self._robots_allows(site, url, ua):
+            self._canary_line(url, site, ua, "disallowed", None, "canary disallowed by robots.txt",
+                              None, self.book.site(site))
+            return
+        h = self._site(site, f"{urlsplit(url).scheme.lower()}://{site}")
+        route = route_label(self.rt)
+        sent = time.monotonic()
+        try:
+            response = await fetch(url, path=self.rt.upstream, headers={"User-Agent": ua},
+                                   timeout=CANARY_TIMEOUT_S, max_bytes=CANARY_MAX_BYTES)
+        except SideFetchError as e:
+            observed = h.observe_error(str(e), time.monotonic() - sent, route=route)
+            changes = [observed.change, h.record_canary(url, 0, False)]
+            notes = self._canary_notes(site, h, changes)
+            self._canary_line(url, site, ua, "failed", None, f"canary: {e}", False, h, notes)
+            return
+        latency = time.monotonic() - sent
+        found = marker.lower().encode() in response.body.lower()
+        headers = {k.lower(): v for k, v in response.headers}
+        observed = h.observe_response(response.status, headers, response.body[:HEAD_BYTES],
+                                      len(response.body), latency, route=route)
+        changes = [observed.change, h.record_canary(url, response.status, found)]
+        notes = self._canary_notes(site, h, changes)
+        if observed.signal.signal is not Signal.OK:
+            notes.extra["health_signal"] = observed.signal.signal.value
+        outcome = "refused" if response.status >= 400 else "fetched"
+        reason = f"canary: marker {marker!r} {'found' if found else 'missing'}"
+        self._canary_line(url, site, ua, outcome, response.status, reason, found, h, notes)
+
+    def _canary_notes(self, site: str, h: SiteHealth, changes: list[BandChange | None]) -> FlowNotes:
+        notes = FlowNotes(site=site, origin=self._origins.get(site, ""))
+        self._after(site, h, changes, notes)
+        return notes
+
+    async def _robots_allows(self, site: str, url: str, ua: str) -> bool:
+        parts = urlsplit(url)
+        origin = f"{parts.scheme.lower()}://{site}"
+        settings = RobotsSettings.from_config(self.rt.config, site)
+        entry = await self.robots.entry_for(origin, site, ua, settings)
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        return bool(self.robots.policy.verdict(entry, path, product_token(settings.user_agent or ua)).allowed)
+
+    def _canary_line(self, url: str, site: str, ua: str, outcome: str, status: int | None,
+                     reason: str, found: bool | None, h: SiteHealth,
+                     notes: FlowNotes | None = None) -> None:
+        if self.rt.audit is None:
+            return
+        extra = dict(notes.extra) if notes is not None else {}
+        try:
+            self.rt.audit.write(audit_record(
+                ts=wall(), outcome=outcome, method="GET", url=url, site=site, status=status,
+                upstream_status=status, waited_s=0.0, rate=self.rt.rate_for(site), reason=reason,
+                client_ua=ua, canary=True, marker_found=found, **extra,
+            ))
+        except Exception:  # noqa: BLE001
+            log.exception("health: could not write the canary line for %s", url)
+
+    # -- questions (dashboard) --------------------------------------------------------------
+
+    def status(self, site: str) -> dict[str, Any]:
+        """Per-site health for the dashboard: score, band, reasons, history points, parser."""
+        h = self.book.site(site) if self.book.knows(site) else None
+        out: dict[str, Any] = {"site": site}
+        if h is None:
+            out.update(score=None, band=Band.HEALTHY.value,
+                       reasons=["no responses seen from this site yet"], history=[])
+        else:
+            a = h.assessment()
+            out.update(
+                score=a.score, band=a.band.value, reasons=list(a.reasons), signals=list(a.signals),
+                raw_score=a.raw_score, window_start=a.window_start, window_requests=a.window_requests,
+                baseline=a.baseline, route_problem=a.route_problem, paused=h.is_paused(),
+                rate_factor=h.rate_factor(),
+                history=[[t, s] for t, s in h.history()[-HISTORY_POINTS:]],
+                daily=[list(d) for d in h.daily_history()],
+            )
+        if self.book.knows_parser(site):
+            p = self.book.parser(site).summary()
+            out["parser"] = {"window_start": p.window_start, "ok": p.ok, "failed": p.failed,
+                             "failure_rate": p.failure_rate,
+                             "reasons": [list(r) for r in p.reasons], "examples": list(p.examples)}
+        return out
+
+    def sites(self) -> list[str]:
+        return self.book.sites()
+
+    def resume(self, site: str, why: str = "resumed by operator") -> bool:
+        """Operator's way out of a pause (SPEC §8: no escalation, a human decides)."""
+        change = self.book.site(site).resume(why)
+        if change is None:
+            return False
+        self._act(change, None)
+        return True
+
+    # -- parser health ----------------------------------------------------------------------
+
+    def report_extraction(self, body: bytes) -> tuple[int, dict[str, Any]]:
+        """`POST /report-extraction` {url, ok, reason}: counted beside the score, never in it."""
+        try:
+            report = parse_report(body)
+        except ValueError as e:
+            return 400, {"error": str(e)}
+        site = site_of_url(report["url"])
+        self.restore()
+        self.book.parser(site).record(report["url"], report["ok"], report["reason"])
+        self._saved_window.setdefault(site, -1)  # saved with the site's next window close
+        return 202, {"recorded": True, "site": site, **{
+            k: v for k, v in self.status(site).items() if k in ("score", "band", "reasons", "parser")}}
+
+
+def parse_report(body: bytes) -> dict[str, Any]:
+    """Validate an extraction report; ValueError with a message the crawler's author can act on."""
+    if len(body) > MAX_REPORT_BYTES:
+        raise ValueError(f"report too large ({len(body)} bytes; at most {MAX_REPORT_BYTES})")
+    try:
+        data = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"body is not JSON ({e}); expected {{\"url\": ..., \"ok\": true|false, "
+                         "\"reason\": ...}") from None
+    if not isinstance(data, dict):
+        raise ValueError("expected a JSON object {\"url\": ..., \"ok\": true|false, \"reason\": ...}")
+    url, ok, reason = data.get("url"), data.get("ok"), data.get("reason", "")
+    if not isinstance(url, str) or not url:
+        raise ValueError("\"url\" must be the page's absolute http(s) URL")
+    try:
+        site_of_url(url)
+    except ValueError:
+        raise ValueError(f"\"url\" ({url[:200]!r}) must be an absolute http(s) URL") from None
+    if not isinstance(ok, bool):
+        raise ValueError("\"ok\" must be true or false")
+    if reason is None:
+        reason = ""
+    if not isinstance(reason, str):
+        raise ValueError("\"reason\" must be a string")
+    unknown = set(data) - {"url", "ok", "reason"}
+    if unknown:
+        raise ValueError(f"unknown keys {sorted(unknown)}; expected url, ok, reason")
+    return {"url": url, "ok": ok, "reason": reason}
+
+
+class ExtractionReports:
+    """Answers `POST http://etiquette.proxy/report-extraction` locally, before any gate."""
+
+    def __init__(self, watch: HealthWatch):
+        self.watch = watch
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        if skip(flow):
+            return
+        request = flow.request
+        if request.host.lower() != INTERNAL_HOST or request.path.split("?", 1)[0] != REPORT_PATH:
+            return
+        notes = notes_of(flow)
+        notes.facts["internal"] = True  # RobotsGate, RunawayWatch, pacing and health skip it
+        notes.local = True
+        notes.logged = True  # a report about our crawler's parser is not a decision about a site
+        if request.method != "POST":
+            status, payload = 405, {"error": "use POST with {\"url\": ..., \"ok\": ..., \"reason\": ...}"}
+            headers = {"Allow": "POST"}
+        else:
+            try:
+                status, payload = self.watch.report_extraction(request.raw_content or b"")
+            except Exception as e:  # noqa: BLE001 - a bad report never takes the proxy down
+                log.exception("health: extraction report failed")
+                status, payload = 500, {"error": f"internal error: {type(e).__name__}"}
+            headers = {}
+        flow.response = http.Response.make(
+            status, (json.dumps(payload) + "\n").encode(),
+            {"Content-Type": "application/json", "Cache-Control": "no-store", **headers},
+        )
+
+
+def _headers(response: http.Response) -> dict[str, str]:
+    # The classifier reads a few headers (content-type, cf-mitigated); last value wins.
+    return {k.lower(): v for k, v in response.headers.items()}
+
+
+async def run_alert(command: str, change: BandChange) -> None:
+    """Run `health.alert_command` without a shell, never waiting on it in a hook (issue 6).
+
+    Arguments appended: site, score, band, reasons ("; "-joined). The same in the environment:
+    ETIQUETTE_SITE, ETIQUETTE_SCORE, ETIQUETTE_BAND, ETIQUETTE_REASONS, ETIQUETTE_ACTION.
+    """
+    score = "" if change.score is None else str(change.score)
+    reasons = "; ".join(change.reasons)
+    try:
+        argv = shlex.split(command)
+    except ValueError as e:
+        log.error("health.alert_command %r cannot be split into arguments: %s", command, e)
+        return
+    if not argv:
+        return
+    env = dict(os.environ, ETIQUETTE_SITE=change.site, ETIQUETTE_SCORE=score,
+               ETIQUETTE_BAND=change.to_band.value, ETIQUETTE_REASONS=reasons,
+               ETIQUETTE_ACTION=change.action)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, change.site, score, change.to_band.value, reasons, env=env,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        )
+    except OSError as e:
+        log.error("health.alert_command %r could not start: %s", argv[0], e)
+        return
+    try:
+        code = await asyncio.wait_for(proc.wait(), ALERT_TIMEOUT_S)
+    except TimeoutError:
+        log.error("health.alert_command still running after %ss; killed", ALERT_TIMEOUT_S)
+        proc.kill()
+        await proc.wait()
+        return
+    if code != 0:
+        log.error("health.alert_command exited %s for %s", code, change.site)
