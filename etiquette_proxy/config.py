@@ -337,7 +337,7 @@ def _compose(text: str, file: str, problems: list[ConfigProblem]) -> Any:
             return out
         if isinstance(n, yaml.SequenceNode):
             return [_plain(convert(x)) for x in n.value]
-        return yaml.SafeLoader("").construct_object(n)  # type: ignore[no-untyped-call]
+        return yaml.SafeLoader("").construct_object(n)
 
     return convert(node)
 
@@ -434,8 +434,9 @@ def load_config(text: str, file: str = "<config>", overrides: Iterable[str] = ()
     merged = {k: key.default for k, key in SCHEMA.items()} | values
     _check_relations(merged, lambda k: lines.get(k, (file, 1, k)), values, problems)
     for site, site_values in sites.items():
-        site_merged = merged | site_values
-        _check_relations(site_merged, lambda k, s=site: (file, 1, f'sites."{s}".{k}'), site_values, problems)
+        def where(k: str, s: str = site) -> tuple[str, int, str]:
+            return (file, 1, f'sites."{s}".{k}')
+        _check_relations(merged | site_values, where, site_values, problems)
 
     if problems:
         raise ConfigError(problems)
