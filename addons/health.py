@@ -32,6 +32,9 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
+from etiquette_addons.notes import FlowNotes, notes_of, skip
+from etiquette_addons.runtime import Restraint, Runtime
+from etiquette_addons.side_fetch import SideFetchError, fetch
 from mitmproxy import http
 
 from etiquette_proxy.audit import audit_record
@@ -39,10 +42,6 @@ from etiquette_proxy.clock import Clock, wall
 from etiquette_proxy.health import Band, BandChange, HealthBook, HealthSettings, SiteHealth
 from etiquette_proxy.robots import RobotsSettings, product_token
 from etiquette_proxy.signals import HEAD_BYTES, Signal
-
-from etiquette_addons.notes import FlowNotes, notes_of, skip
-from etiquette_addons.runtime import Restraint, Runtime
-from etiquette_addons.side_fetch import SideFetchError, fetch
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,6 @@ import importlib.util
 import json
 import sys
 import time
-from pathlib import Path
 
 from tests.e2e.drift import CANARY_MARKER, CANARY_PATH, AuditTail, DriftSite, Traffic, band_changes
 from tests.e2e.sites import Answer

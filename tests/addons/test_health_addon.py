@@ -1,0 +1,309 @@
+"""The health addon's own logic: hooks on test flows, a fake clock, an in-memory state store."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from etiquette_addons.health import (
+    ExtractionReports,
+    HealthWatch,
+    body_head,
+    canaries_of,
+    parse_report,
+    restraint_for,
+    route_label,
+    run_alert,
+    site_of_url,
+)
+from etiquette_addons.notes import notes_of
+from etiquette_addons.runtime import Runtime
+from mitmproxy import http
+from mitmproxy.test import tflow, tutils
+
+from etiquette_proxy.audit import AuditLog
+from etiquette_proxy.config import load_config
+from etiquette_proxy.health import WARMUP_WINDOWS, Band, BandChange
+from etiquette_proxy.state import MemoryState
+
+ARTICLE = b"<html><body>" + b"words " * 500 + b"</body></html>"
+CHALLENGE = b"<html><title>Just a moment...</title></html>"
+
+
+def runtime(tmp_path: Path, *sets: str) -> Runtime:
+    rt = Runtime(config=load_config("", "<test>", ["health.window=10s", "health.min_requests=5", *sets]))
+    rt.state = MemoryState()
+    rt.audit = AuditLog(str(tmp_path / "audit.jsonl"))
+    return rt
+
+
+def audit_lines(tmp_path: Path) -> list[dict]:
+    path = tmp_path / "audit.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def exchange(watch: HealthWatch, body: bytes = ARTICLE, status: int = 200, latency: float = 0.01,
+             host: str = "example.com") -> http.HTTPFlow:
+    """One request through the hooks: request (leaves), then the response arrives."""
+    flow = tflow.tflow()
+    flow.request.host, flow.request.port = host, 80
+    watch.request(flow)
+    flow.response = tutils.tresp(status_code=status, content=body)
+    flow.response.headers["content-type"] = "text/html"
+    flow.response.timestamp_start = notes_of(flow).facts["health_sent_at"] + latency
+    watch.response(flow)
+    return flow
+
+
+def hostile_window(watch: HealthWatch, clock) -> list[http.HTTPFlow]:
+    """Half challenges, half 403s: scores 40 against a clean baseline."""
+    flows = [exchange(watch, body=CHALLENGE) for _ in range(3)]
+    flows += [exchange(watch, body=b"Forbidden", status=403) for _ in range(3)]
+    clock.advance(10)
+    return flows
+
+
+def windows(watch: HealthWatch, clock, n: int, per: int = 6, **kw) -> list[http.HTTPFlow]:
+    flows = []
+    for _ in range(n):
+        flows += [exchange(watch, **kw) for _ in range(per)]
+        clock.advance(10)
+    return flows
+
+
+@pytest.mark.parametrize(
+    "url, site",
+    [("http://Example.com/x", "example.com:80"), ("https://example.com/", "example.com:443"),
+     ("http://127.0.0.1:8000/a?b", "127.0.0.1:8000"), ("http://[::1]:81/", "[::1]:81")],
+)
+def test_site_of_url_matches_the_flows_key(url, site):
+    assert site_of_url(url) == site
+
+
+@pytest.mark.parametrize("url", ["ftp://example.com/", "/relative", "http://", ""])
+def test_site_of_url_refuses_what_is_not_http(url):
+    with pytest.raises(ValueError):
+        site_of_url(url)
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (b"{nope", "body is not JSON"),
+        (b"\xff\xfe", "body is not JSON"),
+        (b"[]", "expected a JSON object"),
+        (b'{"ok": true}', '"url" must be'),
+        (b'{"url": "mailto:a@b", "ok": true}', "absolute http(s) URL"),
+        (b'{"url": "http://a/", "ok": 1}', '"ok" must be true or false'),
+        (b'{"url": "http://a/", "ok": false, "reason": 3}', '"reason" must be a string'),
+        (b'{"url": "http://a/", "ok": false, "why": "x"}', "unknown keys ['why']"),
+        (b"{" + b" " * 70000 + b"}", "report too large"),
+    ],
+)
+def test_bad_reports_are_refused_with_a_message(body, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        parse_report(body)
+
+
+def test_a_good_report_parses():
+    assert parse_report(b'{"url": "http://a/x", "ok": false, "reason": "no title"}') == {
+        "url": "http://a/x", "ok": False, "reason": "no title"}
+    assert parse_report(b'{"url": "http://a/x", "ok": true, "reason": null}')["reason"] == ""
+
+
+def test_body_head_decodes_only_the_head_of_a_gzip_body():
+    body = b"<html>" + b"a" * 200_000
+    response = tutils.tresp(content=b"")
+    response.headers["content-encoding"] = "gzip"
+    response.raw_content = gzip.compress(body)
+    head, size = body_head(response)
+    assert head == body[:65536] and size == len(response.raw_content)
+    plain = tutils.tresp(content=b"x" * 70000)
+    assert body_head(plain) == (b"x" * 65536, 70000)
+    broken = tutils.tresp(content=b"")
+    broken.headers["content-encoding"] = "gzip"
+    broken.raw_content = b"not gzip"
+    assert body_head(broken) == (b"not gzip", 8)
+
+
+def test_restraints_per_band():
+    def change(to: Band) -> BandChange:
+        return BandChange("s:80", Band.HEALTHY, to, 42, ("challenge +30pp",), "x",
+                          {Band.HEALTHY: 1.0, Band.DEGRADING: 0.5, Band.HOSTILE: 0.0}[to], False, 0.0)
+
+    halve = restraint_for(change(Band.DEGRADING))
+    assert halve is not None and halve.source == "health"
+    assert (halve.rate_factor, halve.concurrency_factor, halve.paused) == (0.5, 0.5, False)
+    pause = restraint_for(change(Band.HOSTILE))
+    assert pause is not None and pause.paused and pause.reason == "health 42: challenge +30pp"
+    assert restraint_for(change(Band.HEALTHY)) is None
+
+
+def test_canaries_from_the_top_level_and_per_site_once_each():
+    config = load_config(
+        'health: {canaries: [{url: "http://a.example/c", marker: m}]}\n'
+        'sites: {"b.example": {health: {canaries: [{url: "https://b.example/c", marker: n},'
+        ' {url: "http://a.example/c", marker: m}]}}}\n')
+    assert canaries_of(config) == [("a.example:80", "http://a.example/c", "m"),
+                                   ("b.example:443", "https://b.example/c", "n")]
+
+
+def test_route_label_is_the_upstream_proxy_or_direct(tmp_path):
+    assert route_label(runtime(tmp_path)) == "direct"
+    assert route_label(runtime(tmp_path, "upstream.proxy=http://10.0.0.1:3128")) == "http://10.0.0.1:3128"
+
+
+def test_no_score_before_warm_up_then_health_key_and_band_actions(tmp_path, clock):
+    rt = runtime(tmp_path)
+    watch = HealthWatch(rt, clock=clock)
+    clock.now = 1_800_000_000.0  # a window boundary
+    flows = windows(watch, clock, WARMUP_WINDOWS + 1)
+    assert not any("health" in notes_of(f).extra for f in flows)  # learning: no score yet
+    scored = exchange(watch)
+    assert notes_of(scored).extra["health"] == {"score": 100, "band": "healthy"}
+    assert watch.status("example.com:80")["baseline"] == "warm-up"
+
+    # challenges and 403s: degrading (halved), then hostile (paused), through pacing's restraints
+    hostile: list[http.HTTPFlow] = []
+    factors = []
+    for _ in range(4):
+        hostile += hostile_window(watch, clock)
+        watch.tick()  # closes the window now; the change rides on the site's next line
+        r = rt.restraints["example.com:80"].get("health")
+        factors.append(None if r is None else ("paused" if r.paused else r.rate_factor))
+    assert factors == [0.5, 0.5, 0.5, "paused"]
+    hostile.append(exchange(watch))
+    restraint = rt.restraints["example.com:80"]["health"]
+    assert restraint.paused and restraint.reason.startswith("health ")
+    changes = [notes_of(f).extra["band_change"] for f in hostile if "band_change" in notes_of(f).extra]
+    assert [(c["from"], c["to"], c["action"]) for c in changes] == [
+        ("healthy", "degrading", "halve"), ("degrading", "hostile", "pause")]
+    lines = audit_lines(tmp_path)
+    alert = [ln for ln in lines if ln.get("event") == "health_alert"]
+    assert len(alert) == 1 and alert[0]["outcome"] == "paused" and alert[0]["band_change"]["to"] == "hostile"
+    status = watch.status("example.com:80")
+    assert status["band"] == "hostile" and status["paused"] and status["rate_factor"] == 0.0
+    assert status["history"] and all(len(p) == 2 for p in status["history"])
+
+    # the operator's way out: degrading (half rate), the restraint follows
+    assert watch.resume("example.com:80")
+    assert rt.restraints["example.com:80"]["health"].rate_factor == 0.5
+    assert not watch.resume("example.com:80")
+
+
+def test_a_band_change_closed_by_the_ticker_rides_on_the_next_line(tmp_path, clock):
+    rt = runtime(tmp_path)
+    watch = HealthWatch(rt, clock=clock)
+    windows(watch, clock, WARMUP_WINDOWS + 1)
+    hostile_window(watch, clock)
+    watch.tick()  # no traffic: the ticker closes the window
+    assert rt.restraints["example.com:80"]["health"].rate_factor == 0.5
+    nxt = exchange(watch)
+    assert notes_of(nxt).extra["band_change"]["to"] == "degrading"
+    assert "band_change" not in notes_of(exchange(watch)).extra  # carried once
+
+
+def test_local_answers_and_unsent_requests_are_not_observed(tmp_path, clock):
+    rt = runtime(tmp_path)
+    watch = HealthWatch(rt, clock=clock)
+    flow = tflow.tflow(resp=True)  # answered before the health hook saw it leave
+    notes_of(flow).local = True
+    watch.response(flow)
+    assert not watch.book.knows(notes_of(flow).site)
+    gone = tflow.tflow()
+    watch.request(gone)
+    gone.error = tflow.terr("Client disconnected.")
+    watch.error(gone)
+    assert watch.book.site(notes_of(gone).site).assessment().window_requests == 0
+
+
+def test_a_reset_counts_as_a_hard_block(tmp_path, clock):
+    rt = runtime(tmp_path)
+    watch = HealthWatch(rt, clock=clock)
+    flow = tflow.tflow()
+    watch.request(flow)
+    flow.error = tflow.terr("server closed connection")
+    watch.error(flow)
+    assert notes_of(flow).extra["health_signal"] == "hard_block"
+
+
+def test_state_survives_a_restart_and_the_pause_is_reapplied(tmp_path, clock):
+    rt = runtime(tmp_path)
+    watch = HealthWatch(rt, clock=clock)
+    windows(watch, clock, WARMUP_WINDOWS + 1)
+    for _ in range(4):
+        hostile_window(watch, clock)
+    watch.tick()
+    assert watch.book.site("example.com:80").band is Band.HOSTILE
+    watch.report_extraction(b'{"url": "http://example.com/x", "ok": false, "reason": "no title"}')
+    watch.done()
+
+    again = Runtime(config=rt.config, state=rt.state)
+    restored = HealthWatch(again, clock=clock)
+    restored.restore()
+    assert restored.book.site("example.com:80").band is Band.HOSTILE
+    assert again.restraints["example.com:80"]["health"].paused
+    assert restored.status("example.com:80")["parser"]["failed"] == 1
+
+
+def test_unusable_stored_state_starts_fresh(tmp_path, clock):
+    rt = runtime(tmp_path)
+    rt.state.put("health", "example.com:80", {"health": {"v": 99}, "parser": None})
+    watch = HealthWatch(rt, clock=clock)
+    watch.restore()
+    assert rt.state.get("health", "example.com:80") is None
+    assert watch.status("example.com:80")["score"] is None
+
+
+def report_flow(method: str = "POST", body: bytes = b"", host: str = "etiquette.proxy",
+                path: str = "/report-extraction") -> http.HTTPFlow:
+    flow = tflow.tflow()
+    flow.request.host, flow.request.port, flow.request.path = host, 80, path
+    flow.request.method = method
+    flow.request.content = body
+    return flow
+
+
+def test_the_extraction_endpoint_answers_locally(tmp_path, clock):
+    watch = HealthWatch(runtime(tmp_path), clock=clock)
+    reports = ExtractionReports(watch)
+    ok = report_flow(body=b'{"url": "http://example.com/a", "ok": false, "reason": "no price"}')
+    reports.request(ok)
+    assert ok.response.status_code == 202 and notes_of(ok).facts["internal"]
+    assert json.loads(ok.response.content)["parser"]["reasons"] == [["no price", 1]]
+    bad = report_flow(body=b"{")
+    reports.request(bad)
+    assert bad.response.status_code == 400 and "not JSON" in json.loads(bad.response.content)["error"]
+    get = report_flow(method="GET")
+    reports.request(get)
+    assert get.response.status_code == 405 and get.response.headers["Allow"] == "POST"
+    for other in (report_flow(host="example.com"), report_flow(path="/")):
+        reports.request(other)
+        assert other.response is None and "internal" not in notes_of(other).facts
+    # parser health is beside the score, never in it
+    assert not watch.book.knows("example.com:80")
+
+
+def test_the_alert_command_runs_without_a_shell(tmp_path):
+    out = tmp_path / "alert.json"
+    script = tmp_path / "alert.py"
+    script.write_text("import json, os, sys\n"
+                      "json.dump({'argv': sys.argv[2:], 'site': os.environ['ETIQUETTE_SITE'],"
+                      " 'reasons': os.environ['ETIQUETTE_REASONS']}, open(sys.argv[1], 'w'))\n")
+    change = BandChange("example.com:80", Band.DEGRADING, Band.HOSTILE, 42,
+                        ("challenge +30pp", "p95 2.9x; $(touch /tmp/x)"), "pause", 0.0, True, 0.0)
+    asyncio.run(run_alert(f"{sys.executable} {script} {out}", change))
+    got = json.loads(out.read_text())
+    assert got["argv"] == ["example.com:80", "42", "hostile", "challenge +30pp; p95 2.9x; $(touch /tmp/x)"]
+    assert got["site"] == "example.com:80" and got["reasons"].startswith("challenge")
+
+
+@pytest.mark.parametrize("command", ["/nonexistent/alert-tool", "'unbalanced"])
+def test_a_broken_alert_command_is_logged_not_raised(command, caplog):
+    change = BandChange("s:80", Band.DEGRADING, Band.HOSTILE, 42, (), "pause", 0.0, True, 0.0)
+    asyncio.run(run_alert(command, change))
+    assert "alert_command" in caplog.text
