@@ -384,10 +384,17 @@ class HealthWatch:
     async def canary(self, site: str, url: str, marker: str) -> None:
         """Fetch one canary through the same upstream path; bypasses pacing's pause on purpose."""
         ua = self.rt.config.identity.user_agent or "etiquette-proxy-canary"
-        if self.robots is not None and not await self._robots_allows(site, url, ua):
-            self._canary_line(url, site, ua, "disallowed", None, "canary disallowed by robots.txt",
-                              None, self.book.site(site))
-            return
+        if self.robots is not None:
+            try:
+                async with asyncio.timeout(CANARY_TIMEOUT_S):
+                    allowed = await self._robots_allows(site, url, ua)
+            except TimeoutError:
+                log.warning("health: robots.txt for canary %s not known in time; skipped this round", url)
+                return
+            if not allowed:
+                self._canary_line(url, site, ua, "disallowed", None, "canary disallowed by robots.txt",
+                                  None, self.book.site(site))
+                return
         h = self._site(site, f"{urlsplit(url).scheme.lower()}://{site}")
         route = route_label(self.rt)
         sent = time.monotonic()

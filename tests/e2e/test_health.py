@@ -201,3 +201,23 @@ def test_report_extraction_is_answered_locally_and_validated(start_proxy, site):
     # answered before any gate: no robots.txt fetch for etiquette.proxy, no audit line
     assert not [ln for ln in proxy.audit() if "etiquette.proxy" in ln["url"]]
     assert s.get(site.url("/after"), timeout=10).status_code == 200  # the proxy is still fine
+
+
+def test_canaries_obey_robots_and_a_reset_is_a_hard_block(start_proxy, site):
+    site.route("/robots.txt", Answer(200, b"User-agent: *\nDisallow: /private/\n", {"Content-Type": "text/plain"}))
+    site.route("/reset", Answer(reset=True))
+    canaries = json.dumps([{"url": site.url("/private/canary"), "marker": "x"},
+                           {"url": site.url(CANARY_PATH), "marker": "here"}])
+    site.route(CANARY_PATH, Answer(200, b"<html>" + b"not it " * 200 + b"</html>", {"Content-Type": "text/html"}))
+    proxy = start_proxy(sets=health_sets(f"health.canaries={canaries}", "health.canary_interval=0.3s"))
+    tail = AuditTail(proxy.audit_path)
+    refused = tail.wait(lambda ln: ln.get("canary") and ln["outcome"] == "disallowed", 5)
+    assert refused is not None and refused["url"].endswith("/private/canary")
+    wrong = tail.wait(lambda ln: ln.get("canary") and ln["url"] == site.url(CANARY_PATH), 5)
+    assert wrong is not None and wrong["marker_found"] is False and wrong["outcome"] == "fetched"
+    assert "marker 'here' missing" in wrong["reason"]
+    assert not site.hits("/private/canary")
+    r = proxy.get(site.url("/reset"))
+    assert r.status_code == 502
+    line = tail.wait(lambda ln: ln["url"].endswith("/reset"), 5)
+    assert line is not None and line["health_signal"] == "hard_block"
