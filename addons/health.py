@@ -429,7 +429,12 @@ class HealthWatch:
         parts = urlsplit(url)
         origin = f"{parts.scheme.lower()}://{site}"
         settings = RobotsSettings.from_config(self.rt.config, site)
-        entry = await self.robots.entry_for(origin, site, ua, settings)
+        entry = self.robots.entries.get(origin) if self.book.site(site).is_paused() else None
+        if entry is None:
+            # Refreshing robots.txt takes a turn of the site's budget, which a health pause
+            # refuses; while paused the canary is checked against the last copy instead, or a
+            # pause longer than the robots cache would turn every canary away for good.
+            entry = await self.robots.entry_for(origin, site, ua, settings)
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         return bool(self.robots.policy.verdict(entry, path, product_token(settings.user_agent or ua)).allowed)
 
