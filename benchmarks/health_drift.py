@@ -173,11 +173,20 @@ def svg(seconds: list[Second], changes: list[dict], end: float) -> str:
             parts.append(_text(x(s.t) + 4, top - 6, f"site: {s.phase}", 'fill="#444"'))
             prev = s.phase
     # the score: one point per window that had one, drawn at the window's end
+    # (no line across windows without a score: a paused site has no traffic to judge)
     points = [(min(s.t + 1, end), s.score) for s in seconds if s.score is not None]
+    path, prev_t = [], None
+    for t, v in points:
+        path.append(f"{'L' if prev_t is not None and t - prev_t <= 1.01 else 'M'}{x(t):.1f},{y(v):.1f}")
+        prev_t = t
     if points:
-        path = " ".join(f"{'M' if i == 0 else 'L'}{x(t):.1f},{y(v):.1f}" for i, (t, v) in enumerate(points))
-        parts.append(f'<path d="{path}" fill="none" stroke="#1a73e8" stroke-width="2.5"/>')
+        parts.append(f'<path d="{" ".join(path)}" fill="none" stroke="#1a73e8" stroke-width="2.5"/>')
         parts += [f'<circle cx="{x(t):.1f}" cy="{y(v):.1f}" r="2.5" fill="#1a73e8"/>' for t, v in points]
+    gaps = [(a[0], b[0]) for a, b in zip(points, points[1:], strict=False) if b[0] - a[0] > 2]
+    for a, b in gaps:
+        parts.append(_text((x(a) + x(b)) / 2, y(30), "paused: no score,", 'text-anchor="middle" fill="#a50e0e"'))
+        parts.append(_text((x(a) + x(b)) / 2, y(30) + 14, "only canaries reach the site",
+                           'text-anchor="middle" fill="#a50e0e"'))
     if points and points[0][0] > 2:
         parts.append(_text(left + 6, y(90), "no score: learning", grey))
         parts.append(_text(left + 6, y(90) + 14, "the site's normal", grey))

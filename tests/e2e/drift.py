@@ -120,10 +120,13 @@ class Traffic:
             n += 1
             try:
                 r = s.get(self.site.url(f"/article/{i}-{n}"), timeout=10)
-                self.results.append(Result(time.monotonic(), r.status_code, r.headers.get("X-Etiquette-Decision", "")))
+                decision = r.headers.get("X-Etiquette-Decision", "")
             except requests.RequestException:
-                self.results.append(Result(time.monotonic(), 0, "error"))
-            self._stop.wait(self.pause_s)
+                decision, r = "error", None
+            self.results.append(Result(time.monotonic(), r.status_code if r is not None else 0, decision))
+            # a paused site is answered at once: ask again a little later (not at Retry-After,
+            # or the test would have to wait a minute to see the recovery)
+            self._stop.wait(0.1 if decision == "paused" else self.pause_s)
         s.close()
 
 
