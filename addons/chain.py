@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from etiquette_addons.gone_memory import GoneMemory
+from etiquette_addons.revalidation import Revalidation
 from etiquette_addons.robots_gate import RobotsGate
 from etiquette_addons.runtime import Runtime
 from etiquette_addons.settings import Settings
@@ -16,5 +18,7 @@ def build_chain(runtime: Runtime | None = None) -> list[Any]:
     return [
         Settings(rt),  # options, config, state, audit log; starts each flow's notes
         RobotsGate(rt),  # RFC 9309: refuse before anything else spends the site's budget
+        GoneMemory(rt),  # 404/410 remembered: answered locally before any validator work
+        Revalidation(rt),  # served-stored, validator injection; 304 -> stored 200 in response
         Trail(rt),  # decision header and audit line: last, after every decision is made
     ]
