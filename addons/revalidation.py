@@ -196,8 +196,12 @@ class Revalidation:
                 body = await self._body(entry)
                 if body is not None:
                     notes.outcome, notes.reason, notes.local = "served-stored", reason, True
+                    # RFC 9111 §5.1: a stored response carries its Age.
+                    age = str(int(max(0.0, wall() - entry.stored_at)))
+                    headers = tuple((k, v) for k, v in stored_response_headers(entry)
+                                    if k.lower() != "age") + (("Age", age),)
                     flow.response = http.Response.make(200)
-                    set_stored_response(flow.response, body, stored_response_headers(entry))
+                    set_stored_response(flow.response, body, headers)
                     return
 
         injection = inject_headers(entry, "GET", request_headers)

@@ -167,6 +167,8 @@ def test_gzip_site_replays_the_same_encoded_bytes(proxy, sites, tls_files):
     status, headers, body = proxy.curl(url)
     assert body == PAGE and headers["x-etiquette-decision"] == "revalidated"
     assert "content-encoding" not in headers
+    status, headers, body = proxy.curl(url, "--http2")  # HTTP/2 between client and proxy
+    assert status == 200 and body == PAGE and headers["x-etiquette-decision"] == "revalidated"
 
 
 def test_gone_memory_for_410_and_404(proxy, sites):
@@ -208,6 +210,7 @@ def test_revisit_enforce_serves_stored_and_gone_ttl_expires_and_2xx_clears(start
     got = p.get(url)
     assert got.status_code == 200 and got.content == PAGE
     assert got.headers["X-Etiquette-Decision"] == "served-stored"
+    assert got.headers["ETag"] == pages.pages["/e"].etag_of() and int(got.headers["Age"]) >= 0
     assert len(site.hits("/e")) == 1  # the site was not contacted
     line = decision(p, url, count=2)
     assert line["outcome"] == "served-stored" and line["upstream_status"] is None
@@ -260,8 +263,8 @@ def test_eviction_under_a_small_size_limit_and_big_bodies_pass_unstored(start_pr
     for path, body in bodies.items():
         pages.add(site, path, body)
     pages.add(site, "/big", b"B" * 150_000)
-    for path in bodies:
-        assert p.get(site.url(path)).content == bodies[path]
+    for path, body in bodies.items():
+        assert p.get(site.url(path)).content == body
     for _ in range(2):
         big = p.get(site.url("/big"))
         assert big.content == b"B" * 150_000 and big.headers["X-Etiquette-Decision"] == "fetched"
