@@ -50,7 +50,7 @@ from etiquette_proxy.validators import (
 from etiquette_addons.notes import FlowNotes, notes_of, skip
 from etiquette_addons.runtime import Runtime
 from etiquette_addons.side_fetch import SideFetchError, fetch
-from etiquette_addons.trail import answer_locally, fail_closed
+from etiquette_addons.trail import DECISION_HEADER, answer_locally, fail_closed
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,13 @@ _HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "te", "
                          "transfer-encoding", "upgrade", "content-length", "content-encoding"})
 
 T = TypeVar("T")
+
+
+def site_headers(message: http.Message) -> HeaderPairs:
+    """The message's headers as the site sent them: without the decision header the trail
+    has already added in `responseheaders` (it must never be stored or merged)."""
+    decision = DECISION_HEADER.lower()
+    return tuple((k, v) for k, v in message.headers.items(multi=True) if k.lower() != decision)
 
 
 def url_key(flow: http.HTTPFlow, rt: Runtime) -> str | None:
@@ -260,7 +267,7 @@ class Revalidation:
     async def _not_modified(self, flow: http.HTTPFlow, notes: FlowNotes, injected: Injected) -> None:
         assert flow.response is not None and self.rt.store is not None
         now = wall()
-        answer = answer_304(injected.entry, tuple(flow.response.headers.items(multi=True)), now)
+        answer = answer_304(injected.entry, site_headers(flow.response), now)
         if not answer.usable or answer.entry is None:
             await self._refetch(flow, notes, injected, answer.reason)
             return
@@ -315,7 +322,7 @@ class Revalidation:
             return
         raw = response.raw_content or b""
         request_headers = tuple(flow.request.headers.items(multi=True))
-        response_headers = tuple(response.headers.items(multi=True))
+        response_headers = site_headers(response)
         now = wall()
         decision = should_store("GET", 200, request_headers, response_headers, len(raw), store.max_body)
         fingerprinter = self.fingerprinters.get(notes.site)

@@ -277,6 +277,10 @@ def test_eviction_under_a_small_size_limit_and_big_bodies_pass_unstored(start_pr
     p.stop()
     with diskcache.Cache(str(p.state_dir / "store")) as raw:
         assert raw.volume() <= 400 * 1024 + 100 * 1024  # limit, give or take one culled row
+    with ValidatorStore(p.state_dir / "store") as store:
+        entry = store.get(normalise(site.url("/p9")))
+        assert entry is not None and entry.etag == pages.pages["/p9"].etag_of()
+        assert "x-etiquette-decision" not in {k.lower() for k, _ in entry.headers}
 
 
 def test_observe_mode_changes_nothing_on_the_wire(start_proxy, sites):
