@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from etiquette_addons.refusals import RefusalTrimmer
+from etiquette_addons.gone_memory import GoneMemory
+from etiquette_addons.revalidation import Revalidation
 from etiquette_addons.robots_gate import RobotsGate
 from etiquette_addons.runaway import RunawayWatch
 from etiquette_addons.runtime import Runtime
@@ -18,7 +20,9 @@ def build_chain(runtime: Runtime | None = None) -> list[Any]:
     return [
         Settings(rt),  # options, config, state, audit log; starts each flow's notes
         RobotsGate(rt),  # RFC 9309: refuse before anything else spends the site's budget
-        RunawayWatch(rt),  # SPEC §7: URL-space traps (request), retired sites (response)
+        GoneMemory(rt),  # 404/410 remembered: answered locally before any validator work
+        Revalidation(rt),  # served-stored, validator injection; 304 -> stored 200 in response
+        RunawayWatch(rt),  # SPEC §7: URL-space traps (requests going upstream), retired sites
         RefusalTrimmer(rt),  # SPEC §7: page-only headers off refusals (responseheaders)
         Trail(rt),  # decision header and audit line: last, after every decision is made
     ]

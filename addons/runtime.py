@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from etiquette_proxy.audit import AuditLog
 from etiquette_proxy.config import Config, defaults
 from etiquette_proxy.state import MemoryState, StateStore
+from etiquette_proxy.store import ValidatorStore
 
 from etiquette_addons.side_fetch import UpstreamPath
 
@@ -41,6 +42,9 @@ class Runtime:
     audit: AuditLog | None = None
     upstream: UpstreamPath = field(default_factory=UpstreamPath)
     state_dir: str = ""
+    # Stored responses and per-URL records (revisit, gone) in <state-dir>/store; None until
+    # Settings has configured.
+    store: ValidatorStore | None = None
     # Set when the proxy is stopping: held requests are released with a local answer.
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     # The site's current rate (requests/s), as the pacing layer sees it; for the audit log.
