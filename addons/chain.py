@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from etiquette_addons.dashboard import Dashboard
 from etiquette_addons.robots_gate import RobotsGate
 from etiquette_addons.runtime import Runtime
 from etiquette_addons.settings import Settings
@@ -15,6 +16,7 @@ def build_chain(runtime: Runtime | None = None) -> list[Any]:
     rt = runtime or Runtime()
     return [
         Settings(rt),  # options, config, state, audit log; starts each flow's notes
+        Dashboard(rt),  # http://etiquette.proxy/ answered here, before any gate sees it
         RobotsGate(rt),  # RFC 9309: refuse before anything else spends the site's budget
         Trail(rt),  # decision header and audit line: last, after every decision is made
     ]
