@@ -50,7 +50,7 @@ def epoch_of(ts: Any) -> float | None:
     if not isinstance(ts, str):
         return None
     try:
-        return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+        return datetime.fromisoformat(ts).timestamp()  # 3.11 reads the Z
     except ValueError:
         return None
 

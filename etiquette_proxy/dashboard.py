@@ -129,6 +129,10 @@ def human_rate(r: Any) -> str:
     return f"{r:g}/s" if r >= 1 else f"{r * 60:.3g}/min"
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def band_of(score: float) -> str:
     """SPEC §8 bands: 80-100 ok, 50-79 degrading, below 50 paused."""
     return "ok" if score >= 80 else "degrading" if score >= 50 else "paused"
@@ -271,7 +275,7 @@ def render_html(snap: Mapping[str, Any]) -> str:
     for entry in sites:
         rows.append(
             f'<tr data-site="{_e(entry["site"])}"><td><b>{_e(entry["site"])}</b>'
-            f'<div class="small dim">{entry.get("requests", 0)} requests</div></td>'
+            f'<div class="small dim">{_plural(entry.get("requests", 0), "request")}</div></td>'
             f"<td>{_health_cell(entry)}</td><td>{_pace_cell(entry)}</td><td>{_state_cell(entry)}</td>"
             f"<td>{_robots_cell(entry)}</td><td>{_outcomes_cell(entry)}</td>"
             f"<td>{_saved_cell(entry)}</td><td>{_other_cell(entry)}</td></tr>")
@@ -296,8 +300,9 @@ def render_html(snap: Mapping[str, Any]) -> str:
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         f'<meta http-equiv="refresh" content="{REFRESH_S}">'
         '<meta name="viewport" content="width=device-width">'
-        f"<title>etiquette-proxy: {len(sites)} sites</title><style>{_STYLE}</style></head><body>"
-        f"<h1>etiquette-proxy</h1><div class=dim>{len(sites)} sites, {snap.get('records', 0)} decisions "
+        f"<title>etiquette-proxy: {_plural(len(sites), 'site')}</title><style>{_STYLE}</style></head><body>"
+        f"<h1>etiquette-proxy</h1><div class=dim>{_plural(len(sites), 'site')}, "
+        f"{_plural(snap.get('records', 0), 'decision')} "
         f"in {_e(uptime)}; updated {updated}, refreshes every {REFRESH_S} s. "
         'Also <a href="/api/sites">/api/sites</a> and <a href="/metrics">/metrics</a>.</div>'
         '<h2>Sites</h2><table id="sites"><tr><th>site</th><th>health</th><th>pace</th><th>pause / breaker</th>'

@@ -70,9 +70,7 @@ def grade_of(points: int) -> str:
 
 def parse_epoch(ts: str) -> float:
     """Epoch seconds from an audit `ts`; ValueError when it is not RFC 3339."""
-    if ts.endswith("Z"):
-        ts = ts[:-1] + "+00:00"
-    return datetime.fromisoformat(ts).timestamp()
+    return datetime.fromisoformat(ts).timestamp()  # Python 3.11 reads the trailing Z
 
 
 def wait_asked(record: Mapping[str, Any], at: float) -> float | None:
@@ -312,10 +310,10 @@ class Report:
                 try:
                     at = parse_epoch(ts)
                 except ValueError:
-                    at = None
-                if at is not None:
-                    asked = wait_asked(record, at)
-                    c._pending = (at, NO_HINT_WAIT_S if asked is None else asked)
+                    pass  # an unreadable stamp cannot be judged
+                else:
+                    hint = wait_asked(record, at)
+                    c._pending = (at, NO_HINT_WAIT_S if hint is None else hint)
         if record.get("robots_fetch"):
             c.robots_fetches += 1
             c.bytes_sent += size
@@ -492,7 +490,7 @@ def run_report(path: str, since_s: float | None = None, site: str | None = None,
     cutoff = since_cutoff(since_s, time.time() if now is None else now) if since_s is not None else None
     report = Report(since_ts=cutoff, site=site)
     try:
-        stream = open(path, "rb")
+        stream = open(path, "rb")  # noqa: SIM115 - closed by the with below, after the error path
     except OSError as e:
         err.write(f"etiquette-proxy report: cannot read {path}: {e.strerror}\n")
         return 2

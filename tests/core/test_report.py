@@ -8,7 +8,15 @@ import json
 import pytest
 
 from etiquette_proxy.audit import audit_record
-from etiquette_proxy.report import GRADES, Report, grade_of, read_log, render_text, run_report, wait_asked
+from etiquette_proxy.report import (
+    GRADES,
+    Report,
+    grade_of,
+    read_log,
+    render_text,
+    run_report,
+    wait_asked,
+)
 
 T0 = 1_800_000_000.0
 SITE = "shop.test:80"
