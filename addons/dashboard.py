@@ -3,7 +3,8 @@
 Second in the chain, right after Settings: a request to the dashboard host is answered in the
 `request` hook, so every later gate skips it (`skip(flow)`: it has a response), it never goes
 upstream (with connection_strategy=lazy no connection, not even a DNS lookup, is made), and
-the trail writes no audit line for it (`notes.internal`).
+the trail writes no audit line for it (`notes.facts["internal"]`, which every addon's
+response-side hook also skips).
 
 The board is fed through `runtime.listeners` with every audit record the proxy writes.
 """
@@ -39,7 +40,11 @@ class Dashboard:
         runtime.site_status.insert(0, self._rate)
 
     def _rate(self, site: str) -> dict[str, Any]:
-        return {"rate": self.rt.rate_for(site)}
+        fields: dict[str, Any] = {"rate": self.rt.rate_for(site)}
+        restraints = self.rt.restraints_for(site)
+        if restraints:
+            fields["restraints"] = [f"{r.source}{' (paused)' if r.paused else ''}: {r.reason}" for r in restraints]
+        return fields
 
     def snapshot(self) -> dict[str, Any]:
         return self.board.snapshot(self.rt.site_status)
@@ -48,7 +53,7 @@ class Dashboard:
         if skip(flow) or not is_dashboard(flow):
             return
         notes = notes_of(flow)
-        notes.internal = True
+        notes.facts["internal"] = True
         notes.local = True
         request = flow.request
         try:

@@ -18,7 +18,7 @@ from etiquette_proxy.clock import wall
 from etiquette_proxy.robots import FetchResult, RobotsEntry, RobotsPolicy, RobotsSettings, product_token
 
 from etiquette_addons.notes import notes_of, skip
-from etiquette_addons.runtime import Runtime
+from etiquette_addons.runtime import Restraint, Runtime
 from etiquette_addons.side_fetch import SideFetchError, fetch
 from etiquette_addons.trail import answer_locally, fail_closed
 
@@ -55,7 +55,7 @@ class RobotsGate:
 
     async def _gate(self, flow: http.HTTPFlow) -> None:
         notes = notes_of(flow)
-        if notes.extra.get("internal"):
+        if notes.facts.get("internal"):
             return
         request = flow.request
         settings = RobotsSettings.from_config(self.rt.config, notes.site)
@@ -64,6 +64,7 @@ class RobotsGate:
         if not flow.live or flow.response is not None:
             return
         notes.extra["robots"] = entry.kind
+        notes.facts["robots_status"] = entry.status
 
         if request.path.split("?", 1)[0] == "/robots.txt":
             self._answer_robots(flow, entry)
@@ -75,6 +76,10 @@ class RobotsGate:
             delay = self.policy.crawl_delay(entry, token, settings)
             if delay is not None:
                 notes.extra["crawl_delay"] = delay
+                self.rt.restrain(notes.site, Restraint("crawl-delay", rate_cap=1 / delay,
+                                                       reason=f"robots.txt asks {delay:g}s between requests"))
+            else:
+                self.rt.release(notes.site, "crawl-delay")
             return
         if self.rt.observe:
             notes.would_do("disallowed", verdict.reason)

@@ -20,6 +20,24 @@ from etiquette_addons.side_fetch import UpstreamPath
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Restraint:
+    """What one feature asks of a site's pacing; the pacing addon applies them all.
+
+    Sources: "crawl-delay" (robots.txt), "health" (band actions, SPEC §8), "retired" and
+    "trap" (SPEC §7). The effective rate is the configured (or 429-lowered) rate times every
+    `rate_factor`, then capped by the lowest `rate_cap`; `paused` answers the site's requests
+    locally 503 `paused` with `reason`.
+    """
+
+    source: str
+    rate_factor: float = 1.0
+    rate_cap: float | None = None  # requests/s
+    concurrency_factor: float = 1.0
+    paused: bool = False
+    reason: str = ""
+
+
 @dataclass
 class Runtime:
     """Filled in by the Settings addon when options are configured."""
@@ -41,6 +59,24 @@ class Runtime:
     # POST routes on http://etiquette.proxy/ (e.g. "/report-extraction", SPEC §8); the
     # dashboard itself is read-only.
     post_routes: dict[str, PostRoute] = field(default_factory=dict)
+
+    # site -> source -> restraint; written by feature addons, read by pacing.
+    restraints: dict[str, dict[str, Restraint]] = field(default_factory=dict)
+
+    def restrain(self, site: str, restraint: Restraint) -> bool:
+        """Set a feature's restraint on a site; True when it changed."""
+        current = self.restraints.setdefault(site, {})
+        if current.get(restraint.source) == restraint:
+            return False
+        current[restraint.source] = restraint
+        return True
+
+    def release(self, site: str, source: str) -> bool:
+        """Lift a feature's restraint; True when there was one."""
+        return self.restraints.get(site, {}).pop(source, None) is not None
+
+    def restraints_for(self, site: str) -> list[Restraint]:
+        return list(self.restraints.get(site, {}).values())
 
     @property
     def observe(self) -> bool:

@@ -67,14 +67,14 @@ class Trail:
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         assert flow.response is not None
-        if notes_of(flow).internal:
+        if notes_of(flow).facts.get("internal"):
             return
         flow.response.headers[DECISION_HEADER] = final_outcome(notes_of(flow), flow)
 
     def response(self, flow: http.HTTPFlow) -> None:
         assert flow.response is not None
         notes = notes_of(flow)
-        if not notes.internal:
+        if not notes.facts.get("internal"):
             flow.response.headers[DECISION_HEADER] = final_outcome(notes, flow)
         self.write(flow, notes)
 
@@ -89,7 +89,7 @@ class Trail:
         self.write(flow, notes)
 
     def write(self, flow: http.HTTPFlow, notes: FlowNotes) -> None:
-        if notes.logged or notes.internal or self.rt.audit is None:
+        if notes.logged or notes.facts.get("internal") or self.rt.audit is None:
             return
         notes.logged = True
         request = flow.request

@@ -19,9 +19,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.e2e.browser import screenshot
-from tests.e2e.proxy import ETIQUETTE, Proxy, clean_env
-from tests.e2e.sites import Answer, Site
+from tests.e2e.browser import screenshot  # noqa: E402
+from tests.e2e.proxy import ETIQUETTE, Proxy, clean_env  # noqa: E402
+from tests.e2e.sites import Answer, Site  # noqa: E402
 
 
 def main() -> int:
@@ -29,7 +29,8 @@ def main() -> int:
     shop.route("/robots.txt", Answer(200, b"User-agent: *\nDisallow: /private/\nDisallow: /cart\n"))
     shop.route("/catalog/9", Answer(429, b"slow down\n", {"Retry-After": "1"}))
     archive.route("/robots.txt", Answer(404, b"no robots here\n"))
-    archive.route("/old", Answer(410, b"gone\n"))
+    csp = "default-src 'self'; " + "; ".join(f"script-src-elem https://cdn{i}.example" for i in range(40))
+    archive.route("/old", Answer(410, b"gone\n", {"Content-Security-Policy": csp, "Link": "</s.css>; rel=preload"}))
     api.route("/robots.txt", Answer(200, b"User-agent: *\nDisallow: /\n"))
     with tempfile.TemporaryDirectory() as tmp:
         proxy = Proxy(Path(tmp) / "state", sets=["pacing.rate=20", "pacing.burst=5"])

@@ -14,6 +14,7 @@ Field names the dashboard knows how to draw (anything else is shown as `key: val
 - `health`: {"score", "band", "reasons"}; `health_history`: [[epoch_s, score], ...]
 - `robots`: [{"origin", "status", "note", "age_s", "stale", "expires_in_s"}]
 - `traps`: [{"path", "param", "distinct"}], `retired` (bool)
+- `restraints`: ["source: reason", ...] (what features asked of pacing, runtime.restraints)
 """
 
 from __future__ import annotations

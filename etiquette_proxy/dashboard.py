@@ -95,7 +95,7 @@ _OUTCOME_CLASS = {
 }
 
 _KNOWN_LIVE = {"rate", "ceiling", "paused_s", "pause_reason", "breaker_open", "breaker_s", "held",
-               "in_flight", "health", "robots", "traps", "retired"}
+               "in_flight", "health", "robots", "traps", "retired", "restraints"}
 
 
 def _e(value: Any) -> str:
@@ -213,6 +213,8 @@ def _state_cell(entry: Mapping[str, Any]) -> str:
         if isinstance(trap, Mapping):
             out.append(f'<span class="warn">trap</span> {_e(trap.get("path", ""))}?'
                        f'{_e(trap.get("param", ""))} ({_e(trap.get("distinct", "?"))} values)')
+    for restraint in live.get("restraints") or []:
+        out.append(f'<span class="small warn">{_e(restraint)}</span>')
     return "<br>".join(out) or '<span class="ok">open</span>'
 
 

@@ -49,6 +49,7 @@ from etiquette_proxy.audit import OUTCOMES, REQUIRED_KEYS, rfc3339_ms
 KNOWN_KEYS = frozenset(REQUIRED_KEYS) | {
     "retry_after", "pause_s", "injected", "changed", "header_bytes", "header_bytes_sent",
     "health", "would", "would_reason", "bytes", "robots", "robots_fetch", "crawl_delay",
+    "trimmed", "trap", "retired", "revived", "warning",
 }
 SAVED_BY_STORE = ("revalidated", "served-stored")
 TOLERANCE_S = 0.05  # timestamps are to the millisecond; scheduling jitter on top
@@ -438,7 +439,8 @@ def render_text(report: Report, source: str) -> str:
     if first:
         out.append(f"from {first[:19].replace('T', ' ')} to {last[:19].replace('T', ' ')} UTC")
     out.append("")
-    header = f"{'site':<24} {'requests':>8} {'fetched':>8} {'reval':>6} {'stopped':>8} {'429s':>5} {'honoured':>8}  grade"
+    header = (f"{'site':<24} {'requests':>8} {'fetched':>8} {'reval':>6} {'stopped':>8} {'429s':>5} "
+              f"{'honoured':>8}  grade")
     out += [header, "-" * len(header)]
     for c in sites:
         honoured = f"{c.honoured}/{c.received_429}" if c.received_429 else "–"
@@ -457,7 +459,8 @@ def render_text(report: Report, source: str) -> str:
         if c.received_429:
             text = f"{_n(c.received_429)} received: {_n(c.honoured)} honoured, {_n(c.too_soon)} too soon"
             if c.too_soon_examples:
-                text += " (" + "; ".join(f"next after {g:.2f}{NBSP}s, asked {w:g}{NBSP}s" for g, w in c.too_soon_examples) + ")"
+                examples = (f"next after {g:.2f}{NBSP}s, asked {w:g}{NBSP}s" for g, w in c.too_soon_examples)
+                text += " (" + "; ".join(examples) + ")"
             out += _wrap("429s", text)
         else:
             out += _wrap("429s", "none received")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from etiquette_addons.runtime import Runtime
+
 from etiquette_proxy.audit import AuditLog
 
 

@@ -35,7 +35,8 @@ def pac_for(proxy_port: int, host: str = "etiquette.proxy") -> str:
     return "data:application/x-ns-proxy-autoconfig;base64," + base64.b64encode(script.encode()).decode()
 
 
-def run_chromium(proxy_port: int, profile: Path, url: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def run_chromium(proxy_port: int, profile: Path, url: str, *args: str,
+                 timeout: float = 60) -> subprocess.CompletedProcess[str]:
     profile.mkdir(parents=True, exist_ok=True)  # a new, empty profile per run
     cmd = [chromium(), *FLAGS, f"--user-data-dir={profile}", f"--proxy-pac-url={pac_for(proxy_port)}", *args, url]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)

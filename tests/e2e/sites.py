@@ -54,6 +54,7 @@ class Site:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body go out as separate writes
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -191,3 +192,71 @@ def make_tls(directory: Path) -> TLSFiles:
     Path(files.key).write_bytes(key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
     return files
+
+
+class ForwardProxy:
+    """A minimal upstream HTTP proxy (absolute-form and CONNECT) that records request lines."""
+
+    def __init__(self) -> None:
+        import socketserver
+
+        self.lines: list[str] = []
+        outer = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                client: socket.socket = self.request
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    chunk = client.recv(65536)
+                    if not chunk:
+                        return
+                    head += chunk
+                line = head.split(b"\r\n", 1)[0].decode("latin-1")
+                outer.lines.append(line)
+                method, target, _ = line.split(" ", 2)
+                if method == "CONNECT":
+                    host, port = target.rsplit(":", 1)
+                    upstream = socket.create_connection((host, int(port)), timeout=10)
+                    client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                    rest = head.split(b"\r\n\r\n", 1)[1]
+                else:
+                    from urllib.parse import urlsplit
+
+                    u = urlsplit(target)
+                    upstream = socket.create_connection((u.hostname, u.port or 80), timeout=10)
+                    origin_form = (u.path or "/") + (f"?{u.query}" if u.query else "")
+                    rest = head.replace(target.encode(), origin_form.encode(), 1)
+                if rest:
+                    upstream.sendall(rest)
+                _pipe(client, upstream)
+
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _pipe(a: socket.socket, b: socket.socket) -> None:
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    sel.register(a, selectors.EVENT_READ, b)
+    sel.register(b, selectors.EVENT_READ, a)
+    deadline = time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline:
+            for key, _ in sel.select(timeout=1):
+                data = key.fileobj.recv(65536)  # type: ignore[union-attr]
+                if not data:
+                    return
+                key.data.sendall(data)
+    except OSError:
+        return
+    finally:
+        b.close()

@@ -48,3 +48,25 @@ def test_ca_command_prints_a_trusted_ca_with_a_private_key(tmp_path):
     assert open(path).read().startswith("-----BEGIN CERTIFICATE-----")
     mode = stat.S_IMODE(os.stat(tmp_path / "mitmproxy-ca.pem").st_mode)
     assert mode & 0o077 == 0  # SPEC §12: the CA key is private to its owner
+
+
+def test_robots_and_pages_take_the_same_upstream_proxy(start_proxy, make_site, tls_files):
+    from tests.e2e.sites import ForwardProxy
+
+    upstream = ForwardProxy()
+    try:
+        plain = make_site().route("/robots.txt", Answer(200, RULES))
+        secure = make_site(tls=tls_files).route("/robots.txt", Answer(200, RULES))
+        proxy = start_proxy(sets=[f"upstream.proxy={upstream.url}", f"upstream.ca_file={tls_files.ca}"])
+        assert proxy.get(plain.url("/page")).status_code == 200
+        assert proxy.get(plain.url("/private/x")).status_code == 403
+        assert proxy.get(secure.url("/page")).status_code == 200
+        assert proxy.get(secure.url("/private/x")).status_code == 403
+        lines = upstream.lines
+        assert f"GET {plain.url('/robots.txt')} HTTP/1.1" in lines
+        assert f"GET {plain.url('/page')} HTTP/1.1" in lines
+        assert sum(line.startswith(f"CONNECT localhost:{secure.port}") for line in lines) >= 2  # robots + page
+        assert not any("/private/" in line for line in lines)
+        assert plain.paths() == ["/robots.txt", "/page"] and secure.paths() == ["/robots.txt", "/page"]
+    finally:
+        upstream.close()
