@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from etiquette_addons.dashboard import Dashboard
 from etiquette_addons.refusals import RefusalTrimmer
 from etiquette_addons.gone_memory import GoneMemory
 from etiquette_addons.revalidation import Revalidation
@@ -19,6 +20,7 @@ def build_chain(runtime: Runtime | None = None) -> list[Any]:
     rt = runtime or Runtime()
     return [
         Settings(rt),  # options, config, state, audit log; starts each flow's notes
+        Dashboard(rt),  # http://etiquette.proxy/ answered here, before any gate sees it
         RobotsGate(rt),  # RFC 9309: refuse before anything else spends the site's budget
         GoneMemory(rt),  # 404/410 remembered: answered locally before any validator work
         Revalidation(rt),  # served-stored, validator injection; 304 -> stored 200 in response
