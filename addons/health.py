@@ -14,8 +14,9 @@ acts on what it returns:
 - state is persisted per site in the state store (namespace "health") when a window closes and
   on shutdown, so scores, baselines and months of history survive restarts.
 
-`POST http://etiquette.proxy/report-extraction` (parser health, beside the score) is answered by
-`ExtractionReports`, which sits right after Settings so no gate sees it.
+`POST http://etiquette.proxy/report-extraction` (parser health, beside the score) is a POST
+route on the dashboard (`runtime.post_routes`), answered before any gate sees it; the site's
+health reaches the dashboard through a status provider (`runtime.site_status`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import os
 import shlex
 import time
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -39,7 +40,9 @@ from mitmproxy import http
 
 from etiquette_proxy.audit import audit_record
 from etiquette_proxy.clock import Clock, wall
+from etiquette_proxy.dashboard import Page
 from etiquette_proxy.health import Band, BandChange, HealthBook, HealthSettings, SiteHealth
+from etiquette_proxy.parser_health import ParserSummary
 from etiquette_proxy.robots import RobotsSettings, product_token
 from etiquette_proxy.signals import HEAD_BYTES, Signal
 
@@ -47,7 +50,6 @@ log = logging.getLogger(__name__)
 
 NAMESPACE = "health"
 SOURCE = "health"  # the restraint source pacing sees
-INTERNAL_HOST = "etiquette.proxy"
 REPORT_PATH = "/report-extraction"
 MAX_REPORT_BYTES = 64 * 1024
 CANARY_TIMEOUT_S = 15.0
@@ -158,6 +160,8 @@ class HealthWatch:
         self._origins: dict[str, str] = {}
         self._pending: dict[str, list[BandChange]] = {}  # changes no request line has carried yet
         self._tasks: set[asyncio.Task[Any]] = set()
+        runtime.post_routes[REPORT_PATH] = self.post_report
+        runtime.site_status.append(self.live_fields)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -340,7 +344,7 @@ class HealthWatch:
         if self.rt.audit is not None:
             origin = self._origins.get(site, f"http://{site}")
             try:
-                self.rt.audit.write(audit_record(
+                self.rt.record(audit_record(
                     ts=wall(), outcome="paused", method="-", url=f"{origin}/", site=site,
                     status=None, upstream_status=None, waited_s=0.0, rate=self.rt.rate_for(site),
                     reason=change.why, client_ua=None, event="health_alert",
@@ -445,7 +449,7 @@ class HealthWatch:
             return
         extra = dict(notes.extra) if notes is not None else {}
         try:
-            self.rt.audit.write(audit_record(
+            self.rt.record(audit_record(
                 ts=wall(), outcome=outcome, method="GET", url=url, site=site, status=status,
                 upstream_status=status, waited_s=0.0, rate=self.rt.rate_for(site), reason=reason,
                 client_ua=ua, canary=True, marker_found=found, **extra,
@@ -490,7 +494,35 @@ class HealthWatch:
         self._act(change, None)
         return True
 
+    def live_fields(self, site: str) -> dict[str, Any]:
+        """Dashboard status provider: `health`, `health_history` and `parser` for a site."""
+        fields: dict[str, Any] = {}
+        if self.book.knows(site):
+            h = self.book.site(site)
+            a = h.assessment()
+            health: dict[str, Any] = {"score": a.score, "band": a.band.value, "reasons": list(a.reasons)}
+            if a.score is None:
+                health["note"] = "paused: only canaries reach the site" if h.is_paused() else (
+                    a.reasons[0] if a.reasons else "no score yet")
+            fields["health"] = health
+            points = [[t, v] for t, v in h.history() if v is not None]
+            if points:
+                fields["health_history"] = points[-HISTORY_POINTS:]
+        if self.book.knows_parser(site):
+            fields["parser"] = parser_line(self.book.parser(site).summary())
+        return fields
+
     # -- parser health ----------------------------------------------------------------------
+
+    def post_report(self, body: bytes, headers: Mapping[str, str]) -> Page:
+        """The dashboard's POST route for /report-extraction: 202 recorded, 400 with why."""
+        try:
+            status, payload = self.report_extraction(body)
+        except Exception as e:  # noqa: BLE001 - a bad report never takes the proxy down
+            log.exception("health: extraction report failed")
+            status, payload = 500, {"error": f"internal error: {type(e).__name__}"}
+        return Page(status, "application/json", (json.dumps(payload) + "\n").encode(),
+                    (("Cache-Control", "no-store"),))
 
     def report_extraction(self, body: bytes) -> tuple[int, dict[str, Any]]:
         """`POST /report-extraction` {url, ok, reason}: counted beside the score, never in it."""
@@ -504,6 +536,17 @@ class HealthWatch:
         self._saved_window.setdefault(site, -1)  # saved with the site's next window close
         return 202, {"recorded": True, "site": site, **{
             k: v for k, v in self.status(site).items() if k in ("score", "band", "reasons", "parser")}}
+
+
+def parser_line(p: ParserSummary) -> str:
+    """Parser health in one line for the dashboard: `extraction: 3 of 40 failed (8%): no price 2`."""
+    total = p.ok + p.failed
+    if not total:
+        return "extraction: no reports"
+    text = f"extraction: {p.failed} of {total} failed ({100 * p.failed / total:.0f}%)"
+    if p.reasons:
+        text += ": " + ", ".join(f"{reason} {n}" for reason, n in p.reasons[:3])
+    return text
 
 
 def parse_report(body: bytes) -> dict[str, Any]:
@@ -534,38 +577,6 @@ def parse_report(body: bytes) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"unknown keys {sorted(unknown)}; expected url, ok, reason")
     return {"url": url, "ok": ok, "reason": reason}
-
-
-class ExtractionReports:
-    """Answers `POST http://etiquette.proxy/report-extraction` locally, before any gate."""
-
-    def __init__(self, watch: HealthWatch):
-        self.watch = watch
-
-    def request(self, flow: http.HTTPFlow) -> None:
-        if skip(flow):
-            return
-        request = flow.request
-        if request.host.lower() != INTERNAL_HOST or request.path.split("?", 1)[0] != REPORT_PATH:
-            return
-        notes = notes_of(flow)
-        notes.facts["internal"] = True  # RobotsGate, RunawayWatch, pacing and health skip it
-        notes.local = True
-        notes.logged = True  # a report about our crawler's parser is not a decision about a site
-        if request.method != "POST":
-            status, payload = 405, {"error": "use POST with {\"url\": ..., \"ok\": ..., \"reason\": ...}"}
-            headers = {"Allow": "POST"}
-        else:
-            try:
-                status, payload = self.watch.report_extraction(request.raw_content or b"")
-            except Exception as e:  # noqa: BLE001 - a bad report never takes the proxy down
-                log.exception("health: extraction report failed")
-                status, payload = 500, {"error": f"internal error: {type(e).__name__}"}
-            headers = {}
-        flow.response = http.Response.make(
-            status, (json.dumps(payload) + "\n").encode(),
-            {"Content-Type": "application/json", "Cache-Control": "no-store", **headers},
-        )
 
 
 def _headers(response: http.Response) -> dict[str, str]:

@@ -36,6 +36,14 @@ class RobotsGate:
         self._inflight: dict[str, asyncio.Future[RobotsEntry]] = {}
         # Set by the pacing addon: robots.txt fetches count against the site's budget (SPEC §4).
         self.before_fetch = None
+        runtime.site_status.append(self.status)
+
+    def status(self, site: str) -> dict[str, object]:
+        """Dashboard fields: the robots.txt state of each origin of `site` (http, https)."""
+        now = wall()
+        found = [entry.describe(now) for origin, entry in sorted(self.entries.items())
+                 if origin.split("://", 1)[-1] == site]
+        return {"robots": found} if found else {}
 
     async def request(self, flow: http.HTTPFlow) -> None:
         if skip(flow):
@@ -162,15 +170,13 @@ class RobotsGate:
 
     def _audit(self, url: str, site: str, ua: str, status: int | None, reason: str) -> None:
         """The proxy's own robots.txt requests reach the site too: they are logged like any other."""
-        if self.rt.audit is None:
-            return
         if status is None:
             outcome = "failed"
         elif status >= 400:
             outcome = "refused"
         else:
             outcome = "fetched"
-        self.rt.audit.write(audit_record(
+        self.rt.record(audit_record(
             ts=wall(), outcome=outcome, method="GET", url=url, site=site, status=status,
             upstream_status=status, waited_s=0.0, rate=self.rt.rate_for(site), reason=reason,
             client_ua=ua, robots_fetch=True,

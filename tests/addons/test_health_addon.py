@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from etiquette_addons.health import (
-    ExtractionReports,
     HealthWatch,
     body_head,
     canaries_of,
@@ -259,33 +258,31 @@ def test_unusable_stored_state_starts_fresh(tmp_path, clock):
     assert watch.status("example.com:80")["score"] is None
 
 
-def report_flow(method: str = "POST", body: bytes = b"", host: str = "etiquette.proxy",
-                path: str = "/report-extraction") -> http.HTTPFlow:
-    flow = tflow.tflow()
-    flow.request.host, flow.request.port, flow.request.path = host, 80, path
-    flow.request.method = method
-    flow.request.content = body
-    return flow
-
-
-def test_the_extraction_endpoint_answers_locally(tmp_path, clock):
-    watch = HealthWatch(runtime(tmp_path), clock=clock)
-    reports = ExtractionReports(watch)
-    ok = report_flow(body=b'{"url": "http://example.com/a", "ok": false, "reason": "no price"}')
-    reports.request(ok)
-    assert ok.response.status_code == 202 and notes_of(ok).facts["internal"]
-    assert json.loads(ok.response.content)["parser"]["reasons"] == [["no price", 1]]
-    bad = report_flow(body=b"{")
-    reports.request(bad)
-    assert bad.response.status_code == 400 and "not JSON" in json.loads(bad.response.content)["error"]
-    get = report_flow(method="GET")
-    reports.request(get)
-    assert get.response.status_code == 405 and get.response.headers["Allow"] == "POST"
-    for other in (report_flow(host="example.com"), report_flow(path="/")):
-        reports.request(other)
-        assert other.response is None and "internal" not in notes_of(other).facts
+def test_the_extraction_route_is_registered_and_validates(tmp_path, clock):
+    rt = runtime(tmp_path)
+    watch = HealthWatch(rt, clock=clock)
+    route = rt.post_routes["/report-extraction"]
+    ok = route(b'{"url": "http://example.com/a", "ok": false, "reason": "no price"}', {})
+    assert ok.status == 202 and ok.content_type == "application/json"
+    assert json.loads(ok.body)["parser"]["reasons"] == [["no price", 1]]
+    bad = route(b"{", {})
+    assert bad.status == 400 and "not JSON" in json.loads(bad.body)["error"]
     # parser health is beside the score, never in it
     assert not watch.book.knows("example.com:80")
+    assert watch.live_fields("example.com:80") == {"parser": "extraction: 1 of 1 failed (100%): no price 1"}
+
+
+def test_live_fields_for_the_dashboard(tmp_path, clock):
+    rt = runtime(tmp_path)
+    watch = HealthWatch(rt, clock=clock)
+    assert watch.live_fields("example.com:80") == {}
+    exchange(watch)
+    learning = watch.live_fields("example.com:80")["health"]
+    assert learning["score"] is None and learning["note"].startswith("not enough requests to judge")
+    windows(watch, clock, WARMUP_WINDOWS + 2)
+    fields = [provider("example.com:80") for provider in rt.site_status][-1]
+    assert fields["health"]["score"] == 100 and fields["health"]["band"] == "healthy"
+    assert fields["health_history"] and fields["health_history"][-1][1] == 100
 
 
 def test_the_alert_command_runs_without_a_shell(tmp_path):
