@@ -163,6 +163,11 @@ def test_three_percent_challenges_score_healthy_and_five_requests_score_nothing(
     assert r.status_code == 202
     report = r.json()
     assert report["score"] is None and "not enough requests to judge" in report["reasons"][0]
+    board = {e["site"]: e for e in s.get("http://etiquette.proxy/api/sites", timeout=10).json()["sites"]}
+    live = board[f"127.0.0.1:{steady.port}"]["live"]
+    assert live["health"]["score"] >= 80 and live["health"]["band"] == "healthy"
+    assert board[f"127.0.0.1:{steady.port}"]["health_history"]
+    assert board[f"127.0.0.1:{few.port}"]["live"]["parser"] == "extraction: 0 of 1 failed (0%)"
     s.close()
     proxy.stop()
     # Persisted in the state store (namespace "health") for the next run.
