@@ -175,6 +175,7 @@ class WrkResult:
     requests: int
     errors: int  # socket errors + non-2xx/3xx
     command: str
+    cpu_ms_per_request: float | None = None  # of the process passed as `measure_pid`
 
 
 _UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}
@@ -188,14 +189,19 @@ def _ms(text: str) -> float:
 
 
 def wrk(url: str, lua: str, lua_args: Sequence[str], connections: int, duration_s: float,
-        threads: int = 2) -> WrkResult:
-    """One bounded wrk run (`-d`), latency distribution on; wrk's own timeout 10 s."""
+        threads: int = 2, measure_pid: int | None = None) -> WrkResult:
+    """One bounded wrk run (`-d`), latency distribution on; wrk's own timeout 10 s.
+
+    With `measure_pid`, also the CPU time that process used per request during the run.
+    """
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed: apt-get install -y wrk")
     threads = max(1, min(threads, connections))
     cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{duration_s:g}s", "--timeout", "10s", "--latency",
            "-s", str(HERE / lua), url, "--", *lua_args]
+    cpu0 = cpu_seconds(measure_pid) if measure_pid else 0.0
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=duration_s + 60).stdout
+    cpu = cpu_seconds(measure_pid) - cpu0 if measure_pid else None
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     p50 = _ms(re.search(r"\s50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
     p99 = _ms(re.search(r"\s99%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
@@ -206,7 +212,8 @@ def wrk(url: str, lua: str, lua_args: Sequence[str], connections: int, duration_
     if m := re.search(r"Non-2xx or 3xx responses: (\d+)", out):
         errors += int(m.group(1))
     shown = " ".join(shlex.quote(os.path.relpath(a, ROOT) if a.startswith(str(ROOT)) else a) for a in cmd)
-    return WrkResult(rps, p50, p99, requests, errors, shown)
+    per_request = None if cpu is None or not requests else 1000 * cpu / requests
+    return WrkResult(rps, p50, p99, requests, errors, shown, per_request)
 
 
 def audit_summary(path: Path) -> str:
@@ -246,6 +253,13 @@ def rss_mb() -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far (/proc/PID/stat), seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def dir_size_mb(path: Path) -> float:

@@ -41,8 +41,9 @@ FAST_PACING = (
 
 def show(label: str, r: WrkResult) -> None:
     err = f"  ERRORS {r.errors}" if r.errors else ""
+    cpu = f"  proxy CPU {r.cpu_ms_per_request:.2f} ms/req" if r.cpu_ms_per_request is not None else ""
     print(f"  {label:<14} {r.rps:9.1f} req/s  p50 {r.p50_ms:8.2f} ms  p99 {r.p99_ms:8.2f} ms  "
-          f"({r.requests} requests){err}")
+          f"({r.requests} requests){cpu}{err}")
     sys.stdout.flush()
 
 
@@ -83,7 +84,7 @@ def main() -> int:
             for i in range(args.rounds):
                 order = [("b", mitm), ("c", ety)] if i % 2 == 0 else [("c", ety), ("b", mitm)]
                 for name, proxy in order:
-                    r = wrk(proxy.url, *proxied, conns, dur, th)  # type: ignore[arg-type]
+                    r = wrk(proxy.url, *proxied, conns, dur, th, measure_pid=proxy.pid)  # type: ignore[arg-type]
                     (bs if name == "b" else cs).append(r)
                     show(f"({name}) round {i + 1}", r)
             print(f"wrk command (c, last): {cs[-1].command}")
@@ -94,6 +95,8 @@ def main() -> int:
     b_rps, b50, b99 = median([r.rps for r in bs]), median([r.p50_ms for r in bs]), median([r.p99_ms for r in bs])
     c_rps, c50, c99 = median([r.rps for r in cs]), median([r.p50_ms for r in cs]), median([r.p99_ms for r in cs])
     errors = sum(r.errors for r in bs + cs)
+    b_cpu = median([r.cpu_ms_per_request or 0.0 for r in bs])
+    c_cpu = median([r.cpu_ms_per_request or 0.0 for r in cs])
     print(f"\nmedians over {args.rounds} rounds, {conns} connections, {dur:g} s each:")
     print(f"  {'':<22} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
     print(f"  {'(a) direct':<22} {a_rps:9.1f} {a50:8.2f} {a99:8.2f}")
@@ -101,8 +104,8 @@ def main() -> int:
     print(f"  {'(c) etiquette-proxy':<22} {c_rps:9.1f} {c50:8.2f} {c99:8.2f}")
     print(f"  c/b: throughput {c_rps / b_rps:.3f}, p50 {c50 / b50:.3f}, p99 {c99 / b99:.3f}")
     print(f"  added by etiquette (c - b): p50 {c50 - b50:+.2f} ms, p99 {c99 - b99:+.2f} ms; "
-          f"CPU per request: b {1000 / b_rps:.2f} ms, c {1000 / c_rps:.2f} ms "
-          f"(+{1000 / c_rps - 1000 / b_rps:.2f} ms, when the proxy's core is saturated)")
+          f"proxy CPU per request (/proc utime+stime): b {b_cpu:.3f} ms, c {c_cpu:.3f} ms "
+          f"({c_cpu - b_cpu:+.3f} ms, c/b {c_cpu / b_cpu:.3f})")
     print(f"  run-to-run spread of b: {min(r.rps for r in bs):.0f}..{max(r.rps for r in bs):.0f} req/s, "
           f"c: {min(r.rps for r in cs):.0f}..{max(r.rps for r in cs):.0f} req/s; errors in b/c runs: {errors}")
     print("targets:")
