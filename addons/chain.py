@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from etiquette_addons.refusals import RefusalTrimmer
 from etiquette_addons.robots_gate import RobotsGate
+from etiquette_addons.runaway import RunawayWatch
 from etiquette_addons.runtime import Runtime
 from etiquette_addons.settings import Settings
 from etiquette_addons.trail import Trail
@@ -16,5 +18,7 @@ def build_chain(runtime: Runtime | None = None) -> list[Any]:
     return [
         Settings(rt),  # options, config, state, audit log; starts each flow's notes
         RobotsGate(rt),  # RFC 9309: refuse before anything else spends the site's budget
+        RunawayWatch(rt),  # SPEC §7: URL-space traps (request), retired sites (response)
+        RefusalTrimmer(rt),  # SPEC §7: page-only headers off refusals (responseheaders)
         Trail(rt),  # decision header and audit line: last, after every decision is made
     ]

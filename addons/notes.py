@@ -23,7 +23,8 @@ class FlowNotes:
     upstream_status: int | None = None
     would: str | None = None  # observe mode: what enforce mode would have done
     logged: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # optional audit keys
+    facts: dict[str, Any] = field(default_factory=dict)  # passed between addons, not logged
 
     def would_do(self, outcome: str, reason: str) -> None:
         """Observe mode: remember the first thing enforce mode would have done."""

@@ -48,7 +48,7 @@ class RobotsGate:
 
     async def _gate(self, flow: http.HTTPFlow) -> None:
         notes = notes_of(flow)
-        if notes.extra.get("internal"):
+        if notes.facts.get("internal"):
             return
         request = flow.request
         settings = self.settings_for(notes.site)
@@ -57,6 +57,7 @@ class RobotsGate:
         if not flow.live or flow.response is not None:
             return
         notes.extra["robots"] = entry.kind
+        notes.facts["robots_status"] = entry.status
 
         if request.path.split("?", 1)[0] == "/robots.txt":
             self._answer_robots(flow, entry)

@@ -111,6 +111,18 @@ def positive_duration(value: Any) -> float:
     return seconds
 
 
+def strippable_headers(value: Any) -> tuple[str, ...]:
+    """`refusals.strip`: header names, none of those SPEC §7 says are never dropped."""
+    from etiquette_proxy.refusals import is_essential
+
+    names = str_list(value)
+    for name in names:
+        if is_essential(name):
+            raise ValueError(f"{name!r} is a header SPEC §7 never drops (expected a header other than "
+                             "Date, Content-*, Retry-After, Location, Cache-Control, Vary, RateLimit*)")
+    return names
+
+
 def canary_list(value: Any) -> tuple[dict[str, str], ...]:
     """Canaries: `[{url: ..., marker: ...}]` (SPEC §8)."""
     if not isinstance(value, list):
@@ -183,7 +195,7 @@ SCHEMA: dict[str, Key] = {
     "revisit.volatile_patterns": Key(regex_list, (), per_site=True),
     "gone.ttl_410": Key(parse_duration, 7 * 86400.0, per_site=True),
     "gone.ttl_404": Key(parse_duration, 86400.0, per_site=True),
-    "refusals.strip": Key(str_list, (), per_site=True),
+    "refusals.strip": Key(strippable_headers, (), per_site=True),
     "refusals.max_header_bytes": Key(parse_size, 1024, per_site=True),
     "runaway.retired_rate": Key(parse_rate, 1 / 60, per_site=True),
     "runaway.retired_share": Key(fraction, 0.95, per_site=True),
@@ -340,7 +352,7 @@ def _compose(text: str, file: str, problems: list[ConfigProblem]) -> Any:
             return out
         if isinstance(n, yaml.SequenceNode):
             return [_plain(convert(x)) for x in n.value]
-        return yaml.SafeLoader("").construct_object(n)  # type: ignore[no-untyped-call]
+        return yaml.SafeLoader("").construct_object(n)
 
     return convert(node)
 
@@ -437,8 +449,9 @@ def load_config(text: str, file: str = "<config>", overrides: Iterable[str] = ()
     merged = {k: key.default for k, key in SCHEMA.items()} | values
     _check_relations(merged, lambda k: lines.get(k, (file, 1, k)), values, problems)
     for site, site_values in sites.items():
-        site_merged = merged | site_values
-        _check_relations(site_merged, lambda k, s=site: (file, 1, f'sites."{s}".{k}'), site_values, problems)
+        def where(k: str, s: str = site) -> tuple[str, int, str]:
+            return (file, 1, f'sites."{s}".{k}')
+        _check_relations(merged | site_values, where, site_values, problems)
 
     if problems:
         raise ConfigError(problems)

@@ -265,8 +265,10 @@ class TrapSettings:
     @classmethod
     def from_config(cls, config: Any, site: str | None = None) -> TrapSettings:
         """Settings for `site` from a loaded Config."""
-        return cls(max_distinct=config.get("runaway.max_distinct", site),
-                   action=config.get("runaway.trap_action", site))
+        max_distinct = config.get("runaway.max_distinct", site)
+        # The novelty window never needs to be longer than the distinct count it confirms.
+        return cls(max_distinct=max_distinct, action=config.get("runaway.trap_action", site),
+                   novelty_window=min(cls.novelty_window, max_distinct))
 
 
 def value_hash(value: str) -> int:

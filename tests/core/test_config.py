@@ -83,6 +83,7 @@ ERRORS = [
     ("pacing:\n  rate: 1\n  rate: 2\n", "f.yaml:3: rate: duplicate key"),
     ("pacing: [\n", "f.yaml:2: (yaml): not valid YAML"),
     ("- a\n- b\n", "f.yaml:1: (top): the config must be a mapping"),
+    ("refusals:\n  strip: [Server, Retry-After]\n", "f.yaml:2: refusals.strip: 'Retry-After' is a header SPEC §7 never drops"),
     ("health:\n  canaries: [{url: x}]\n", "f.yaml:2: health.canaries: {'url': 'x'} is not a canary"),
 ]
 

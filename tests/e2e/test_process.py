@@ -150,3 +150,25 @@ def test_mitmdump_loads_the_addons_from_a_checkout(tmp_path, site):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(10)
+
+
+def test_the_readme_run_command_starts_on_the_embedded_default(tmp_path, site):
+    """`./run-proxy` with no setup: default config, default state dir under $HOME."""
+    site.route("/robots.txt", Answer(200, b"User-agent: *\nDisallow: /private/\n"))
+    proc = subprocess.Popen([str(REPO / "run-proxy"), "--listen-port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env=clean_env(HOME=str(tmp_path)))
+    try:
+        assert proc.stdout is not None
+        ready = proc.stdout.readline()
+        assert ready.startswith("etiquette-proxy listening on http://127.0.0.1:"), ready
+        url = ready.strip().rsplit(" ", 1)[-1]
+        s = requests.Session()
+        s.trust_env = False
+        assert s.get(site.url("/page"), proxies={"http": url}, timeout=10).status_code == 200
+        assert s.get(site.url("/private/x"), proxies={"http": url}, timeout=10).status_code == 403
+        assert site.paths() == ["/robots.txt", "/page"]
+        state = tmp_path / ".local" / "state" / "etiquette-proxy"
+        assert (state / "audit.jsonl").exists() and (state / "mitmproxy-ca-cert.pem").exists()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)

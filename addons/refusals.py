@@ -1,0 +1,48 @@
+"""Refusal trimming: page-only headers off every refusal, then a cap (SPEC §7, seed 003).
+
+Runs in `responseheaders`, so the trimmed block is what reaches the client even when
+bodies stream (MITMPROXY-NOTES: edits in `response` would be too late then).
+"""
+
+from __future__ import annotations
+
+from mitmproxy import http
+
+from etiquette_proxy.refusals import RefusalPolicy
+
+from etiquette_addons.notes import notes_of
+from etiquette_addons.runtime import Runtime
+
+
+class RefusalTrimmer:
+    def __init__(self, runtime: Runtime):
+        self.rt = runtime
+        self._policies: dict[str, RefusalPolicy] = {}
+        self._config = None
+
+    def _policy(self, site: str) -> RefusalPolicy:
+        if self._config is not self.rt.config:  # config reloaded: per-site policies again
+            self._config = self.rt.config
+            self._policies.clear()
+        policy = self._policies.get(site)
+        if policy is None:
+            policy = self._policies[site] = RefusalPolicy.from_config(self.rt.config, site)
+        return policy
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        response = flow.response
+        if response is None or response.status_code < 400:
+            return
+        notes = notes_of(flow)
+        if notes.local:
+            return  # the proxy's own answers are small by construction
+        trimmed = self._policy(notes.site).trim(response.status_code, response.headers.fields)
+        notes.extra.update(trimmed.audit_fields())
+        if not trimmed.trimmed:
+            return
+        if self.rt.observe:
+            notes.would_do("refused", trimmed.reason)  # observe mode changes nothing on the wire
+            notes.extra.pop("header_bytes_sent", None)
+            return
+        response.headers = http.Headers(list(trimmed.headers))
+        notes.extra["trimmed"] = list(trimmed.dropped)

@@ -1,0 +1,107 @@
+"""Runaway sites: retired hosts slowed to a trickle, URL-space traps named and acted on (SPEC §7).
+
+Per site, a RunawayGuard counts the site's own answers (404/410 share) and the query values
+each path brings. Its verdicts reach pacing as restraints ("retired": a rate cap; "trap": a
+rate factor) and, under `runaway.trap_action: refuse-new`, new values are answered locally 429.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from mitmproxy import http
+
+from etiquette_proxy.runaway import RunawayGuard
+
+from etiquette_addons.notes import notes_of, skip
+from etiquette_addons.runtime import Restraint, Runtime
+from etiquette_addons.trail import answer_locally, fail_closed
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "runaway"
+
+
+class RunawayWatch:
+    def __init__(self, runtime: Runtime):
+        self.rt = runtime
+        self.guards: dict[str, RunawayGuard] = {}
+
+    def guard(self, site: str) -> RunawayGuard:
+        guard = self.guards.get(site)
+        if guard is None:
+            raw = self.rt.state.get(NAMESPACE, site)
+            guard = None
+            if raw is not None:
+                try:
+                    guard = RunawayGuard.from_state(raw, self.rt.config, site)
+                except ValueError as e:
+                    log.warning("stored runaway state for %s dropped: %s", site, e)
+                    self.rt.state.forget(NAMESPACE, site)
+            guard = guard or RunawayGuard.from_config(self.rt.config, site)
+            self.guards[site] = guard
+            self._restrain(site, guard)
+        return guard
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        if skip(flow):
+            return
+        notes = notes_of(flow)
+        if notes.facts.get("internal"):
+            return
+        try:
+            guard = self.guard(notes.site)
+            check = guard.observe_request(flow.request.path)
+            for trap in check.declared:
+                log.warning("%s: %s (action: %s)", notes.site, trap.reason, self.rt.config.get("runaway.trap_action", notes.site))
+                notes.extra["trap"] = trap.reason
+                self._restrain(notes.site, guard)
+                self._save(notes.site, guard)
+            if check.refuse:
+                if self.rt.observe:
+                    notes.would_do("refused", check.reason)
+                else:
+                    answer_locally(flow, 429, "refused", check.reason, 60)
+        except Exception as e:  # noqa: BLE001
+            fail_closed(flow, "the runaway watch", e)
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        notes = notes_of(flow)
+        if notes.local or flow.response is None or notes.facts.get("internal"):
+            return
+        guard = self.guard(notes.site)
+        flip = guard.observe_answer(notes.upstream_status or flow.response.status_code)
+        if flip is None:
+            return
+        notes.extra["retired" if flip.retired else "revived"] = flip.reason
+        log.warning("%s: %s", notes.site, flip.reason)
+        if flip.retired:
+            warning = guard.robots_warning(notes.facts.get("robots_status"))
+            if warning:
+                log.warning("%s: %s", notes.site, warning)
+                notes.extra["warning"] = warning
+        self._restrain(notes.site, guard)
+        self._save(notes.site, guard)
+
+    def _restrain(self, site: str, guard: RunawayGuard) -> None:
+        if guard.retired.retired:
+            self.rt.restrain(site, Restraint("retired", rate_cap=guard.retired.settings.rate,
+                                             reason=guard.retired.summary()))
+        else:
+            self.rt.release(site, "retired")
+        factor = guard.traps.rate_factor()
+        if factor < 1:
+            traps = guard.traps.traps()
+            self.rt.restrain(site, Restraint("trap", rate_factor=factor, reason=traps[0].reason if traps else "trap"))
+        else:
+            self.rt.release(site, "trap")
+
+    def _save(self, site: str, guard: RunawayGuard) -> None:
+        try:
+            self.rt.state.put(NAMESPACE, site, guard.to_state())
+        except Exception:  # noqa: BLE001
+            log.exception("could not persist runaway state for %s", site)
+
+    def done(self) -> None:
+        for site, guard in self.guards.items():
+            self._save(site, guard)
