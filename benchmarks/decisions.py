@@ -1,7 +1,7 @@
 """Decision cost in-process: the core's per-request work, without network (issue 8, part 2).
 
 Times, per request, what the addons ask the core (the same calls, in the same order):
-- robots:  RobotsSettings.from_config + product_token + RobotsPolicy.verdict + crawl_delay
+- robots:  the gate's robots settings for the site (RobotsGate.settings_for) + product_token + RobotsPolicy.verdict + crawl_delay
            (a cached robots.txt with a few groups, paths allowed and disallowed);
 - budget:  Budgets.get(site).reserve() and on_response() (etiquette_proxy/budgets.py; pacing
            out of the way) — skipped, saying so, until that module is on this branch;
@@ -95,8 +95,18 @@ def robots_component(config) -> Callable[[int], object]:  # type: ignore[no-unty
     entry = policy.after_fetch(ORIGIN, FetchResult(200, ROBOTS_TXT), None, RobotsSettings())
     paths = [f"/page/{i}?q={i}" for i in range(50)] + ["/private/x", "/cgi-bin/a", "/private/open/y"]
 
+    settings_for: Callable[[str], RobotsSettings] = lambda site: RobotsSettings.from_config(config, site)
+    try:  # the gate's own per-site settings cache, when the addon layer has one
+        from etiquette_addons.robots_gate import RobotsGate
+        from etiquette_addons.runtime import Runtime
+
+        gate = RobotsGate(Runtime(config=config))
+        settings_for = getattr(gate, "settings_for", settings_for)
+    except ImportError:
+        pass
+
     def decide(i: int) -> object:
-        settings = RobotsSettings.from_config(config, SITE)
+        settings = settings_for(SITE)
         token = product_token(settings.user_agent or UA)
         verdict = policy.verdict(entry, paths[i % len(paths)], token)
         if verdict.allowed:
