@@ -66,7 +66,7 @@ async def run(with_chain: bool, n: int, paths: int, tmp: str) -> list[float]:
         chain = build_chain(rt)
         master.addons.add(*chain)
         opts.update(etiquette_state_dir=f"{tmp}/state", etiquette_set=SETS, etiquette_ready_line=False)
-        for addon in chain:
+        for addon in (m for c in chain for m in getattr(c, "members", [c])):
             if isinstance(addon, RobotsGate):
                 origin = f"http://{SITE_HOST}:{SITE_PORT}"
                 addon.entries[origin] = addon.policy.after_fetch(
@@ -88,8 +88,11 @@ async def run(with_chain: bool, n: int, paths: int, tmp: str) -> list[float]:
     master.shutdown()
     if with_chain:
         for addon in master.addons.chain:
-            if hasattr(addon, "done") and type(addon).__module__.startswith("etiquette_addons"):
-                addon.done()
+            for member in getattr(addon, "members", [addon]):
+                if hasattr(member, "done") and type(member).__module__.startswith("etiquette_addons"):
+                    result = member.done()
+                    if asyncio.iscoroutine(result):
+                        await result
     times.sort()
     if with_chain:
         print(f"  (decisions: {dict(statuses)}; audit lines: {_lines(rt.state_dir)})")
