@@ -257,9 +257,24 @@ class _View:
         key = f"{self._prefix}{name}"
         if key in SCHEMA:
             return self._lookup(key)
-        if any(k.startswith(key + ".") for k in SCHEMA):
+        if key in _sections():
             return _View(self._lookup, key + ".")
         raise AttributeError(key)
+
+
+_SECTIONS_OF: tuple[int, frozenset[str]] = (-1, frozenset())
+
+
+def _sections() -> frozenset[str]:
+    """Every dotted prefix of a SCHEMA key ("robots", "health"...): one set lookup per attribute
+    instead of a scan of SCHEMA (config views are read on every request)."""
+    global _SECTIONS_OF
+    size, prefixes = _SECTIONS_OF
+    if size != len(SCHEMA):
+        parts = (k.split(".") for k in SCHEMA)
+        prefixes = frozenset(".".join(p[:i]) for p in parts for i in range(1, len(p)))
+        _SECTIONS_OF = (len(SCHEMA), prefixes)
+    return prefixes
 
 
 @dataclass(frozen=True)
