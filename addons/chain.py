@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from etiquette_addons.pacing import Pacing
 from etiquette_addons.refusals import RefusalTrimmer
 from etiquette_addons.robots_gate import RobotsGate
 from etiquette_addons.runaway import RunawayWatch
@@ -15,10 +16,13 @@ from etiquette_addons.trail import Trail
 def build_chain(runtime: Runtime | None = None) -> list[Any]:
     """Every etiquette addon, sharing one runtime; order matters (see each hook)."""
     rt = runtime or Runtime()
+    robots, pacing = RobotsGate(rt), Pacing(rt)
+    robots.before_fetch = pacing.before_robots_fetch  # SPEC §4: robots.txt counts against the budget
     return [
         Settings(rt),  # options, config, state, audit log; starts each flow's notes
-        RobotsGate(rt),  # RFC 9309: refuse before anything else spends the site's budget
+        robots,  # RFC 9309: refuse before anything else spends the site's budget
         RunawayWatch(rt),  # SPEC §7: URL-space traps (request), retired sites (response)
+        pacing,  # SPEC §5: hold for the site's turn (request), learn from its answer (responseheaders)
         RefusalTrimmer(rt),  # SPEC §7: page-only headers off refusals (responseheaders)
         Trail(rt),  # decision header and audit line: last, after every decision is made
     ]
