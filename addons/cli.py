@@ -1,4 +1,4 @@
-"""The `etiquette-proxy` command (SPEC §3): run, check-config, ca."""
+"""The `etiquette-proxy` command (SPEC §3): run, check-config, ca, report."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from etiquette_proxy.config import Config, ConfigError, load_config_file
 
-COMMANDS = ("run", "check-config", "ca")
+COMMANDS = ("run", "check-config", "ca", "report")
 
 log = logging.getLogger("etiquette_proxy.cli")
 
@@ -39,6 +39,14 @@ def _parser() -> argparse.ArgumentParser:
 
     ca = sub.add_parser("ca", help="print the path of the CA certificate clients must trust for HTTPS")
     common(ca)
+
+    report = sub.add_parser("report", help="summarise an audit log per site and grade the crawler's conduct")
+    common(report)
+    report.add_argument("audit_log", metavar="AUDIT_LOG", nargs="?",
+                        help="audit log to read (default <state-dir>/audit.jsonl)")
+    report.add_argument("--since", metavar="DURATION", help="only lines from the last DURATION (e.g. 30m, 24h, 7d)")
+    report.add_argument("--site", metavar="S", help="only this site (host:port, or host for every port)")
+    report.add_argument("--json", action="store_true", help="print JSON instead of the table")
     return parser
 
 
@@ -67,6 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.command == "ca":
         return print_ca(config)
+    if args.command == "report":
+        return report(config, args)
     return run(config, args.config, overrides)
 
 
@@ -107,6 +117,28 @@ def print_ca(config: Config) -> int:
     certs.CertStore.from_store(directory, "mitmproxy", 2048)  # creates the CA on first use
     print(os.path.join(directory, "mitmproxy-ca-cert.pem"))
     return 0
+
+
+def report(config: Config, args: argparse.Namespace) -> int:
+    from etiquette_proxy.report import run_report
+    from etiquette_proxy.units import parse_duration
+
+    since = None
+    if args.since is not None:
+        try:
+            since = parse_duration(args.since)
+        except ValueError as e:
+            print(f"etiquette-proxy report: --since: {e}", file=sys.stderr)
+            return 2
+    path = args.audit_log
+    if path is None:
+        configured = config.audit.log
+        if configured == "-":
+            print("etiquette-proxy report: the audit log goes to stdout in this config; name a file",
+                  file=sys.stderr)
+            return 2
+        path = os.path.expanduser(configured) if configured else os.path.join(state_dir(config), "audit.jsonl")
+    return run_report(path, since_s=since, site=args.site, as_json=args.json)
 
 
 def _setup_logging() -> None:

@@ -56,6 +56,7 @@ class Pacing:
         self._gone: dict[int, asyncio.Event] = {}       # id(client) -> set when it disconnects
         self._saved_at: dict[str, float] = {}           # site -> monotonic time of the last save
         runtime.rate_of = self.rate_of
+        runtime.site_status.append(self.status)
 
     # -- budgets -------------------------------------------------------------------------------
 
@@ -89,6 +90,22 @@ class Pacing:
         if self.budgets is None or site not in self.budgets:
             return None
         return self.budgets.get(site).rate
+
+    def status(self, site: str) -> dict[str, object]:
+        """Dashboard fields: the site's rate, ceiling, pause, breaker and line."""
+        if self.budgets is None or site not in self.budgets:
+            return {}
+        b = self.budgets.get(site)
+        out: dict[str, object] = {"rate": round(b.rate, 4), "held": b.held(), "in_flight": b.in_flight()}
+        if (ceiling := b.ceiling) is not None:
+            out["ceiling"] = round(ceiling, 4)
+        if (paused := b.paused_for_s()) > 0:
+            out["paused_s"] = round(paused, 1)
+            out["pause_reason"] = b.pause_reason()
+        if b.is_breaker_open():
+            out["breaker_open"] = True
+            out["breaker_s"] = round(b.breaker_for_s(), 1)
+        return out
 
     def _restrain(self, site: str, budget: SiteBudget) -> str | None:
         """Apply other features' restraints; the reason of a pause among them, if any."""
@@ -254,7 +271,8 @@ class Pacing:
                 values = response.headers.get_all(name)
                 if len(values) > 1:
                     headers[name] = ", ".join(values)
-            decision = budget.on_response(ticket, response.status_code, headers)
+            status = notes.upstream_status or response.status_code  # what the site said
+            decision = budget.on_response(ticket, status, headers)
         except Exception:  # noqa: BLE001 - learning must never take the response down
             log.exception("%s: pacing could not read the response", site)
             budget.release(ticket)

@@ -36,6 +36,15 @@ class RobotsGate:
         self._inflight: dict[str, asyncio.Future[RobotsEntry]] = {}
         # Set by the pacing addon: robots.txt fetches count against the site's budget (SPEC §4).
         self.before_fetch = None
+        self._settings: dict[str, tuple[object, RobotsSettings]] = {}
+        runtime.site_status.append(self.status)
+
+    def status(self, site: str) -> dict[str, object]:
+        """Dashboard fields: the robots.txt state of each origin of `site` (http, https)."""
+        now = wall()
+        found = [entry.describe(now) for origin, entry in sorted(self.entries.items())
+                 if origin.split("://", 1)[-1] == site]
+        return {"robots": found} if found else {}
 
     async def request(self, flow: http.HTTPFlow) -> None:
         if skip(flow):
@@ -50,7 +59,7 @@ class RobotsGate:
         if notes.facts.get("internal"):
             return
         request = flow.request
-        settings = RobotsSettings.from_config(self.rt.config, notes.site)
+        settings = self.settings_for(notes.site)
         client_ua = request.headers.get("user-agent")
         entry = await self.entry_for(notes.origin, notes.site, client_ua, settings)
         if not flow.live or flow.response is not None:
@@ -77,6 +86,18 @@ class RobotsGate:
             notes.would_do("disallowed", verdict.reason)
             return
         answer_locally(flow, verdict.status, "disallowed", verdict.reason, verdict.retry_after_s)
+
+    def settings_for(self, site: str) -> RobotsSettings:
+        """The site's robots.* settings, read from the config once per site and config."""
+        config = self.rt.config  # immutable; a reload replaces the object
+        cached = self._settings.get(site)
+        if cached is not None and cached[0] is config:
+            return cached[1]
+        settings = RobotsSettings.from_config(config, site)
+        if len(self._settings) >= 10_000:  # bounded, like the parser cache
+            self._settings.clear()
+        self._settings[site] = (config, settings)
+        return settings
 
     def _answer_robots(self, flow: http.HTTPFlow, entry: RobotsEntry) -> None:
         """A client's own robots.txt request is answered from the cache (SPEC §4)."""
@@ -162,15 +183,13 @@ class RobotsGate:
 
     def _audit(self, url: str, site: str, ua: str, status: int | None, reason: str) -> None:
         """The proxy's own robots.txt requests reach the site too: they are logged like any other."""
-        if self.rt.audit is None:
-            return
         if status is None:
             outcome = "failed"
         elif status >= 400:
             outcome = "refused"
         else:
             outcome = "fetched"
-        self.rt.audit.write(audit_record(
+        self.rt.record(audit_record(
             ts=wall(), outcome=outcome, method="GET", url=url, site=site, status=status,
             upstream_status=status, waited_s=0.0, rate=self.rt.rate_for(site), reason=reason,
             client_ua=ua, robots_fetch=True,

@@ -26,6 +26,15 @@ class RunawayWatch:
     def __init__(self, runtime: Runtime):
         self.rt = runtime
         self.guards: dict[str, RunawayGuard] = {}
+        runtime.site_status.append(self.status)
+
+    def status(self, site: str) -> dict[str, object]:
+        """Dashboard fields: retired or not, and the traps named on this site."""
+        guard = self.guards.get(site)
+        if guard is None:
+            return {}
+        traps = [{"path": t.path, "param": t.param, "distinct": t.distinct} for t in guard.traps.traps()]
+        return {"retired": guard.retired.retired, "traps": traps}
 
     def guard(self, site: str) -> RunawayGuard:
         guard = self.guards.get(site)

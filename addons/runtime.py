@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from etiquette_proxy.audit import AuditLog
+from etiquette_proxy.board import StatusProvider
 from etiquette_proxy.config import Config, defaults
+from etiquette_proxy.dashboard import PostRoute
 from etiquette_proxy.state import MemoryState, StateStore
+from etiquette_proxy.store import ValidatorStore
 
 from etiquette_addons.side_fetch import UpstreamPath
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -41,10 +48,21 @@ class Runtime:
     audit: AuditLog | None = None
     upstream: UpstreamPath = field(default_factory=UpstreamPath)
     state_dir: str = ""
+    # Stored responses and per-URL records (revisit, gone) in <state-dir>/store; None until
+    # Settings has configured.
+    store: ValidatorStore | None = None
     # Set when the proxy is stopping: held requests are released with a local answer.
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     # The site's current rate (requests/s), as the pacing layer sees it; for the audit log.
     rate_of: Callable[[str], float | None] = lambda site: None
+    # Called with every audit record after it is written (the dashboard's board listens).
+    listeners: list[Callable[[Mapping[str, Any]], None]] = field(default_factory=list)
+    # Each feature may add `provider(site) -> dict` of live fields for the dashboard
+    # (see etiquette_proxy/board.py for the field names it draws).
+    site_status: list[StatusProvider] = field(default_factory=list)
+    # POST routes on http://etiquette.proxy/ (e.g. "/report-extraction", SPEC §8); the
+    # dashboard itself is read-only.
+    post_routes: dict[str, PostRoute] = field(default_factory=dict)
 
     # site -> source -> restraint; written by feature addons, read by pacing.
     restraints: dict[str, dict[str, Restraint]] = field(default_factory=dict)
@@ -67,6 +85,16 @@ class Runtime:
     @property
     def observe(self) -> bool:
         return bool(self.config.mode == "observe")
+
+    def record(self, record: Mapping[str, Any]) -> None:
+        """Write one audit line, then hand it to every listener (a failing one is logged)."""
+        if self.audit is not None:
+            self.audit.write(dict(record))
+        for listener in self.listeners:
+            try:
+                listener(record)
+            except Exception:  # noqa: BLE001 - a listener must never lose the audit line
+                log.exception("audit listener %r failed", listener)
 
     def rate_for(self, site: str) -> float | None:
         return self.rate_of(site) or float(self.config.get("pacing.rate", site))

@@ -13,6 +13,7 @@ from mitmproxy import ctx, exceptions, http
 from etiquette_proxy.audit import AuditLog
 from etiquette_proxy.config import ConfigError, load_config_file
 from etiquette_proxy.state import DiskState
+from etiquette_proxy.store import ValidatorStore
 
 from etiquette_addons.notes import notes_of
 from etiquette_addons.runtime import Runtime, expand_dir
@@ -71,10 +72,13 @@ class Settings:
         if rt.audit is not None:
             rt.audit.close()
         rt.state.close()
+        if rt.store is not None:
+            rt.store.close()
         rt.config = config
         rt.state_dir = expand_dir(config.state.dir)
         os.makedirs(rt.state_dir, mode=0o700, exist_ok=True)
         rt.state = DiskState(os.path.join(rt.state_dir, "state"))
+        rt.store = ValidatorStore.from_config(config, os.path.join(rt.state_dir, "store"))
         audit_path = config.audit.log or os.path.join(rt.state_dir, "audit.jsonl")
         rt.audit = AuditLog(audit_path if audit_path == "-" else os.path.expanduser(audit_path))
         rt.upstream = UpstreamPath(ca_file=config.upstream.ca_file, insecure=config.upstream.insecure,
@@ -116,3 +120,5 @@ class Settings:
         if self.rt.audit is not None:
             self.rt.audit.close()
         self.rt.state.close()
+        if self.rt.store is not None:
+            self.rt.store.close()

@@ -67,12 +67,15 @@ class Trail:
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         assert flow.response is not None
+        if notes_of(flow).facts.get("internal"):
+            return
         flow.response.headers[DECISION_HEADER] = final_outcome(notes_of(flow), flow)
 
     def response(self, flow: http.HTTPFlow) -> None:
         assert flow.response is not None
         notes = notes_of(flow)
-        flow.response.headers[DECISION_HEADER] = final_outcome(notes, flow)
+        if not notes.facts.get("internal"):
+            flow.response.headers[DECISION_HEADER] = final_outcome(notes, flow)
         self.write(flow, notes)
 
     def error(self, flow: http.HTTPFlow) -> None:
@@ -86,7 +89,7 @@ class Trail:
         self.write(flow, notes)
 
     def write(self, flow: http.HTTPFlow, notes: FlowNotes) -> None:
-        if notes.logged or self.rt.audit is None:
+        if notes.logged or notes.facts.get("internal") or self.rt.audit is None:
             return
         notes.logged = True
         request = flow.request
@@ -113,7 +116,7 @@ class Trail:
                 client_ua=request.headers.get("user-agent"),
                 **extra,
             )
-            self.rt.audit.write(record)
+            self.rt.record(record)
         except Exception:  # noqa: BLE001 - never let logging take a flow down
             log.exception("could not write the audit line for %s", request.url)
 

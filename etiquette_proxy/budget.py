@@ -201,6 +201,17 @@ class SiteBudget:
         now = self._clock()
         return max(0.0, max(self._paused_until, self._breaker_until) - now)
 
+    def pause_reason(self) -> str:
+        """Why the site is paused (the Retry-After, backoff or breaker that set it); "" if not."""
+        now = self._clock()
+        if now < self._breaker_until:
+            return self._breaker_reason
+        return self._pause_reason if now < self._paused_until else ""
+
+    def breaker_for_s(self) -> float:
+        """Seconds left before the breaker closes; 0 when it is closed."""
+        return max(0.0, self._breaker_until - self._clock())
+
     def is_breaker_open(self) -> bool:
         """True while the breaker leaves the site alone (SPEC §5: 5 x 429 in 60 s)."""
         return self._clock() < self._breaker_until

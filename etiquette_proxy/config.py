@@ -257,9 +257,24 @@ class _View:
         key = f"{self._prefix}{name}"
         if key in SCHEMA:
             return self._lookup(key)
-        if any(k.startswith(key + ".") for k in SCHEMA):
+        if key in _sections():
             return _View(self._lookup, key + ".")
         raise AttributeError(key)
+
+
+_SECTIONS_OF: tuple[int, frozenset[str]] = (-1, frozenset())
+
+
+def _sections() -> frozenset[str]:
+    """Every dotted prefix of a SCHEMA key ("robots", "health"...): one set lookup per attribute
+    instead of a scan of SCHEMA (config views are read on every request)."""
+    global _SECTIONS_OF
+    size, prefixes = _SECTIONS_OF
+    if size != len(SCHEMA):
+        parts = (k.split(".") for k in SCHEMA)
+        prefixes = frozenset(".".join(p[:i]) for p in parts for i in range(1, len(p)))
+        _SECTIONS_OF = (len(SCHEMA), prefixes)
+    return prefixes
 
 
 @dataclass(frozen=True)
@@ -337,7 +352,7 @@ def _compose(text: str, file: str, problems: list[ConfigProblem]) -> Any:
             return out
         if isinstance(n, yaml.SequenceNode):
             return [_plain(convert(x)) for x in n.value]
-        return yaml.SafeLoader("").construct_object(n)  # type: ignore[no-untyped-call]
+        return yaml.SafeLoader("").construct_object(n)
 
     return convert(node)
 
@@ -434,8 +449,9 @@ def load_config(text: str, file: str = "<config>", overrides: Iterable[str] = ()
     merged = {k: key.default for k, key in SCHEMA.items()} | values
     _check_relations(merged, lambda k: lines.get(k, (file, 1, k)), values, problems)
     for site, site_values in sites.items():
-        site_merged = merged | site_values
-        _check_relations(site_merged, lambda k, s=site: (file, 1, f'sites."{s}".{k}'), site_values, problems)
+        def where(k: str, s: str = site) -> tuple[str, int, str]:
+            return (file, 1, f'sites."{s}".{k}')
+        _check_relations(merged | site_values, where, site_values, problems)
 
     if problems:
         raise ConfigError(problems)

@@ -74,6 +74,18 @@ class RobotsEntry:
     def to_state(self) -> dict[str, Any]:
         return asdict(self)
 
+    def describe(self, now: float) -> dict[str, Any]:
+        """Status, note and age of this entry, as the dashboard shows it."""
+        return {
+            "origin": self.origin,
+            "status": self.kind,
+            "http_status": self.status,
+            "note": self.note,
+            "age_s": round(max(0.0, now - self.fetched_at), 1),
+            "expires_in_s": round(self.expires_at - now, 1),
+            "stale": self.stale,
+        }
+
     @classmethod
     def from_state(cls, state: Any) -> RobotsEntry:
         """Rebuild from stored state; ValueError when it is not a robots entry."""

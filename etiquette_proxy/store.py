@@ -132,6 +132,18 @@ class ValidatorStore:
             self._cache.cull()
         return True
 
+    def refresh(self, entry: StoredEntry) -> bool:
+        """Replace an entry's headers after a 304, keeping its body; False (nothing written)
+        when the stored entry is gone or names another body by now."""
+        current = self.get(entry.url)
+        if current is None or (current.body_size, current.body_sha256) != (
+                entry.body_size, entry.body_sha256):
+            return False
+        # Only the small entry row is written: the body is the one already stored (put()
+        # writes body then entry, so an entry naming this body means the body row is it).
+        self._cache.set(f"e|{entry.url}", _json(entry.to_dict()))
+        return True
+
     def forget(self, key: str) -> None:
         """Drop the entry and body for a URL key."""
         self._cache.delete(f"e|{key}")

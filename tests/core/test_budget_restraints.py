@@ -105,3 +105,21 @@ def test_impossible_restraints_are_rejected_and_change_nothing(clock, kwargs):
     with pytest.raises(ValueError):
         b.restrain(**kwargs)
     assert b.rate == pytest.approx(2.0) and b.max_concurrency() == 2
+
+
+def test_pause_reason_and_breaker_questions(clock):
+    b = make(clock, rate=100.0, breaker_count=2, cooldown=30.0)
+    assert b.pause_reason() == "" and b.breaker_for_s() == 0
+    t = b.reserve()
+    b.on_response(t.ticket, 429, {"Retry-After": "2"})
+    assert b.pause_reason() == "Retry-After: 2"
+    clock.advance(2)
+    t = b.reserve()
+    while t.action == "wait":
+        clock.advance(t.wait_s)
+        t = b.admit(t.ticket)
+    b.on_response(t.ticket, 429, {"Retry-After": "2"})
+    assert b.is_breaker_open() and b.breaker_for_s() == pytest.approx(30.0)
+    assert b.pause_reason().startswith("breaker open")
+    clock.advance(30)
+    assert b.pause_reason() == "" and b.breaker_for_s() == 0

@@ -38,6 +38,23 @@ def test_put_get_body_forget(store: ValidatorStore) -> None:
     assert store.body(e) is None
 
 
+def test_refresh_replaces_headers_only_while_the_body_is_the_same(store: ValidatorStore) -> None:
+    e = make("https://e.com/r")
+    assert store.put(e, b"<html>hi</html>")
+    newer = StoredEntry.build(e.url, [], [("ETag", '"v1"'), ("Cache-Control", "max-age=60")],
+                              b"<html>hi</html>", NOW + 10)
+    assert store.refresh(newer)
+    assert store.get(e.url) == newer and store.body(newer) == b"<html>hi</html>"
+    # Another body was stored meanwhile: the refresh is not ours to write.
+    other = make(e.url, b"<html>new</html>")
+    store.put(other, b"<html>new</html>")
+    assert not store.refresh(newer)
+    assert store.get(e.url) == other
+    store.forget(e.url)
+    assert not store.refresh(newer)  # evicted: nothing to refresh
+    assert store.get(e.url) is None
+
+
 def test_missing_key_is_none(store: ValidatorStore) -> None:
     assert store.get("https://e.com/none") is None
 

@@ -112,7 +112,8 @@ def test_kill_9_leaves_no_broken_line_but_the_last_and_state_reopens(tmp_path, s
 
 
 def test_audit_log_to_stdout(tmp_path, site):
-    proc = subprocess.Popen([ETIQUETTE, "--listen-port", "0", "--state-dir", str(tmp_path), "--audit-log", "-"],
+    proc = subprocess.Popen([ETIQUETTE, "--listen-port", "0", "--state-dir", str(tmp_path), "--audit-log", "-",
+                             *(a for s in FAST_PACING for a in ("--set", s))],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=clean_env())
     try:
         assert proc.stdout is not None
@@ -147,6 +148,28 @@ def test_mitmdump_loads_the_addons_from_a_checkout(tmp_path, site):
         refused = s.get(site.url("/private/x"), proxies={"http": url}, timeout=10)
         assert refused.status_code == 403 and refused.headers["X-Etiquette-Decision"] == "disallowed"
         assert "/private/x" not in site.paths()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+
+
+def test_the_readme_run_command_starts_on_the_embedded_default(tmp_path, site):
+    """`./run-proxy` with no setup: default config, default state dir under $HOME."""
+    site.route("/robots.txt", Answer(200, b"User-agent: *\nDisallow: /private/\n"))
+    proc = subprocess.Popen([str(REPO / "run-proxy"), "--listen-port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env=clean_env(HOME=str(tmp_path)))
+    try:
+        assert proc.stdout is not None
+        ready = proc.stdout.readline()
+        assert ready.startswith("etiquette-proxy listening on http://127.0.0.1:"), ready
+        url = ready.strip().rsplit(" ", 1)[-1]
+        s = requests.Session()
+        s.trust_env = False
+        assert s.get(site.url("/page"), proxies={"http": url}, timeout=10).status_code == 200
+        assert s.get(site.url("/private/x"), proxies={"http": url}, timeout=10).status_code == 403
+        assert site.paths() == ["/robots.txt", "/page"]
+        state = tmp_path / ".local" / "state" / "etiquette-proxy"
+        assert (state / "audit.jsonl").exists() and (state / "mitmproxy-ca-cert.pem").exists()
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(10)

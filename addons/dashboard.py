@@ -1,0 +1,73 @@
+"""`http://etiquette.proxy/` answered by the proxy itself: dashboard, /api/sites, /metrics.
+
+Second in the chain, right after Settings: a request to the dashboard host is answered in the
+`request` hook, so every later gate skips it (`skip(flow)`: it has a response), it never goes
+upstream (with connection_strategy=lazy no connection, not even a DNS lookup, is made), and
+the trail writes no audit line for it (`notes.facts["internal"]`, which every addon's
+response-side hook also skips).
+
+The board is fed through `runtime.listeners` with every audit record the proxy writes.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from mitmproxy import http
+
+from etiquette_proxy.board import SiteBoard
+from etiquette_proxy.dashboard import HOST, Page, serve, text_page
+from etiquette_proxy.metrics import CONTENT_TYPE_LATEST, render_metrics
+
+from etiquette_addons.notes import notes_of, skip
+from etiquette_addons.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+def is_dashboard(flow: http.HTTPFlow) -> bool:
+    """A request for the proxy's own pages, by the target host (not the Host header)."""
+    return flow.request.host.lower().rstrip(".") == HOST
+
+
+class Dashboard:
+    def __init__(self, runtime: Runtime):
+        self.rt = runtime
+        self.board = SiteBoard()
+        runtime.listeners.append(self.board.add)
+        # First provider: the rate as the audit log sees it; pacing's own provider overrides it.
+        runtime.site_status.insert(0, self._rate)
+
+    def _rate(self, site: str) -> dict[str, Any]:
+        fields: dict[str, Any] = {"rate": self.rt.rate_for(site)}
+        restraints = self.rt.restraints_for(site)
+        if restraints:
+            fields["restraints"] = [f"{r.source}{' (paused)' if r.paused else ''}: {r.reason}" for r in restraints]
+        return fields
+
+    def snapshot(self) -> dict[str, Any]:
+        return self.board.snapshot(self.rt.site_status)
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        if skip(flow) or not is_dashboard(flow):
+            return
+        notes = notes_of(flow)
+        notes.facts["internal"] = True
+        notes.local = True
+        request = flow.request
+        try:
+            page = serve(request.method, request.path, self.snapshot,
+                         lambda: (CONTENT_TYPE_LATEST, render_metrics(self.snapshot)),
+                         self.rt.post_routes, request.raw_content or b"",
+                         {k.lower(): v for k, v in request.headers.items()})
+        except Exception:  # noqa: BLE001 - a broken page must not take the proxy down
+            log.exception("dashboard failed on %s %s", request.method, request.path)
+            page = text_page(500, "The dashboard failed; see the proxy's log.")
+        flow.response = self._response(page)
+
+    @staticmethod
+    def _response(page: Page) -> http.Response:
+        headers = [(b"Content-Type", page.content_type.encode())]
+        headers += [(k.encode(), v.encode()) for k, v in page.headers]
+        return http.Response.make(page.status, page.body, headers)

@@ -1,0 +1,86 @@
+"""Gone memory: a URL the site answered 410 or 404 is answered locally for a while (SPEC §6).
+
+The record lives in the validator store (namespace `gone`, keyed by the normalised URL), so it
+survives restarts and shares the store's size limit. A later 2xx or 304 for the URL clears it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from mitmproxy import http
+
+from etiquette_proxy.clock import wall
+from etiquette_proxy.gone import NAMESPACE, GonePolicy, GoneRecord
+
+from etiquette_addons.notes import notes_of, skip
+from etiquette_addons.revalidation import PerSite, url_key
+from etiquette_addons.runtime import Runtime
+from etiquette_addons.trail import answer_locally
+
+log = logging.getLogger(__name__)
+
+# flow.metadata: the URL had a gone record when the request went out (so a 2xx must clear it).
+_HAD_RECORD = "etiquette_gone_record"
+
+
+class GoneMemory:
+    def __init__(self, runtime: Runtime):
+        self.rt = runtime
+        self.policies: PerSite[GonePolicy] = PerSite(runtime, GonePolicy.from_config)
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        if skip(flow) or self.rt.store is None:
+            return
+        if flow.request.method not in ("GET", "HEAD"):
+            return  # GonePolicy answers only these; skip the store read for the rest
+        try:
+            self._check(flow)
+        except Exception:  # noqa: BLE001 - a saving, not a permission: forward on failure
+            log.exception("gone memory failed on %s; forwarding", flow.request.url)
+
+    def _check(self, flow: http.HTTPFlow) -> None:
+        notes = notes_of(flow)
+        if notes.extra.get("internal"):
+            return
+        key = url_key(flow, self.rt)
+        if key is None:
+            return
+        assert self.rt.store is not None
+        record = self.rt.store.get_record(NAMESPACE, key, parse=GoneRecord.from_state)
+        if record is None:
+            return
+        flow.metadata[_HAD_RECORD] = True
+        decision = self.policies.get(notes.site).check(flow.request.method, record, wall())
+        if not decision.gone:
+            return
+        assert decision.status is not None
+        if self.rt.observe:
+            notes.would_do("gone", decision.reason)
+            notes.extra["gone_status"] = decision.status
+            return
+        answer_locally(flow, decision.status, "gone", decision.reason)
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        if flow.response is None or self.rt.store is None or notes_of(flow).local:
+            return
+        try:
+            self._remember(flow, flow.response.status_code)
+        except Exception:  # noqa: BLE001 - bookkeeping only; the response goes out as it is
+            log.exception("gone memory could not record %s", flow.request.url)
+
+    def _remember(self, flow: http.HTTPFlow, status: int) -> None:
+        assert self.rt.store is not None
+        if status in (404, 410):
+            key = url_key(flow, self.rt)
+            policy = self.policies.get(notes_of(flow).site)
+            record = policy.remember(flow.request.method, status, wall())
+            if key is not None and record is not None:
+                # The TTL only lets diskcache clean up; GonePolicy.check decides with the TTL
+                # in force (a record keeps when it was seen, not when it ends).
+                self.rt.store.put_record(NAMESPACE, key, record.to_state(), ttl_s=policy.ttl(status))
+        elif flow.metadata.get(_HAD_RECORD) and (GonePolicy.clears(status) or status == 304):
+            # A 304 also says the URL exists (it answers our or the client's validators).
+            key = url_key(flow, self.rt)
+            if key is not None:
+                self.rt.store.forget_record(NAMESPACE, key)

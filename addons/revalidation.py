@@ -1,0 +1,385 @@
+"""Revalidation: the crawler gets the bandwidth savings of one that knows ETags (SPEC §6).
+
+The addon only orders calls over the core (urlkey, validators, fingerprint, revisit, store):
+
+- request: with revisit.enforce, a URL before its next check is answered from the store
+  (`served-stored`); else, if the client sent no conditional or range header and a stored entry
+  matches (Vary, credentials), If-None-Match / If-Modified-Since are added. The entry and its
+  body are read *now* and kept with the flow, so the 304 can be answered even if the store
+  evicts or replaces them meanwhile (the client never gets a 304 it did not ask for).
+- response: a 304 to our validators becomes the stored 200 with headers updated from the 304
+  (`revalidated`); a 304 to the client's own conditionals passes through (`unchanged`); a 200
+  is fingerprinted (`changed`), scheduled (revisit) and stored; a 404/410 drops the entry.
+
+The stored body is the *raw* body as received, with the received Content-Encoding header kept
+beside it (RFC 9111 §3.2: a 304 never updates Content-Encoding), so a gzip answer is replayed as
+the same gzip bytes. Fingerprints are taken of the decoded body.
+
+In observe mode nothing on the wire changes: no validators are added and nothing is answered
+locally; `would` records `served-stored`, or `revalidated` when the site's 200 carried the
+validators we would have sent (so enforce mode would have got a 304).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from mitmproxy import http
+
+from etiquette_proxy.clock import wall
+from etiquette_proxy.fingerprint import Fingerprinter
+from etiquette_proxy.revisit import NAMESPACE as REVISIT, RevisitPolicy, RevisitState
+from etiquette_proxy.urlkey import normalise
+from etiquette_proxy.validators import (
+    HeaderPairs,
+    StoredEntry,
+    answer_304,
+    header_value,
+    inject_headers,
+    may_serve_unvalidated,
+    should_store,
+    stored_response_headers,
+)
+
+from etiquette_addons.notes import FlowNotes, notes_of, skip
+from etiquette_addons.runtime import Runtime
+from etiquette_addons.side_fetch import SideFetchError, fetch
+from etiquette_addons.trail import DECISION_HEADER, answer_locally, fail_closed
+
+log = logging.getLogger(__name__)
+
+# Bodies above this are read, hashed and fingerprinted in a worker thread: the event loop
+# serves every other flow meanwhile (a 10 MiB regex pass takes tens of milliseconds).
+THREAD_ABOVE = 256 * 1024
+# Decoded bodies are fingerprinted up to this multiple of store.max_body; a gzip bomb stops here.
+DECODE_FACTOR = 4
+REFETCH_TIMEOUT_S = 30.0
+
+_KEY = "etiquette_url_key"  # flow.metadata: the normalised URL (None when not an http(s) URL)
+_HAD_ENTRY = "etiquette_had_entry"  # a stored entry existed when the request went out
+_INJECTED = "etiquette_injected"  # Injected: what we added, with the entry and body it relied on
+_WOULD_INJECT = "etiquette_would_inject"  # observe mode: the entry we would have revalidated
+
+_HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "te", "trailer",
+                         "transfer-encoding", "upgrade", "content-length", "content-encoding"})
+
+T = TypeVar("T")
+
+
+def site_headers(message: http.Message) -> HeaderPairs:
+    """The message's headers as the site sent them: without the decision header the trail
+    has already added in `responseheaders` (it must never be stored or merged)."""
+    decision = DECISION_HEADER.lower()
+    return tuple((k, v) for k, v in message.headers.items(multi=True) if k.lower() != decision)
+
+
+def url_key(flow: http.HTTPFlow, rt: Runtime) -> str | None:
+    """The flow's store key (SPEC §6), computed once per flow; None for a URL that has none."""
+    if _KEY not in flow.metadata:
+        site = notes_of(flow).site
+        try:
+            key: str | None = normalise(flow.request.url, rt.config.get("store.tracking_params", site))
+        except ValueError as e:
+            log.info("no store key for %s: %s", flow.request.url[:200], e)
+            key = None
+        flow.metadata[_KEY] = key
+    return flow.metadata[_KEY]  # type: ignore[no-any-return]
+
+
+class PerSite(Generic[T]):
+    """Policies built from the config once per site, rebuilt when the config changes."""
+
+    LIMIT = 4096
+
+    def __init__(self, runtime: Runtime, build: Callable[[Any, str], T]):
+        self.rt = runtime
+        self.build = build
+        self._config: object = None
+        self._built: dict[str, T] = {}
+
+    def get(self, site: str) -> T:
+        if self._config is not self.rt.config or len(self._built) > self.LIMIT:
+            self._built.clear()
+            self._config = self.rt.config
+        policy = self._built.get(site)
+        if policy is None:
+            policy = self._built[site] = self.build(self.rt.config, site)
+        return policy
+
+
+@dataclass(frozen=True)
+class Injected:
+    """Validators added to a request, and the stored entry and body a 304 will be answered from."""
+
+    entry: StoredEntry
+    body: bytes
+    names: tuple[str, ...]
+
+
+def set_stored_response(response: http.Response, body: bytes, headers: HeaderPairs) -> None:
+    """Turn `response` into a 200 carrying the stored raw body (its Content-Encoding kept)."""
+    response.status_code = 200
+    response.reason = "OK"
+    response.headers = http.Headers(
+        [(k.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape"))
+         for k, v in headers if k.lower() != "content-length"]
+    )
+    # raw_content, not content: the content setter would encode the body a second time.
+    response.raw_content = body
+    response.headers["Content-Length"] = str(len(body))
+
+
+def decoded_for_fingerprint(raw: bytes, encoding: str | None, limit: int) -> bytes | None:
+    """The body as the site meant it (gzip/deflate undone, at most `limit` bytes), or None
+    when it cannot be decoded within the limit (then the raw bytes are hashed instead)."""
+    coding = (encoding or "identity").strip().lower()
+    if coding in ("", "identity"):
+        return raw
+    if coding not in ("gzip", "x-gzip", "deflate"):
+        return None  # br, zstd, stacked codings: hashed raw (see README)
+    wbits = 16 + zlib.MAX_WBITS if "gzip" in coding else zlib.MAX_WBITS
+    try:
+        inflater = zlib.decompressobj(wbits)
+        plain = inflater.decompress(raw, limit)
+    except zlib.error:
+        if coding != "deflate":
+            return None
+        try:  # RFC 9110 §8.4.1.2: some sites send raw DEFLATE without the zlib wrapper
+            inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+            plain = inflater.decompress(raw, limit)
+        except zlib.error:
+            return None
+    return None if inflater.unconsumed_tail else plain
+
+
+class Revalidation:
+    def __init__(self, runtime: Runtime):
+        self.rt = runtime
+        self.revisits: PerSite[RevisitPolicy] = PerSite(runtime, RevisitPolicy.from_config)
+        self.fingerprinters: PerSite[Fingerprinter] = PerSite(runtime, Fingerprinter.from_config)
+
+    # -- request: served-stored, or inject validators ------------------------------------------
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        if skip(flow) or self.rt.store is None or flow.request.method != "GET":
+            return
+        notes = notes_of(flow)
+        if notes.extra.get("internal"):
+            return
+        try:
+            await self._before(flow, notes)
+        except Exception:  # noqa: BLE001 - a saving, not a permission: forward unaltered
+            log.exception("revalidation failed on %s; forwarding without validators", flow.request.url)
+            flow.metadata.pop(_INJECTED, None)
+            notes.extra.pop("injected", None)
+
+    async def _before(self, flow: http.HTTPFlow, notes: FlowNotes) -> None:
+        store = self.rt.store
+        assert store is not None
+        key = url_key(flow, self.rt)
+        if key is None:
+            return
+        entry = store.get(key)
+        if entry is None:
+            return
+        flow.metadata[_HAD_ENTRY] = True
+        request_headers = tuple(flow.request.headers.items(multi=True))
+
+        policy = self.revisits.get(notes.site)
+        if policy.enforce:
+            state = store.get_record(REVISIT, key, parse=RevisitState.from_state)
+            decision = policy.serve_stored(state, wall())
+            if decision.serve_stored and may_serve_unvalidated(entry, request_headers).ok:
+                reason = f"stored copy, not checked with the site: {decision.reason} (revisit.enforce)"
+                if self.rt.observe:
+                    notes.would_do("served-stored", reason)
+                    return
+                body = await self._body(entry)
+                if body is not None:
+                    notes.outcome, notes.reason, notes.local = "served-stored", reason, True
+                    # RFC 9111 §5.1: a stored response carries its Age.
+                    age = str(int(max(0.0, wall() - entry.stored_at)))
+                    headers = tuple((k, v) for k, v in stored_response_headers(entry)
+                                    if k.lower() != "age") + (("Age", age),)
+                    flow.response = http.Response.make(200)
+                    set_stored_response(flow.response, body, headers)
+                    return
+
+        injection = inject_headers(entry, "GET", request_headers)
+        if not injection.inject or injection.entry is None:
+            log.debug("no validators for %s: %s", key, injection.reason)
+            return
+        names = tuple(name for name, _ in injection.headers)
+        if self.rt.observe:
+            flow.metadata[_WOULD_INJECT] = injection.entry
+            return
+        body = await self._body(injection.entry)
+        if body is None:  # evicted or damaged since the entry was read: a plain fetch
+            log.info("stored body for %s is missing or damaged; not revalidating", key)
+            return
+        for name, value in injection.headers:
+            flow.request.headers[name] = value
+        flow.metadata[_INJECTED] = Injected(injection.entry, body, names)
+        notes.extra["injected"] = list(names)
+
+    async def _body(self, entry: StoredEntry) -> bytes | None:
+        store = self.rt.store
+        assert store is not None
+        if entry.body_size > THREAD_ABOVE:
+            return await asyncio.to_thread(store.body, entry)
+        return store.body(entry)
+
+    # -- response: 304 -> 200, unchanged, store and fingerprint ------------------------------
+
+    async def response(self, flow: http.HTTPFlow) -> None:
+        if flow.response is None or self.rt.store is None or flow.request.method != "GET":
+            return
+        notes = notes_of(flow)
+        if notes.local or notes.extra.get("internal"):
+            return
+        injected: Injected | None = flow.metadata.pop(_INJECTED, None)
+        status = flow.response.status_code
+        try:
+            if status == 304 and injected is not None:
+                await self._not_modified(flow, notes, injected)
+            elif status == 304:
+                notes.outcome = "unchanged"
+                notes.reason = "site answered 304 to the client's own conditional request"
+            elif status == 200:
+                await self._fetched(flow, notes)
+            elif status in (404, 410) and flow.metadata.get(_HAD_ENTRY):
+                key = url_key(flow, self.rt)
+                if key is not None:
+                    self.rt.store.forget(key)  # never serve a page the site says is gone
+        except Exception as e:  # noqa: BLE001
+            if injected is not None and flow.response.status_code == 304:
+                # The client did not ask conditionally: it must never see this 304.
+                fail_closed(flow, "revalidation", e)
+            else:
+                log.exception("revalidation bookkeeping failed on %s", flow.request.url)
+
+    async def _not_modified(self, flow: http.HTTPFlow, notes: FlowNotes, injected: Injected) -> None:
+        assert flow.response is not None and self.rt.store is not None
+        now = wall()
+        answer = answer_304(injected.entry, site_headers(flow.response), now)
+        if not answer.usable or answer.entry is None:
+            await self._refetch(flow, notes, injected, answer.reason)
+            return
+        set_stored_response(flow.response, injected.body, answer.headers)
+        notes.outcome = "revalidated"
+        notes.reason = f"site answered 304 to {' and '.join(injected.names)}; stored body served"
+        notes.extra["changed"] = False
+        # Written back only while the store still holds this body (RFC 9111 §4.3.4 updates the
+        # stored response; one that was replaced or evicted meanwhile is not ours to touch).
+        self.rt.store.refresh(answer.entry)
+        self._schedule(flow, notes, None, now)
+
+    async def _refetch(self, flow: http.HTTPFlow, notes: FlowNotes, injected: Injected, why: str) -> None:
+        """A 304 naming another validator says nothing about our body (RFC 9111 §4.3.4): ask
+        again without validators, so the client gets the current page, never a 304."""
+        assert flow.response is not None
+        dropped = {n.lower() for n in injected.names} | _HOP_BY_HOP | {"host", "accept-encoding"}
+        headers = {k: v for k, v in flow.request.headers.items() if k.lower() not in dropped}
+        assert self.rt.store is not None
+        limit = DECODE_FACTOR * max(self.rt.store.max_body, 1024**2)
+        try:
+            side = await fetch(flow.request.url, path=self.rt.upstream, headers=headers,
+                               timeout=REFETCH_TIMEOUT_S, max_bytes=limit)
+        except SideFetchError as e:
+            answer_locally(flow, 502, "failed", f"{why}; fetching again without validators failed: {e}")
+            return
+        if side.truncated or side.status == 304:
+            answer_locally(flow, 502, "failed", f"{why}; the second answer was unusable "
+                                                f"({side.status}{', too large' if side.truncated else ''})")
+            return
+        response = flow.response
+        response.status_code = side.status
+        response.reason = ""
+        # side_fetch has already undone gzip/deflate: the body goes out (and is stored) plain.
+        response.headers = http.Headers([
+            (k.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape"))
+            for k, v in side.headers if k.lower() not in _HOP_BY_HOP])
+        response.raw_content = side.body
+        response.headers["Content-Length"] = str(len(side.body))
+        notes.upstream_status = side.status
+        notes.extra.pop("injected", None)
+        notes.reason = f"{why}; fetched again without validators"
+        if side.status == 200:
+            await self._fetched(flow, notes)
+
+    async def _fetched(self, flow: http.HTTPFlow, notes: FlowNotes) -> None:
+        response = flow.response
+        store = self.rt.store
+        assert response is not None and store is not None
+        key = url_key(flow, self.rt)
+        if key is None:
+            return
+        raw = response.raw_content or b""
+        request_headers = tuple(flow.request.headers.items(multi=True))
+        response_headers = site_headers(response)
+        now = wall()
+        decision = should_store("GET", 200, request_headers, response_headers, len(raw), store.max_body)
+        fingerprinter = self.fingerprinters.get(notes.site)
+
+        def work() -> tuple[str, StoredEntry | None]:
+            digest = self._digest(raw, header_value(response_headers, "content-encoding"),
+                                  fingerprinter, store.max_body)
+            entry = (StoredEntry.build(key, request_headers, response_headers, raw, now)
+                     if decision.store else None)
+            if entry is not None:
+                store.put(entry, raw)
+            return digest, entry
+
+        if len(raw) > THREAD_ABOVE:
+            digest, entry = await asyncio.to_thread(work)
+        else:
+            digest, entry = work()
+        if entry is None and flow.metadata.get(_HAD_ENTRY):
+            store.forget(key)  # the stored copy is outdated and the new one is not storable
+        if entry is None:
+            log.debug("%s not stored: %s", key, decision.reason)
+
+        would: StoredEntry | None = flow.metadata.get(_WOULD_INJECT)
+        if would is not None and _same_validators(would, response_headers):
+            notes.would_do("revalidated", "the site's 200 carries the stored validators: "
+                                          "with them injected it would have answered 304")
+        self._schedule(flow, notes, digest, now)
+
+    @staticmethod
+    def _digest(raw: bytes, encoding: str | None, fingerprinter: Fingerprinter, max_body: int) -> str:
+        if len(raw) <= max_body:
+            plain = decoded_for_fingerprint(raw, encoding, DECODE_FACTOR * max(max_body, 1024**2))
+            if plain is not None:
+                return fingerprinter.fingerprint(plain).digest
+        # Over store.max_body, or not decodable within bounds: the plain SHA-256 of what came.
+        return "raw:" + hashlib.sha256(raw).hexdigest()
+
+    def _schedule(self, flow: http.HTTPFlow, notes: FlowNotes, digest: str | None, now: float) -> None:
+        """Revisit schedule after a 200 (digest) or a 304 to our validators (None)."""
+        store = self.rt.store
+        key = url_key(flow, self.rt)
+        assert store is not None and key is not None
+        policy = self.revisits.get(notes.site)
+        state = store.get_record(REVISIT, key, parse=RevisitState.from_state)
+        if digest is None:
+            revisit = policy.after_not_modified(state, now)
+        else:
+            revisit = policy.after_fetch(state, digest, now)
+        store.put_record(REVISIT, key, revisit.state.to_state())
+        if revisit.changed is not None:
+            notes.extra["changed"] = revisit.changed
+
+
+def _same_validators(entry: StoredEntry, response_headers: HeaderPairs) -> bool:
+    """Would the site have answered 304 to the validators we would have sent? (observe mode)"""
+    etag = header_value(response_headers, "etag")
+    if entry.etag is not None:
+        return etag is not None and etag.removeprefix("W/") == entry.etag.removeprefix("W/")
+    modified = header_value(response_headers, "last-modified")
+    return entry.last_modified is not None and modified == entry.last_modified

@@ -1,0 +1,277 @@
+"""Shared pieces of the benchmark scripts: processes we start (and stop by PID), wrk, figures.
+
+Loopback only. Every process started here is stopped by its own PID (SIGTERM, then SIGKILL
+after a grace period); every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+BIN = Path(sys.executable).parent
+
+# The proxy must not inherit the machine's proxies or CA bundles (MITMPROXY-NOTES).
+_SCRUB = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "all_proxy",
+          "NO_PROXY", "no_proxy", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
+
+
+def clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def header(title: str) -> None:
+    """Print what is measured, the exact command, and the machine."""
+    cmd = " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv])
+    print(f"== {title}")
+    print(f"command: {cmd}")
+    try:
+        rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        rev = "?"
+    print(f"commit {rev}; python {platform.python_version()}; {os.cpu_count()} CPUs; "
+          f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
+    sys.stdout.flush()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+
+
+@dataclass
+class Started:
+    name: str
+    proc: subprocess.Popen[str]
+    url: str
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+def stop(p: Started, grace: float = 10.0) -> None:
+    """SIGTERM this one process by PID, SIGKILL it after `grace` seconds."""
+    if p.proc.poll() is None:
+        os.kill(p.pid, signal.SIGTERM)
+        try:
+            p.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.kill(p.pid, signal.SIGKILL)
+            p.proc.wait(5)
+    for stream in (p.proc.stdout, p.proc.stderr):
+        if stream:
+            stream.close()
+
+
+@contextmanager
+def started(*procs: Started) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for p in reversed(procs):
+            stop(p)
+
+
+def _ready_line(proc: subprocess.Popen[str], prefix: str, timeout: float = 30.0) -> str:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    os.set_blocking(proc.stdout.fileno(), True)
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    while time.monotonic() < deadline:
+        if sel.select(timeout=0.2):
+            line = proc.stdout.readline()
+            if line.startswith(prefix):
+                return line.strip().rsplit(" ", 1)[-1]
+            if not line and proc.poll() is not None:
+                break
+    proc.kill()
+    proc.wait(5)
+    raise RuntimeError(f"no {prefix!r} line from pid {proc.pid} within {timeout}s")
+
+
+def start_site(body: int = 1024) -> Started:
+    proc = subprocess.Popen([sys.executable, str(HERE / "site.py"), "--port", "0", "--body", str(body)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=clean_env())
+    return Started("site", proc, _ready_line(proc, "site listening on "))
+
+
+def etiquette_command(state_dir: Path, sets: Sequence[str] = (), extra: Sequence[str] = ()) -> list[str]:
+    exe = shutil.which("etiquette-proxy", path=str(BIN)) or "etiquette-proxy"
+    cmd = [exe, "run", "--listen-port", "0", "--state-dir", str(state_dir)]
+    for s in sets:
+        cmd += ["--set", s]
+    return cmd + list(extra)
+
+
+def start_etiquette(state_dir: Path, sets: Sequence[str] = (), prefix: Sequence[str] = ()) -> Started:
+    """The real proxy process (console script of this venv); `prefix` e.g. a profiler."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    stderr = open(state_dir.parent / f"{state_dir.name}.stderr", "ab")
+    proc = subprocess.Popen([*prefix, *etiquette_command(state_dir, sets)], stdout=subprocess.PIPE,
+                            stderr=stderr, text=True, env=clean_env())
+    stderr.close()
+    return Started("etiquette-proxy", proc, _ready_line(proc, "etiquette-proxy listening on "))
+
+
+def start_mitmdump(confdir: Path) -> Started:
+    """Bare mitmdump, no addons of ours, quiet (no flow printing)."""
+    confdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    exe = shutil.which("mitmdump", path=str(BIN)) or "mitmdump"
+    cmd = [exe, "-q", "--listen-host", "127.0.0.1", "--listen-port", str(port), "--set", f"confdir={confdir}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, env=clean_env())
+    try:
+        wait_port(port)
+    except RuntimeError:
+        proc.kill()
+        proc.wait(5)
+        raise
+    return Started("mitmdump", proc, f"http://127.0.0.1:{port}")
+
+
+# -- wrk ------------------------------------------------------------------------------------------
+
+@dataclass
+class WrkResult:
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    requests: int
+    errors: int  # socket errors + non-2xx/3xx
+    command: str
+    cpu_ms_per_request: float | None = None  # of the process passed as `measure_pid`
+
+
+_UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}
+
+
+def _ms(text: str) -> float:
+    m = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text)
+    if not m:
+        raise ValueError(f"not a wrk duration: {text!r}")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def wrk(url: str, lua: str, lua_args: Sequence[str], connections: int, duration_s: float,
+        threads: int = 2, measure_pid: int | None = None) -> WrkResult:
+    """One bounded wrk run (`-d`), latency distribution on; wrk's own timeout 10 s.
+
+    With `measure_pid`, also the CPU time that process used per request during the run.
+    """
+    if shutil.which("wrk") is None:
+        sys.exit("wrk is not installed: apt-get install -y wrk")
+    threads = max(1, min(threads, connections))
+    cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{duration_s:g}s", "--timeout", "10s", "--latency",
+           "-s", str(HERE / lua), url, "--", *lua_args]
+    cpu0 = cpu_seconds(measure_pid) if measure_pid else 0.0
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=duration_s + 60).stdout
+    cpu = cpu_seconds(measure_pid) - cpu0 if measure_pid else None
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    p50 = _ms(re.search(r"\s50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    p99 = _ms(re.search(r"\s99%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    errors = 0
+    if m := re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out):
+        errors += sum(int(x) for x in m.groups())
+    if m := re.search(r"Non-2xx or 3xx responses: (\d+)", out):
+        errors += int(m.group(1))
+    shown = " ".join(shlex.quote(os.path.relpath(a, ROOT) if a.startswith(str(ROOT)) else a) for a in cmd)
+    per_request = None if cpu is None or not requests else 1000 * cpu / requests
+    return WrkResult(rps, p50, p99, requests, errors, shown, per_request)
+
+
+def audit_summary(path: Path) -> str:
+    """`N lines: fetched 7000, revalidated 12` from an audit log."""
+    if not path.exists():
+        return "no audit log"
+    counts: Counter[str] = Counter()
+    n = 0
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            n += 1
+            try:
+                counts[json.loads(line).get("outcome", "?")] += 1
+            except ValueError:
+                counts["(torn)"] += 1
+    return f"{n} lines: " + ", ".join(f"{k} {v}" for k, v in counts.most_common())
+
+
+# -- figures --------------------------------------------------------------------------------------
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs)
+
+
+def percentile(sorted_xs: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of an already sorted sequence."""
+    if not sorted_xs:
+        return float("nan")
+    k = min(len(sorted_xs) - 1, max(0, int(round(q / 100 * len(sorted_xs) + 0.5)) - 1))
+    return sorted_xs[k]
+
+
+def rss_mb() -> float:
+    """Resident memory of this process, MB (VmRSS)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far (/proc/PID/stat), seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def dir_size_mb(path: Path) -> float:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                pass
+    return total / 1024**2
+
+
+def check(label: str, ok: bool, detail: str) -> str:
+    return f"  {'PASS' if ok else 'MISS'}  {label}: {detail}"

@@ -1,0 +1,152 @@
+"""The addon layer's cost per request, in-process (no sockets): our chain vs mitmproxy alone.
+
+Builds the same master as `etiquette-proxy run` (DumpMaster without termlog/dumper) with
+`build_chain()` of this checkout — so addons that land later are measured too — and drives
+test flows through mitmproxy's own event dispatch (requestheaders, request, responseheaders,
+response, each followed by mitmproxy's update event), exactly as the proxy core would. The
+same with no etiquette addons gives mitmproxy's own addon dispatch; the difference is what
+etiquette adds per request, excluding the network. robots.txt is pre-cached for the test site
+(a fresh entry), pacing is out of the way (rate 100000/s), the audit log is a temp file.
+
+    python benchmarks/chain_cost.py [--requests 5000] [--paths 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _harness import header, percentile  # noqa: E402
+
+SITE_HOST, SITE_PORT = "127.0.0.1", 8000
+SETS = [f'sites."{SITE_HOST}".pacing.rate=100000', f'sites."{SITE_HOST}".pacing.burst=100000',
+        f'sites."{SITE_HOST}".pacing.max_concurrency=1000']
+BODY = b"<!doctype html><title>bench</title>" + b"x" * 990
+
+
+def make_flow(i: int, paths: int):  # type: ignore[no-untyped-def]
+    from mitmproxy.test import tflow, tutils
+
+    req = tutils.treq(host=SITE_HOST, port=SITE_PORT, path=f"/page/{i % paths}".encode(),
+                      headers=((b"host", f"{SITE_HOST}:{SITE_PORT}".encode()), (b"user-agent", b"benchbot/1.0")))
+    f = tflow.tflow(req=req)
+    f.live = True
+    return f
+
+
+def make_response():  # type: ignore[no-untyped-def]
+    from mitmproxy.test import tutils
+
+    return tutils.tresp(status_code=200, content=BODY,
+                        headers=((b"content-type", b"text/html"), (b"content-length", b"1024"),
+                                 (b"etag", b'"bench-1"'), (b"last-modified", b"Mon, 30 Nov 2026 00:00:00 GMT")))
+
+
+async def run(with_chain: bool, n: int, paths: int, tmp: str) -> list[float]:
+    from mitmproxy import options
+    from mitmproxy.tools.dump import DumpMaster
+
+    opts = options.Options(listen_host="127.0.0.1", listen_port=0, confdir=tmp)
+    master = DumpMaster(opts, with_termlog=False, with_dumper=False)
+    if with_chain:
+        from etiquette_addons.chain import build_chain
+        from etiquette_addons.robots_gate import RobotsGate
+        from etiquette_addons.runtime import Runtime
+        from etiquette_proxy.robots import FetchResult, RobotsSettings
+
+        rt = Runtime()
+        chain = build_chain(rt)
+        master.addons.add(*chain)
+        opts.update(etiquette_state_dir=f"{tmp}/state", etiquette_set=SETS, etiquette_ready_line=False)
+        for addon in chain:
+            if isinstance(addon, RobotsGate):
+                origin = f"http://{SITE_HOST}:{SITE_PORT}"
+                addon.entries[origin] = addon.policy.after_fetch(
+                    origin, FetchResult(200, b"User-agent: *\nDisallow: /private/\n"), None, RobotsSettings())
+    trigger = master.addons.handle_lifecycle
+    times: list[float] = []
+    statuses: Counter[str] = Counter()
+    for i in range(n):
+        flow = make_flow(i, paths)
+        t0 = time.perf_counter_ns()
+        await trigger(hooks_request_headers(flow))
+        await trigger(http_request(flow))
+        if flow.response is None:
+            flow.response = make_response()
+        await trigger(http_response_headers(flow))
+        await trigger(http_response(flow))
+        times.append((time.perf_counter_ns() - t0) / 1000)
+        statuses[flow.response.headers.get("x-etiquette-decision", "-")] += 1
+    master.shutdown()
+    if with_chain:
+        for addon in master.addons.chain:
+            if hasattr(addon, "done") and type(addon).__module__.startswith("etiquette_addons"):
+                addon.done()
+    times.sort()
+    if with_chain:
+        print(f"  (decisions: {dict(statuses)}; audit lines: {_lines(rt.state_dir)})")
+    return times
+
+
+def _lines(state_dir: str) -> int:
+    path = Path(state_dir) / "audit.jsonl"
+    return sum(1 for _ in open(path)) if path.exists() else 0
+
+
+def hooks_request_headers(flow):  # type: ignore[no-untyped-def]
+    from mitmproxy.proxy.layers.http import HttpRequestHeadersHook
+    return HttpRequestHeadersHook(flow)
+
+
+def http_request(flow):  # type: ignore[no-untyped-def]
+    from mitmproxy.proxy.layers.http import HttpRequestHook
+    return HttpRequestHook(flow)
+
+
+def http_response_headers(flow):  # type: ignore[no-untyped-def]
+    from mitmproxy.proxy.layers.http import HttpResponseHeadersHook
+    return HttpResponseHeadersHook(flow)
+
+
+def http_response(flow):  # type: ignore[no-untyped-def]
+    from mitmproxy.proxy.layers.http import HttpResponseHook
+    return HttpResponseHook(flow)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=5000)
+    ap.add_argument("--paths", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3, help="alternating bare/chain rounds (default 3)")
+    args = ap.parse_args()
+    if not 100 <= args.requests <= 200_000 or not 1 <= args.rounds <= 20:
+        ap.error("requests in 100..200000, rounds in 1..20")
+    header("addon layer cost per request, in-process (mitmproxy dispatch, no sockets)")
+    bare_meds, chain_meds, bare_p99, chain_p99 = [], [], [], []
+    with tempfile.TemporaryDirectory(prefix="etiquette-chain-") as tmp:
+        for r in range(args.rounds):
+            b = asyncio.run(run(False, args.requests, args.paths, f"{tmp}/b{r}"))
+            c = asyncio.run(run(True, args.requests, args.paths, f"{tmp}/c{r}"))
+            bare_meds.append(percentile(b, 50)); chain_meds.append(percentile(c, 50))
+            bare_p99.append(percentile(b, 99)); chain_p99.append(percentile(c, 99))
+            print(f"  round {r + 1}: mitmproxy addons only: median {bare_meds[-1]:7.1f} µs, p99 {bare_p99[-1]:7.1f} µs;"
+                  f"  with etiquette chain: median {chain_meds[-1]:7.1f} µs, p99 {chain_p99[-1]:7.1f} µs")
+            sys.stdout.flush()
+    from statistics import median
+    b50, c50 = median(bare_meds), median(chain_meds)
+    print(f"median per request over {args.requests} flows x {args.rounds} rounds: mitmproxy dispatch {b50:.1f} µs, "
+          f"with etiquette {c50:.1f} µs: etiquette adds {c50 - b50:.1f} µs "
+          f"(p99 adds {median(chain_p99) - median(bare_p99):.1f} µs)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

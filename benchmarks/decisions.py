@@ -1,0 +1,240 @@
+"""Decision cost in-process: the core's per-request work, without network (issue 8, part 2).
+
+Times, per request, what the addons ask the core (the same calls, in the same order):
+- robots:  the gate's robots settings for the site (RobotsGate.settings_for) + product_token + RobotsPolicy.verdict + crawl_delay
+           (a cached robots.txt with a few groups, paths allowed and disallowed);
+- budget:  Budgets.get(site).reserve() and on_response() (etiquette_proxy/budgets.py; pacing
+           out of the way) — skipped, saying so, until that module is on this branch;
+- store:   urlkey.normalise + ValidatorStore.get + validators.inject_headers, on a store of
+           --store-urls entries (diskcache in a temp dir; hits and misses);
+- runaway: RunawayGuard.observe_request + observe_answer;
+- health:  HealthBook.site(site).observe_response (a 1 KiB 200);
+- audit:   audit_record + AuditLog.write (a temp file; one os.write per line).
+Each component runs --iterations times (and at most --max-seconds); per-call times come from
+perf_counter_ns. Prints median, p99 and mean per component, then the whole decision (all
+components back to back, per request). Target (issue 8): whole decision < 100 µs median.
+
+    python benchmarks/decisions.py [--iterations 20000] [--store-urls 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _harness import check, header, percentile  # noqa: E402
+
+from etiquette_proxy.audit import AuditLog, audit_record  # noqa: E402
+from etiquette_proxy.config import load_config  # noqa: E402
+from etiquette_proxy.robots import FetchResult, RobotsPolicy, RobotsSettings, product_token  # noqa: E402
+
+ROBOTS_TXT = b"""User-agent: *
+Disallow: /private/
+Disallow: /cgi-bin/
+Allow: /private/open/
+Crawl-delay: 1
+
+User-agent: badbot
+Disallow: /
+
+User-agent: otherbot
+Disallow: /search
+Disallow: /*?session=
+"""
+UA = "Mozilla/5.0 (compatible; BenchBot/1.0; +https://example.org/bot)"
+SITE = "bench.example:80"
+ORIGIN = "http://bench.example:80"
+BODY = b"<!doctype html><title>bench</title>" + b"x" * 990
+RESPONSE_HEADERS = {"Content-Type": "text/html; charset=utf-8", "Content-Length": "1024",
+                    "ETag": '"bench-1"', "Last-Modified": "Mon, 30 Nov 2026 00:00:00 GMT"}
+REQUEST_HEADERS = [("Host", "bench.example"), ("User-Agent", UA), ("Accept", "*/*"),
+                   ("Accept-Encoding", "gzip")]
+
+
+def fast_config():  # type: ignore[no-untyped-def]
+    return load_config("", overrides=[f'sites."{SITE}".pacing.rate=100000', f'sites."{SITE}".pacing.burst=100000',
+                                      f'sites."{SITE}".pacing.max_concurrency=1000'])
+
+
+def measure(fn: Callable[[int], object], iterations: int, max_seconds: float) -> list[float]:
+    """Per-call microseconds of fn(i), sorted; bounded by count and by time."""
+    times: list[float] = []
+    clock = time.perf_counter_ns
+    deadline = time.monotonic() + max_seconds
+    for i in range(iterations):
+        t0 = clock()
+        fn(i)
+        times.append((clock() - t0) / 1000)
+        if not i % 1000 and time.monotonic() > deadline:
+            break
+    times.sort()
+    return times
+
+
+def report(name: str, times: list[float]) -> float:
+    med = percentile(times, 50)
+    print(f"  {name:<10} median {med:8.2f} µs   p99 {percentile(times, 99):8.2f} µs   "
+          f"mean {sum(times) / len(times):8.2f} µs   ({len(times)} calls)")
+    sys.stdout.flush()
+    return med
+
+
+# -- components: each returns fn(i) or None with a reason -----------------------------------------
+
+def robots_component(config) -> Callable[[int], object]:  # type: ignore[no-untyped-def]
+    policy = RobotsPolicy()
+    entry = policy.after_fetch(ORIGIN, FetchResult(200, ROBOTS_TXT), None, RobotsSettings())
+    paths = [f"/page/{i}?q={i}" for i in range(50)] + ["/private/x", "/cgi-bin/a", "/private/open/y"]
+
+    settings_for: Callable[[str], RobotsSettings] = lambda site: RobotsSettings.from_config(config, site)
+    try:  # the gate's own per-site settings cache, when the addon layer has one
+        from etiquette_addons.robots_gate import RobotsGate
+        from etiquette_addons.runtime import Runtime
+
+        gate = RobotsGate(Runtime(config=config))
+        settings_for = getattr(gate, "settings_for", settings_for)
+    except ImportError:
+        pass
+
+    def decide(i: int) -> object:
+        settings = settings_for(SITE)
+        token = product_token(settings.user_agent or UA)
+        verdict = policy.verdict(entry, paths[i % len(paths)], token)
+        if verdict.allowed:
+            policy.crawl_delay(entry, token, settings)
+        return verdict
+    return decide
+
+
+def budget_component(config) -> Callable[[int], object] | str:  # type: ignore[no-untyped-def]
+    try:
+        budgets_mod = importlib.import_module("etiquette_proxy.budgets")
+    except ImportError:
+        return "etiquette_proxy/budgets.py is not on this branch yet"
+    budgets = budgets_mod.Budgets(config)
+
+    def decide(i: int) -> object:
+        budget = budgets.get(SITE)
+        turn = budget.reserve()
+        if turn.action != "go":
+            raise RuntimeError(f"pacing was not out of the way: {turn}")
+        return budget.on_response(turn.ticket, 200, RESPONSE_HEADERS)
+    return decide
+
+
+def store_component(config, directory: str, urls: int) -> Callable[[int], object]:  # type: ignore[no-untyped-def]
+    from etiquette_proxy.store import ValidatorStore
+    from etiquette_proxy.urlkey import normalise
+    from etiquette_proxy.validators import StoredEntry, inject_headers
+
+    store = ValidatorStore(directory, size_limit=2**34)
+    t0 = time.monotonic()
+    for n in range(urls):
+        url = f"http://bench.example/page/{n}?b=2&a=1"
+        entry = StoredEntry.build(normalise(url), REQUEST_HEADERS, RESPONSE_HEADERS, BODY, now=1.8e9)
+        store.put(entry, BODY)
+    print(f"  (store: {urls} entries built in {time.monotonic() - t0:.1f} s)")
+    tracking = config.get("store.tracking_params")
+    rng = random.Random(8)
+    # 90 % hits, 10 % misses, client-form URLs (unsorted query, tracking parameter)
+    targets = [f"http://Bench.example/page/{rng.randrange(urls * 10 // 9)}?a=1&utm_source=x&b=2"
+               for _ in range(4096)]
+
+    def decide(i: int) -> object:
+        key = normalise(targets[i % len(targets)], tracking)
+        return inject_headers(store.get(key), "GET", REQUEST_HEADERS)
+    return decide
+
+
+def runaway_component(config) -> Callable[[int], object] | str:  # type: ignore[no-untyped-def]
+    try:
+        from etiquette_proxy.runaway import RunawayGuard
+    except ImportError:
+        return "etiquette_proxy/runaway.py is not on this branch"
+    guard = RunawayGuard.from_config(config, SITE)
+
+    def decide(i: int) -> object:
+        guard.observe_request(f"/page/{i % 500}?q={i % 7}")
+        return guard.observe_answer(200)
+    return decide
+
+
+def health_component(config) -> Callable[[int], object] | str:  # type: ignore[no-untyped-def]
+    try:
+        from etiquette_proxy.health import HealthBook
+    except ImportError:
+        return "etiquette_proxy/health.py is not on this branch"
+    book = HealthBook.from_config(config)
+
+    def decide(i: int) -> object:
+        return book.site(SITE).observe_response(200, RESPONSE_HEADERS, BODY, len(BODY), 0.012,
+                                                route="/page")
+    return decide
+
+
+def audit_component(directory: str) -> Callable[[int], object]:
+    log = AuditLog(str(Path(directory) / "audit.jsonl"))
+
+    def decide(i: int) -> object:
+        log.write(audit_record(
+            ts=time.time(), outcome="fetched", method="GET", url=f"http://bench.example/page/{i}",
+            site=SITE, status=200, upstream_status=200, waited_s=0.0, rate=100000.0,
+            reason="site answered 200", client_ua=UA, robots="rules", bytes=1024,
+        ))
+        return None
+    return decide
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iterations", type=int, default=20000)
+    ap.add_argument("--max-seconds", type=float, default=10.0, help="per component (default 10)")
+    ap.add_argument("--store-urls", type=int, default=10000, help="entries in the store (default 10000)")
+    args = ap.parse_args()
+    if not 100 <= args.iterations <= 10_000_000 or not 1 <= args.store_urls <= 1_000_000:
+        ap.error("iterations in 100..10M, store-urls in 1..1M")
+    header("decision cost in-process (no network)")
+    config = fast_config()
+    with tempfile.TemporaryDirectory(prefix="etiquette-decide-") as tmp:
+        built: dict[str, Callable[[int], object]] = {}
+        candidates: list[tuple[str, Callable[[], Callable[[int], object] | str]]] = [
+            ("robots", lambda: robots_component(config)),
+            ("budget", lambda: budget_component(config)),
+            ("store", lambda: store_component(config, f"{tmp}/store", args.store_urls)),
+            ("runaway", lambda: runaway_component(config)),
+            ("health", lambda: health_component(config)),
+            ("audit", lambda: audit_component(tmp)),
+        ]
+        for name, make in candidates:
+            made = make()
+            if isinstance(made, str):
+                print(f"  {name:<10} SKIPPED: {made}")
+                continue
+            built[name] = made
+        medians = {}
+        for name, fn in built.items():
+            medians[name] = report(name, measure(fn, args.iterations, args.max_seconds))
+
+        def whole(i: int) -> None:
+            for fn in built.values():
+                fn(i)
+        total = measure(whole, args.iterations, args.max_seconds * 2)
+        print(f"whole decision ({' + '.join(built)}):")
+        med = report("all", total)
+        print(f"  (sum of component medians {sum(medians.values()):.2f} µs)")
+    print("targets:")
+    print(check("per-request core decision < 100 µs median", med < 100, f"{med:.1f} µs"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

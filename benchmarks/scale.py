@@ -1,0 +1,278 @@
+"""Scale: per-site state for 1k -> 10k -> 100k sites, a 1,000,000-URL validator store, and
+audit log write throughput (issue 8, part 3).
+
+sites   Each size runs in a fresh subprocess (so resident memory is that size's alone): every
+        site gets what the proxy keeps per site — a cached robots.txt entry (RobotsGate-style
+        dict of RobotsEntry, plus the policy's parsed-rules cache warmed by one verdict), a
+        budget (etiquette_proxy/budgets.py, skipped if not on this branch), a RunawayGuard and a
+        SiteHealth. Prints RSS after each kind of state, then the per-decision time (robots
+        verdict + budget reserve/on_response) for requests spread over random sites.
+        Targets: 100,000 sites < 200 MB resident; per-decision cost within 2x from 1k to 100k.
+store   Builds a ValidatorStore of --store-urls entries (1 KiB bodies) in a temp dir (or
+        --store-dir, kept and reused), printing progress and the build time, then times
+        normalise + get + inject_headers for random URLs (90 % hits). Prints p50/p99 and the
+        size on disk. Target: lookup p99 < 1 ms at 1,000,000 URLs.
+audit   AuditLog.write of typical records to a temp file: lines/s (with and without
+        building the record).
+
+    python benchmarks/scale.py [sites|store|audit|all] [--store-urls 1000000] [--store-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _harness import check, dir_size_mb, header, percentile, rss_mb  # noqa: E402
+
+SIZES = (1_000, 10_000, 100_000)
+ROBOTS = ("User-agent: *\nDisallow: /private/\nDisallow: /cgi-bin/\nAllow: /private/open/\n\n"
+          "User-agent: badbot\nDisallow: /\n")
+UA_TOKEN = "benchbot"
+
+
+# -- sites ----------------------------------------------------------------------------------------
+
+def sites_child(n: int, decisions: int) -> dict[str, object]:
+    """Runs in its own process: build state for n sites, measure RSS and decision time."""
+    from etiquette_proxy.config import load_config
+    from etiquette_proxy.robots import FetchResult, RobotsPolicy, RobotsSettings
+
+    out: dict[str, object] = {"sites": n}
+    gc.collect()
+    base = rss_mb()
+    out["rss_base_mb"] = round(base, 1)
+    config = load_config("", overrides=["pacing.rate=100000", "pacing.burst=100000", "pacing.max_concurrency=1000"])
+    names = [f"site{i}.example:80" for i in range(n)]
+    origins = [f"http://{s}" for s in names]
+
+    policy = RobotsPolicy()
+    settings = RobotsSettings()
+    entries = {}
+    t0 = time.perf_counter()
+    for i, origin in enumerate(origins):
+        # Every site has its own robots.txt text (real sites differ), so nothing is shared.
+        body = (ROBOTS + f"Disallow: /only-{i}/\n").encode()
+        entries[origin] = policy.after_fetch(origin, FetchResult(200, body), None, settings)
+        policy.verdict(entries[origin], "/page", UA_TOKEN)  # parse once, as the first request does
+    out["robots_build_s"] = round(time.perf_counter() - t0, 2)
+    gc.collect()
+    out["rss_robots_mb"] = round(rss_mb() - base, 1)
+
+    budgets = None
+    try:
+        from etiquette_proxy.budgets import Budgets
+    except ImportError:
+        out["budgets"] = "skipped: etiquette_proxy/budgets.py not on this branch"
+    else:
+        budgets = Budgets(config)
+        before = rss_mb()
+        for s in names:
+            budgets.get(s)
+        gc.collect()
+        out["rss_budgets_mb"] = round(rss_mb() - before, 1)
+
+    extras = {}
+    try:
+        from etiquette_proxy.runaway import RunawayGuard
+        before = rss_mb()
+        extras["runaway"] = {s: RunawayGuard.from_config(config, s) for s in names}
+        gc.collect()
+        out["rss_runaway_mb"] = round(rss_mb() - before, 1)
+    except ImportError:
+        out["runaway"] = "skipped"
+    try:
+        from etiquette_proxy.health import HealthBook
+        before = rss_mb()
+        book = HealthBook.from_config(config)
+        for s in names:
+            book.site(s)
+        extras["health"] = book
+        gc.collect()
+        out["rss_health_mb"] = round(rss_mb() - before, 1)
+    except ImportError:
+        out["health"] = "skipped"
+    out["rss_total_mb"] = round(rss_mb(), 1)
+
+    rng = random.Random(n)
+    picks = [rng.randrange(n) for _ in range(decisions)]
+    paths = ["/page/1", "/private/x", "/a/b?c=d", "/private/open/z"]
+    times = []
+    clock = time.perf_counter_ns
+    deadline = time.monotonic() + 20
+    for k, i in enumerate(picks):
+        t = clock()
+        verdict = policy.verdict(entries[origins[i]], paths[k % 4], UA_TOKEN)
+        if budgets is not None and verdict.allowed:
+            budget = budgets.get(names[i])
+            turn = budget.reserve()
+            budget.on_response(turn.ticket, 200, {})
+        times.append((clock() - t) / 1000)
+        if not k % 1000 and time.monotonic() > deadline:
+            break
+    times.sort()
+    out["decision_p50_us"] = round(percentile(times, 50), 2)
+    out["decision_p99_us"] = round(percentile(times, 99), 2)
+    out["decisions"] = len(times)
+    return out
+
+
+def run_sites(decisions: int) -> bool:
+    print("\n-- per-site state: 1k -> 10k -> 100k sites (one fresh process per size)")
+    results = []
+    for n in SIZES:
+        cmd = [sys.executable, __file__, "_sites_child", str(n), str(decisions)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            print(f"  {n} sites: FAILED\n{proc.stderr[-2000:]}")
+            return False
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        results.append(r)
+        parts = ", ".join(f"{k[4:-3]} +{v} MB" for k, v in r.items() if k.startswith("rss_") and k not in ("rss_total_mb", "rss_base_mb"))
+        skipped = "; ".join(f"{k} {v}" for k, v in r.items() if isinstance(v, str))
+        print(f"  {n:>7} sites: RSS {r['rss_total_mb']} MB (interpreter + imports {r['rss_base_mb']} MB; {parts})"
+              f"{'; ' + skipped if skipped else ''}")
+        print(f"          decision (robots verdict{' + budget' if 'rss_budgets_mb' in r else ''}) "
+              f"p50 {r['decision_p50_us']} µs, p99 {r['decision_p99_us']} µs over {r['decisions']} random sites; "
+              f"robots entries built in {r['robots_build_s']} s")
+        sys.stdout.flush()
+    big, small = results[-1], results[0]
+    growth = float(big["decision_p50_us"]) / float(small["decision_p50_us"])  # type: ignore[arg-type]
+    print("targets:")
+    print(check("100,000 sites < 200 MB resident", float(big["rss_total_mb"]) < 200, f"{big['rss_total_mb']} MB"))  # type: ignore[arg-type]
+    print(check("per-decision cost within 2x from 1k to 100k sites", growth <= 2.0,
+                f"p50 {small['decision_p50_us']} -> {big['decision_p50_us']} µs ({growth:.2f}x)"))
+    return True
+
+
+# -- store ----------------------------------------------------------------------------------------
+
+def run_store(urls: int, store_dir: str | None, lookups: int) -> None:
+    from etiquette_proxy.store import ValidatorStore
+    from etiquette_proxy.urlkey import normalise
+    from etiquette_proxy.validators import StoredEntry, inject_headers
+
+    print(f"\n-- validator store of {urls:,} URLs")
+    tmp = None
+    if store_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="etiquette-store-")
+        store_dir = tmp.name
+    body = b"<!doctype html><title>bench</title>" + b"x" * 990
+    req = [("User-Agent", "benchbot/1.0"), ("Accept", "*/*")]
+    resp = {"Content-Type": "text/html", "ETag": '"v1"', "Last-Modified": "Mon, 30 Nov 2026 00:00:00 GMT"}
+
+    def url(n: int) -> str:
+        return f"https://site{n % 1000}.example/articles/{n}?page=2&lang=en"
+
+    try:
+        store = ValidatorStore(store_dir, size_limit=2**36)
+        have = sum(1 for _ in store._cache.iterkeys() if isinstance(_, str) and _.startswith("e|")) if store_dir and not tmp else 0  # noqa: SLF001
+        if have >= urls:
+            print(f"  reusing {have:,} entries in {store_dir}")
+        else:
+            t0 = time.monotonic()
+            batch = 2000
+            # Puts go through ValidatorStore.put; batching them in one diskcache transaction per
+            # 2,000 only saves a commit per put (the build is setup, not what is measured).
+            for start in range(have, urls, batch):
+                with store._cache.transact():  # noqa: SLF001
+                    for n in range(start, min(urls, start + batch)):
+                        key = normalise(url(n))
+                        store.put(StoredEntry.build(key, req, resp, body, now=1.8e9), body)
+                done = min(urls, start + batch)
+                if done % 100_000 == 0 or done == urls:
+                    el = time.monotonic() - t0
+                    print(f"  built {done:,} entries in {el:.0f} s ({(done - have) / el:.0f}/s)")
+                    sys.stdout.flush()
+            print(f"  build time: {time.monotonic() - t0:.0f} s")
+        store.close()
+        store = ValidatorStore(store_dir, size_limit=2**36)  # reopen: a cold process, warm OS cache
+        print(f"  size on disk: {dir_size_mb(Path(store_dir)):.0f} MB ({urls:,} entries with 1 KiB bodies)")
+        rng = random.Random(1)
+        targets = [url(rng.randrange(urls * 10 // 9)) for _ in range(lookups)]
+        times = []
+        hits = 0
+        clock = time.perf_counter_ns
+        deadline = time.monotonic() + 60
+        for k, target in enumerate(targets):
+            t = clock()
+            entry = store.get(normalise(target))
+            inject_headers(entry, "GET", req)
+            times.append((clock() - t) / 1000)
+            hits += entry is not None
+            if not k % 1000 and time.monotonic() > deadline:
+                break
+        times.sort()
+        p50, p99 = percentile(times, 50), percentile(times, 99)
+        print(f"  lookup (normalise + get + inject_headers): p50 {p50:.1f} µs, p99 {p99:.1f} µs, "
+              f"max {times[-1]:.0f} µs over {len(times):,} random URLs ({hits:,} hits)")
+        store.close()
+        print("targets:")
+        print(check(f"store lookup p99 < 1 ms at {urls:,} URLs", p99 < 1000, f"{p99:.0f} µs"))
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+# -- audit ----------------------------------------------------------------------------------------
+
+def run_audit(lines: int) -> None:
+    from etiquette_proxy.audit import AuditLog, audit_record
+
+    print(f"\n-- audit log write throughput ({lines:,} lines)")
+    with tempfile.TemporaryDirectory(prefix="etiquette-audit-") as tmp:
+        log = AuditLog(f"{tmp}/audit.jsonl")
+        fields = dict(outcome="fetched", method="GET", site="site1.example:443", status=200,
+                      upstream_status=200, waited_s=0.25, rate=2.0, reason="site answered 200",
+                      client_ua="Mozilla/5.0 (compatible; BenchBot/1.0)", robots="rules", bytes=1024)
+        record = audit_record(ts=time.time(), url="https://site1.example/page/1", **fields)  # type: ignore[arg-type]
+        t0 = time.perf_counter()
+        for _ in range(lines):
+            log.write(record)
+        written = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for i in range(lines):
+            log.write(audit_record(ts=time.time(), url=f"https://site1.example/page/{i}", **fields))  # type: ignore[arg-type]
+        built = time.perf_counter() - t0
+        log.close()
+        size = Path(f"{tmp}/audit.jsonl").stat().st_size
+        print(f"  write only: {lines / written:,.0f} lines/s; build + write: {lines / built:,.0f} lines/s "
+              f"({size / (2 * lines):.0f} bytes/line, one os.write each, no fsync until close)")
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "_sites_child":
+        print(json.dumps(sites_child(int(sys.argv[2]), int(sys.argv[3]))))
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", nargs="?", choices=("sites", "store", "audit", "all"), default="all")
+    ap.add_argument("--store-urls", type=int, default=1_000_000)
+    ap.add_argument("--store-dir", help="build the store here and keep it (reused on the next run)")
+    ap.add_argument("--lookups", type=int, default=50_000)
+    ap.add_argument("--decisions", type=int, default=50_000)
+    ap.add_argument("--audit-lines", type=int, default=200_000)
+    args = ap.parse_args()
+    if not 1 <= args.store_urls <= 5_000_000 or not 100 <= args.lookups <= 1_000_000:
+        ap.error("store-urls in 1..5M, lookups in 100..1M")
+    header("scale: sites, validator store, audit log")
+    if args.what in ("sites", "all"):
+        run_sites(args.decisions)
+    if args.what in ("audit", "all"):
+        run_audit(args.audit_lines)
+    if args.what in ("store", "all"):
+        run_store(args.store_urls, args.store_dir, args.lookups)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""The live site board behind the dashboard (SPEC §11): audit records in, a snapshot out.
+
+The board is fed every audit record the proxy writes (one call per decision) and keeps small
+per-site tallies plus a ring buffer of recent decisions; nothing here does I/O. Live fields
+that only a feature knows (rate, ceiling, pause, breaker, robots.txt, health, traps) come from
+*status providers*: callables `provider(site) -> dict` that each feature registers. Their
+fields are merged into the site's `live` dict in registration order (later ones win), so a
+feature that lands later shows up on the dashboard without touching this module.
+
+Field names the dashboard knows how to draw (anything else is shown as `key: value`):
+
+- `rate`, `ceiling` (requests/s), `paused_s` (pause time left), `pause_reason`,
+  `breaker_open` (bool), `breaker_s` (time left), `held`, `in_flight`
+- `health`: {"score", "band", "reasons"}; `health_history`: [[epoch_s, score], ...]
+- `robots`: [{"origin", "status", "note", "age_s", "stale", "expires_in_s"}]
+- `traps`: [{"path", "param", "distinct"}], `retired` (bool)
+- `restraints`: ["source: reason", ...] (what features asked of pacing, runtime.restraints)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from etiquette_proxy.clock import Clock, wall
+
+log = logging.getLogger(__name__)
+
+StatusProvider = Callable[[str], Mapping[str, Any]]
+
+# Outcomes whose `bytes` the site did not send: the proxy answered from what it had stored.
+SAVED_BY_STORE = ("revalidated", "served-stored")
+RECENT_KEYS = ("ts", "site", "outcome", "status", "method", "url", "reason", "waited_s", "would")
+
+
+def health_score(value: Any) -> float | None:
+    """The score from an audit line's `health` key: a number, or a dict with `score`."""
+    if isinstance(value, Mapping):
+        value = value.get("score")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def epoch_of(ts: Any) -> float | None:
+    """Epoch seconds from an audit `ts` (RFC 3339, `Z`), or None when it is not one."""
+    if not isinstance(ts, str):
+        return None
+    try:
+        return datetime.fromisoformat(ts).timestamp()  # 3.11 reads the Z
+    except ValueError:
+        return None
+
+
+@dataclass
+class SiteTally:
+    """What the audit log said about one site since the proxy started."""
+
+    outcomes: Counter[str] = field(default_factory=Counter)
+    would: Counter[str] = field(default_factory=Counter)  # observe mode: what enforce would do
+    requests: int = 0  # client decisions (the proxy's own robots.txt fetches not included)
+    robots_fetches: int = 0
+    bytes_sent: int = 0  # body bytes the site sent us (forwarded answers)
+    saved_revalidation: int = 0  # body bytes answered from the store instead of the site
+    saved_trimming: int = 0  # header bytes dropped from refusals
+    received_429: int = 0
+    last_ts: str = ""
+    last_rate: float | None = None
+    health: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=240))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "outcomes": dict(self.outcomes),
+            "would": dict(self.would),
+            "robots_fetches": self.robots_fetches,
+            "robots_refusals": self.outcomes.get("disallowed", 0),
+            "received_429": self.received_429,
+            "bytes_sent": self.bytes_sent,
+            "saved": {"revalidation": self.saved_revalidation, "trimming": self.saved_trimming},
+            "last_ts": self.last_ts,
+            "last_rate": self.last_rate,
+        }
+
+
+class SiteBoard:
+    """Per-site tallies and recent decisions, fed one audit record at a time."""
+
+    def __init__(self, recent: int = 50, clock: Clock = wall):
+        if recent < 1:
+            raise ValueError(f"recent ({recent!r}) must be >= 1")
+        self._clock = clock
+        self.started = clock()
+        self.sites: dict[str, SiteTally] = {}
+        self.recent: deque[dict[str, Any]] = deque(maxlen=recent)
+        self.records = 0
+
+    def add(self, record: Mapping[str, Any]) -> None:
+        """Count one audit record (never raises on odd values: the board is best effort)."""
+        site = record.get("site")
+        if not isinstance(site, str) or not site:
+            return
+        self.records += 1
+        tally = self.sites.get(site)
+        if tally is None:
+            tally = self.sites[site] = SiteTally()
+        outcome = str(record.get("outcome", ""))
+        tally.last_ts = str(record.get("ts", "")) or tally.last_ts
+        rate = record.get("rate")
+        if isinstance(rate, (int, float)):
+            tally.last_rate = float(rate)
+        upstream = record.get("upstream_status")
+        if upstream == 429 or (outcome == "throttled" and upstream is not None):
+            tally.received_429 += 1
+        size = _int(record.get("bytes"))
+        if record.get("robots_fetch"):
+            tally.robots_fetches += 1
+            tally.bytes_sent += size
+            return
+        tally.requests += 1
+        tally.outcomes[outcome] += 1
+        if record.get("would"):
+            tally.would[str(record["would"])] += 1
+        if outcome in SAVED_BY_STORE:
+            tally.saved_revalidation += size
+        elif upstream is not None:
+            tally.bytes_sent += size
+        before, after = record.get("header_bytes"), record.get("header_bytes_sent")
+        if isinstance(before, int) and isinstance(after, int) and before > after:
+            tally.saved_trimming += before - after
+        score = health_score(record.get("health"))
+        if score is not None:
+            at = epoch_of(record.get("ts")) or self._clock()
+            tally.health.append((at, score))
+        self.recent.append({k: record.get(k) for k in RECENT_KEYS if record.get(k) is not None})
+
+    def snapshot(self, providers: Iterable[StatusProvider] = ()) -> dict[str, Any]:
+        """Everything the dashboard shows, JSON-able: sites (tallies + live fields), recent."""
+        providers = list(providers)
+        sites = []
+        for site in sorted(self.sites):
+            tally = self.sites[site]
+            entry = tally.as_dict()
+            entry["site"] = site
+            entry["health_history"] = [[round(t, 3), s] for t, s in tally.health]
+            live: dict[str, Any] = {}
+            for provider in providers:
+                try:
+                    live.update(provider(site) or {})
+                except Exception:  # noqa: BLE001 - one broken feature must not blank the board
+                    log.exception("status provider %r failed for %s", provider, site)
+            if "health_history" in live:  # the health feature keeps the long history itself
+                entry["health_history"] = live.pop("health_history")
+            entry["live"] = live
+            sites.append(entry)
+        return {
+            "generated_at": self._clock(),
+            "started_at": self.started,
+            "records": self.records,
+            "sites": sites,
+            "recent": list(reversed(self.recent)),
+        }
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+

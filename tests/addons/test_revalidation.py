@@ -1,0 +1,200 @@
+"""Revalidation and gone-memory hooks on hand-made flows: the paths a real site rarely takes."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mitmproxy import http
+from mitmproxy.test import tflow, tutils
+
+from etiquette_proxy.config import load_config_file
+from etiquette_proxy.gone import NAMESPACE as GONE
+from etiquette_proxy.revisit import NAMESPACE as REVISIT
+from etiquette_proxy.store import ValidatorStore
+from etiquette_proxy.validators import StoredEntry
+
+from etiquette_addons import revalidation as reval_module
+from etiquette_addons.gone_memory import GoneMemory
+from etiquette_addons.notes import notes_of
+from etiquette_addons.revalidation import Revalidation, decoded_for_fingerprint
+from etiquette_addons.runtime import Runtime
+from etiquette_addons.side_fetch import SideResponse
+
+URL = "http://site.test/page"
+BODY = b"<html>the stored page</html>"
+
+
+@pytest.fixture
+def rt(tmp_path: Path) -> Iterator[Runtime]:
+    runtime = Runtime(config=load_config_file(None, []))
+    runtime.store = ValidatorStore(tmp_path / "store", size_limit=64 * 1024**2, max_body=1024**2)
+    yield runtime
+    runtime.store.close()
+
+
+def flow(method: str = "GET", headers: list[tuple[bytes, bytes]] | None = None) -> http.HTTPFlow:
+    req = tutils.treq(host="site.test", port=80, method=method.encode(), path=b"/page",
+                      headers=http.Headers(headers or [(b"host", b"site.test")]), content=b"")
+    return tflow.tflow(req=req)
+
+
+def respond(f: http.HTTPFlow, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
+    f.response = http.Response.make(status, b"", headers or {})
+    f.response.raw_content = body
+    if status != 304:
+        f.response.headers["Content-Length"] = str(len(body))
+
+
+def stored(rt: Runtime, etag: str | None = '"v1"', body: bytes = BODY, **extra: str) -> StoredEntry:
+    headers = {"Content-Type": "text/html", **extra}
+    if etag is not None:
+        headers["ETag"] = etag
+    entry = StoredEntry.build(URL, [], headers, body, 1_800_000_000.0)
+    assert rt.store is not None and rt.store.put(entry, body)
+    return entry
+
+
+def run(coro) -> None:  # type: ignore[no-untyped-def]
+    asyncio.run(coro)
+
+
+def test_a_validator_with_cr_lf_is_never_injected(rt: Runtime) -> None:
+    stored(rt, etag='"v1"\r\nX-Evil: 1')
+    f = flow()
+    run(Revalidation(rt).request(f))
+    assert "if-none-match" not in f.request.headers and "x-evil" not in f.request.headers
+    assert "injected" not in notes_of(f).extra
+
+
+def test_body_gone_between_injection_and_304_is_still_answered_200(rt: Runtime) -> None:
+    stored(rt)
+    addon, f = Revalidation(rt), flow()
+    run(addon.request(f))
+    assert f.request.headers["if-none-match"] == '"v1"'
+    assert rt.store is not None
+    rt.store.forget(URL)  # evicted while the request was out
+    respond(f, 304, headers={"ETag": '"v1"'})
+    run(addon.response(f))
+    assert f.response is not None and f.response.status_code == 200
+    assert f.response.raw_content == BODY and f.response.headers["content-length"] == str(len(BODY))
+    assert notes_of(f).outcome == "revalidated"
+    assert rt.store.get(URL) is None  # not written back: the store no longer holds that body
+
+
+def test_no_injection_when_the_stored_body_is_missing(rt: Runtime, caplog) -> None:  # type: ignore[no-untyped-def]
+    entry = stored(rt)
+    assert rt.store is not None
+    rt.store._cache.set(f"b|{URL}", b"something else entirely")  # damaged or replaced body
+    f = flow()
+    with caplog.at_level(logging.INFO):
+        run(Revalidation(rt).request(f))
+    assert "if-none-match" not in f.request.headers
+    assert rt.store.body(entry) is None
+    assert "not served" in caplog.text
+
+
+def test_304_naming_another_etag_is_fetched_again_without_validators(rt: Runtime, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    stored(rt)
+    sent: list[dict[str, str]] = []
+
+    async def fake_fetch(url: str, **kw):  # type: ignore[no-untyped-def]
+        sent.append(kw["headers"])
+        return SideResponse(200, [("ETag", '"v2"'), ("Content-Type", "text/html")], b"<html>v2</html>")
+
+    monkeypatch.setattr(reval_module, "fetch", fake_fetch)
+    addon, f = Revalidation(rt), flow()
+    run(addon.request(f))
+    respond(f, 304, headers={"ETag": '"other"'})
+    run(addon.response(f))
+    assert f.response is not None and f.response.status_code == 200
+    assert f.response.raw_content == b"<html>v2</html>"
+    assert sent and "If-None-Match" not in sent[0] and "if-none-match" not in sent[0]
+    assert rt.store is not None and rt.store.get(URL).etag == '"v2"'  # type: ignore[union-attr]
+    assert "fetched again without validators" in notes_of(f).reason
+
+
+def test_a_200_is_stored_fingerprinted_and_scheduled(rt: Runtime) -> None:
+    addon = Revalidation(rt)
+    for n, page in enumerate((b"<p>generated at 12:00:01</p>", b"<p>generated at 12:07:44</p>",
+                              b"<p>different</p>")):
+        f = flow()
+        run(addon.request(f))
+        respond(f, 200, page, {"ETag": f'"{n}"'})
+        run(addon.response(f))
+        changed = notes_of(f).extra.get("changed")
+        assert changed is (None, False, True)[n]  # a timestamp alone is no change (seed 004)
+    assert rt.store is not None
+    assert rt.store.get_record(REVISIT, URL)["fetches"] == 3  # type: ignore[index]
+
+
+def test_big_bodies_are_fingerprinted_off_the_event_loop(rt: Runtime, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    threaded: list[object] = []
+    real = asyncio.to_thread
+
+    async def spy(func, *args):  # type: ignore[no-untyped-def]
+        threaded.append(func)
+        return await real(func, *args)
+
+    monkeypatch.setattr(reval_module.asyncio, "to_thread", spy)
+    addon, f = Revalidation(rt), flow()
+    run(addon.request(f))
+    respond(f, 200, b"x" * (reval_module.THREAD_ABOVE + 1), {"ETag": '"big"'})
+    run(addon.response(f))
+    assert threaded and rt.store is not None and rt.store.get(URL) is not None
+
+
+def test_gzip_bodies_are_fingerprinted_decoded_and_bombs_are_bounded() -> None:
+    page = b"<p>hello</p>" * 10
+    assert decoded_for_fingerprint(gzip.compress(page), "gzip", 10_000) == page
+    assert decoded_for_fingerprint(gzip.compress(b"\0" * 100_000), "gzip", 10_000) is None
+    assert decoded_for_fingerprint(b"not gzip", "gzip", 10_000) is None
+    assert decoded_for_fingerprint(page, None, 10_000) == page
+    assert decoded_for_fingerprint(page, "br", 10_000) is None
+
+
+def test_observe_mode_records_would_revalidated_and_sends_nothing(rt: Runtime) -> None:
+    rt.config = load_config_file(None, ["mode=observe"])
+    stored(rt)
+    addon, f = Revalidation(rt), flow()
+    run(addon.request(f))
+    assert "if-none-match" not in f.request.headers
+    respond(f, 200, BODY, {"ETag": '"v1"'})
+    run(addon.response(f))
+    assert notes_of(f).would == "revalidated" and f.response is not None
+    assert f.response.status_code == 200
+
+
+def test_gone_record_cleared_by_a_2xx_and_set_by_404(rt: Runtime) -> None:
+    gone, f = GoneMemory(rt), flow()
+    gone.request(f)
+    respond(f, 404)
+    gone.response(f)
+    assert rt.store is not None and rt.store.get_record(GONE, URL)["status"] == 404  # type: ignore[index]
+    f2 = flow()
+    gone.request(f2)
+    assert f2.response is not None and f2.response.status_code == 404
+    assert notes_of(f2).outcome == "gone"
+    f3 = flow("POST")  # other methods are not answered from gone memory
+    gone.request(f3)
+    assert f3.response is None
+    rt.store.put_record(GONE, URL, {"status": 404, "since": 1.0})  # long expired
+    f4 = flow()
+    gone.request(f4)
+    assert f4.response is None
+    respond(f4, 200, b"back")
+    gone.response(f4)
+    assert rt.store.get_record(GONE, URL) is None
+
+
+def test_a_corrupt_gone_record_is_dropped_not_trusted(rt: Runtime, caplog) -> None:  # type: ignore[no-untyped-def]
+    assert rt.store is not None
+    rt.store.put_record(GONE, URL, {"status": 200, "since": "yesterday"})
+    f = flow()
+    with caplog.at_level(logging.WARNING):
+        GoneMemory(rt).request(f)
+    assert f.response is None and "dropping corrupt store row" in caplog.text

@@ -1,0 +1,24 @@
+"""Runtime.record: the one point every audit line passes, feeding the dashboard's board."""
+
+from __future__ import annotations
+
+import json
+
+from etiquette_addons.runtime import Runtime
+
+from etiquette_proxy.audit import AuditLog
+
+
+def test_record_writes_the_line_then_feeds_every_listener_even_past_a_broken_one(tmp_path):
+    rt = Runtime()
+    rt.audit = AuditLog(str(tmp_path / "audit.jsonl"))
+    seen: list[dict] = []
+
+    def broken(record):
+        raise RuntimeError("listener bug")
+
+    rt.listeners += [broken, seen.append]
+    rt.record({"site": "a:1", "outcome": "fetched"})
+    rt.audit.close()
+    assert seen == [{"site": "a:1", "outcome": "fetched"}]
+    assert json.loads((tmp_path / "audit.jsonl").read_text()) == {"site": "a:1", "outcome": "fetched"}

@@ -1,0 +1,20 @@
+"""The benchmark scripts still run against the current core (tiny sizes; no timing asserted)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_decisions_benchmark_runs_at_tiny_size() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "decisions.py"), "--iterations", "200", "--store-urls", "20",
+         "--max-seconds", "2"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "whole decision" in proc.stdout
+    assert "per-request core decision" in proc.stdout
