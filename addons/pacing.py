@@ -29,15 +29,14 @@ import math
 import time
 from typing import Any
 
-from mitmproxy import connection, http
-
-from etiquette_proxy.budget import SiteBudget, ThrottleDecision, Turn
-from etiquette_proxy.budgets import Budgets
-
 from etiquette_addons.notes import FlowNotes, notes_of, skip
 from etiquette_addons.runtime import Runtime
 from etiquette_addons.side_fetch import SideFetchError
 from etiquette_addons.trail import answer_locally, fail_closed
+from mitmproxy import connection, http
+
+from etiquette_proxy.budget import SiteBudget, ThrottleDecision, Turn
+from etiquette_proxy.budgets import Budgets
 
 log = logging.getLogger(__name__)
 
@@ -204,6 +203,8 @@ class Pacing:
                 notes.waited_s = turn.waited_s
                 answer_locally(flow, 503, "paused", "proxy stopping; not sent to the site",
                                max(1, math.ceil(turn.wait_s)))
+                assert flow.response is not None
+                flow.response.headers["Connection"] = "close"  # no keep-alive into a shutdown
                 return
             if gone.is_set() or not _connected(flow.client_conn):
                 self._drop(flow, notes, budget, turn)
@@ -289,7 +290,7 @@ class Pacing:
         for note in decision.notes:
             log.warning("%s: %s", notes.site, note)
         if decision.notes:
-            notes.extra["ignored"] = "; ".join(decision.notes)
+            notes.extra["header_notes"] = "; ".join(decision.notes)
         if decision.throttled:
             notes.outcome = "throttled"  # the site's own 429/503 passes through to the client
             notes.reason = decision.reason
