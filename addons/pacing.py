@@ -189,11 +189,11 @@ class Pacing:
             answer_locally(flow, 503, "paused", paused, PAUSED_RETRY_S)
             return
         turn = budget.reserve()
-        if turn.action == "go":
-            notes.facts[TICKET] = turn.ticket
-            return
         if self.rt.observe:
             self._observe(flow, notes, budget, turn, paused)
+            return
+        if turn.action == "go":
+            notes.facts[TICKET] = turn.ticket
             return
         gone = self._gone_event(flow.client_conn)
         while turn.action == "wait":
@@ -238,7 +238,7 @@ class Pacing:
             notes.extra["would_wait_s"] = round(turn.wait_s, 3)
             if turn.reason:
                 notes.extra.setdefault("would_reason", turn.reason)
-        started = budget.admit(turn.ticket, force=True) if turn.action != "refuse" else turn
+        started = budget.admit(turn.ticket, force=True) if turn.action == "wait" else turn
         if started.action == "go":
             notes.facts[TICKET] = started.ticket
 
