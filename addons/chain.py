@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from etiquette_addons.dashboard import Dashboard
+from etiquette_addons.pacing import Pacing
 from etiquette_addons.refusals import RefusalTrimmer
 from etiquette_addons.gone_memory import GoneMemory
 from etiquette_addons.health import HealthWatch
@@ -100,7 +101,8 @@ def build_chain(runtime: Runtime | None = None) -> list[Any]:
 
 def members(rt: Runtime) -> list[Any]:
     """Every etiquette addon, sharing one runtime; order matters (see each hook)."""
-    robots = RobotsGate(rt)
+    robots, pacing = RobotsGate(rt), Pacing(rt)
+    robots.before_fetch = pacing.before_robots_fetch  # SPEC §4: robots.txt counts against the budget
     return [
         Settings(rt),  # options, config, state, audit log; starts each flow's notes
         Dashboard(rt),  # http://etiquette.proxy/ answered here, before any gate sees it
@@ -108,6 +110,7 @@ def members(rt: Runtime) -> list[Any]:
         GoneMemory(rt),  # 404/410 remembered: answered locally before any validator work
         Revalidation(rt),  # served-stored, validator injection; 304 -> stored 200 in response
         RunawayWatch(rt),  # SPEC §7: URL-space traps (requests going upstream), retired sites
+        pacing,  # SPEC §5: hold for the site's turn (request), learn from its answer (responseheaders)
         RefusalTrimmer(rt),  # SPEC §7: page-only headers off refusals (responseheaders)
         HealthWatch(rt, robots=robots),  # SPEC §8: last request hook (the request leaves now)
         Trail(rt),  # decision header and audit line: last, after every decision is made

@@ -163,9 +163,9 @@ class RobotsGate:
     async def _fetch(self, origin: str, site: str, ua: str, settings: RobotsSettings) -> FetchResult:
         url = f"{origin}/robots.txt"
         for hop in range(settings.max_redirects + 1):
-            if self.before_fetch is not None:
-                await self.before_fetch(site)
             try:
+                if self.before_fetch is not None:
+                    await self.before_fetch(site)  # may raise SideFetchError: not sent (paused)
                 response = await fetch(url, path=self.rt.upstream, headers={"User-Agent": ua},
                                        timeout=settings.timeout, max_bytes=settings.max_bytes + 1)
             except SideFetchError as e:

@@ -167,6 +167,7 @@ class SiteBudget:
         self._hint_rate: float | None = None
         self._hint_until = -math.inf
         # in-process only
+        self._restraint = (1.0, math.inf, 1.0)  # other features' say: rate factor, cap, concurrency
         self._tokens = float(s.burst)
         self._tokens_at = clock()
         self._queue: OrderedDict[int, float] = OrderedDict()  # ticket -> arrival, in arrival order
@@ -200,6 +201,17 @@ class SiteBudget:
         now = self._clock()
         return max(0.0, max(self._paused_until, self._breaker_until) - now)
 
+    def pause_reason(self) -> str:
+        """Why the site is paused (the Retry-After, backoff or breaker that set it); "" if not."""
+        now = self._clock()
+        if now < self._breaker_until:
+            return self._breaker_reason
+        return self._pause_reason if now < self._paused_until else ""
+
+    def breaker_for_s(self) -> float:
+        """Seconds left before the breaker closes; 0 when it is closed."""
+        return max(0.0, self._breaker_until - self._clock())
+
     def is_breaker_open(self) -> bool:
         """True while the breaker leaves the site alone (SPEC §5: 5 x 429 in 60 s)."""
         return self._clock() < self._breaker_until
@@ -211,6 +223,39 @@ class SiteBudget:
     def in_flight(self) -> int:
         """Requests started and not yet answered."""
         return len(self._in_flight)
+
+    def max_concurrency(self) -> int:
+        """Requests allowed in flight at once now (`pacing.max_concurrency`, restrained)."""
+        return max(1, math.floor(self.settings.max_concurrency * self._restraint[2] + _EPS))
+
+    # -- other features' restraints ----------------------------------------------------------
+
+    def restrain(self, rate_factor: float = 1.0, rate_cap: float | None = None,
+                 concurrency_factor: float = 1.0) -> bool:
+        """What other features ask (robots.txt delay, health, runaway): True when it changed.
+
+        The rate requests go out at is the budget's own rate (configured, or lowered by 429s and
+        RateLimit fields) times `rate_factor`, capped at `rate_cap`; the concurrency cap is
+        `pacing.max_concurrency` times `concurrency_factor`, at least 1. Restraints only ever
+        lower: factors must be in (0, 1], a cap > 0. They are not persisted: each feature
+        restates its own on the next request.
+        """
+        for name, value in (("rate_factor", rate_factor), ("concurrency_factor", concurrency_factor)):
+            if not (_finite(value) and 0 < value <= 1):
+                raise ValueError(f"{name} ({value!r}) must be a number in (0, 1]")
+        if rate_cap is not None and not (_finite(rate_cap) and rate_cap > 0):
+            raise ValueError(f"rate_cap ({rate_cap!r}) must be a finite number > 0")
+        restraint = (float(rate_factor), math.inf if rate_cap is None else float(rate_cap),
+                     float(concurrency_factor))
+        if restraint == self._restraint:
+            return False
+        now = self._clock()
+        self._settle(now)
+        self._bank(now)  # tokens earned at the old rate stay earned
+        self._restraint = restraint
+        self._tokens = min(self._tokens, float(self._burst()))
+        self._plan = None
+        return True
 
     # -- scheduling --------------------------------------------------------------------------
 
@@ -253,13 +298,13 @@ class SiteBudget:
                                  self._hold_text(start, arrival, now))
         if head and start > now + _EPS:
             return self._wait(ticket, arrival, now, start - now)
-        if head and len(self._in_flight) < self.settings.max_concurrency:
+        if head and len(self._in_flight) < self.max_concurrency():
             return self._start(ticket, arrival, now)
         if now >= deadline - _EPS:
             # Its turn came but the line (or the concurrency cap) still holds it: held too long.
             s = self.settings
             return self._refusal(ticket, arrival, now, 1.0, (
-                f"held {now - arrival:.0f}s at pacing.max_concurrency {s.max_concurrency}"
+                f"held {now - arrival:.0f}s at pacing.max_concurrency {self.max_concurrency()}"
                 f" > pacing.max_hold {s.max_hold:g}s"))
         # Only the head may start, and only into a free slot; a start or a release wakes it.
         return self._wait(ticket, arrival, now, deadline - now)
@@ -479,13 +524,19 @@ class SiteBudget:
 
     def _effective_rate(self, now: float) -> float:
         if self._hint_rate is not None and now < self._hint_until:
-            return min(self._rate, self._hint_rate)
-        return self._rate
+            return self._restrained(min(self._rate, self._hint_rate))
+        return self._restrained(self._rate)
+
+    def _restrained(self, rate: float) -> float:
+        """`rate` as other features' restraints leave it (factor first, then the cap)."""
+        factor, cap, _ = self._restraint
+        return min(rate * factor, cap)
 
     def _burst(self) -> int:
         # Bursts are what windowed limits punish: none while the site's limit is known (a ceiling
-        # from a 429) or robots.txt asks for a delay between requests.
-        if self._ceiling is not None or self._robots_rate is not None:
+        # from a 429), robots.txt asks for a delay between requests, or a restraint caps the
+        # rate (a crawl-delay or a retired site: a cap is a spacing, not an average).
+        if self._ceiling is not None or self._robots_rate is not None or self._restraint[1] < math.inf:
             return 1
         return self.settings.burst
 
@@ -524,8 +575,8 @@ class SiteBudget:
         slow = 0.0
         if self._hint_rate is not None and t < self._hint_until:
             slow = min(later, self._hint_until) - t
-            k += slow * min(self._rate, self._hint_rate)
-        k += (later - t - slow) * self._rate
+            k += slow * self._restrained(min(self._rate, self._hint_rate))
+        k += (later - t - slow) * self._restrained(self._rate)
         return min(float(self._burst()), k)
 
     def _token_time(self, t: float, k: float) -> float:
@@ -533,13 +584,13 @@ class SiteBudget:
         if k >= 1.0 - _EPS:
             return t
         if self._hint_rate is not None and t < self._hint_until:
-            slow_rate = min(self._rate, self._hint_rate)
+            slow_rate = self._restrained(min(self._rate, self._hint_rate))
             ready = t + (1.0 - k) / slow_rate
             if ready <= self._hint_until:
                 return ready
             k += (self._hint_until - t) * slow_rate
             t = self._hint_until
-        return t + (1.0 - k) / self._rate
+        return t + (1.0 - k) / self._restrained(self._rate)
 
     def _next_start(self, after: float, t: float, k: float) -> tuple[float, float]:
         """(start, tokens left) for the next request that may not start before `after`."""

@@ -23,6 +23,11 @@ _SCRUB = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY",
           "NO_PROXY", "no_proxy", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
 
 
+# Pacing (SPEC §5) applies to every request: 1/s, burst 1 by default. Tests whose subject is not
+# pacing run with this, so a hundred requests to one local site do not take a hundred seconds.
+FAST_PACING = ["pacing.rate=1000", "pacing.burst=100", "pacing.max_concurrency=16"]
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
     env.update(extra)

@@ -8,11 +8,13 @@ arrival time and headers, so a test can prove what did and did not reach the sit
 from __future__ import annotations
 
 import datetime
+import math
 import socket
 import ssl
 import struct
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -147,6 +149,45 @@ class Site:
                 handler.wfile.write(answer.body)
         except OSError:
             handler.close_connection = True
+
+
+class WindowedLimit:
+    """Seed 001's site: 429 + Retry-After to a client faster than `limit` requests within the
+    last `window` seconds (every request counts, refused ones and robots.txt included), and the
+    pause windows it asked for. With `fields`, every answer also says where the client stands:
+    `RateLimit-Policy: "default";q=2;w=1` and `RateLimit: "default";r=<left>;t=<s until a
+    request leaves the window, rounded up>` (draft-ietf-httpapi-ratelimit-headers)."""
+
+    def __init__(self, site: Site, limit: int = 2, window: float = 1.0, retry_after: str = "2",
+                 fields: bool = False):
+        self.limit, self.window, self.retry_after, self.fields = limit, window, retry_after, fields
+        self.seen: deque[float] = deque()
+        self.pauses: list[tuple[float, float]] = []
+        self.lock = threading.Lock()
+        site.default = self  # type: ignore[assignment]
+        site.routes.pop("/robots.txt", None)
+        site.route("/robots.txt", lambda arrival: self(arrival, Answer(404)))
+
+    def __call__(self, arrival: Arrival, allowed: Answer | None = None) -> Answer:
+        with self.lock:
+            while self.seen and arrival.at - self.seen[0] > self.window:  # closed at both ends
+                self.seen.popleft()
+            self.seen.append(arrival.at)
+            headers = {}
+            if self.fields:
+                left = max(0, self.limit - len(self.seen))
+                reset = max(1, math.ceil(self.seen[0] + self.window - arrival.at))
+                headers = {"RateLimit-Policy": f'"default";q={self.limit};w={self.window:g}',
+                           "RateLimit": f'"default";r={left};t={reset}'}
+            if len(self.seen) > self.limit:
+                self.pauses.append((arrival.at, arrival.at + float(self.retry_after)))
+                return Answer(429, b"slow down\n", {"Retry-After": self.retry_after, **headers})
+        answer = allowed or Answer(200, b"<html><body>page</body></html>", {"Content-Type": "text/html"})
+        return Answer(answer.status, answer.body, {**answer.headers, **headers})
+
+    def in_pause(self, arrivals: list[Arrival]) -> list[Arrival]:
+        """Arrivals strictly inside a pause this site asked for."""
+        return [a for a in arrivals if any(start < a.at < end - 1e-3 for start, end in self.pauses)]
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ band actions reach the site through pacing's restraints (source "health").
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import time
@@ -14,8 +13,7 @@ import time
 from tests.e2e.drift import CANARY_MARKER, CANARY_PATH, AuditTail, DriftSite, Traffic, band_changes
 from tests.e2e.sites import Answer
 
-# The rate halving and the pause are pacing's to enforce (addons/pacing.py, int-pacing).
-PACING = importlib.util.find_spec("etiquette_addons.pacing") is not None
+# The rate halving and the pause are enforced by pacing (addons/pacing.py).
 RATE = 40  # requests/s: the crawler threads push faster than this, so the halving shows
 
 ALERT_SCRIPT = """
@@ -78,10 +76,10 @@ def test_a_drifting_site_slides_is_halved_paused_and_recovers(start_proxy, site,
         assert "p95" in change["why"]
         t_degrading = time.monotonic()
         time.sleep(2.5)
-        if PACING:  # pacing halves the site's rate: in the audit log and at the site
-            after = [ln for ln in site_lines(tail.read(), site) if ln.get("health", {}).get("band") == "degrading"]
-            assert after and all(ln["rate"] <= RATE / 2 + 1e-6 for ln in after[-10:])
-            assert rate_of(traffic.results, t_degrading + 0.5, time.monotonic()) < 0.75 * healthy_rate
+        # pacing halves the site's rate: in the audit log and at the site
+        after = [ln for ln in site_lines(tail.read(), site) if ln.get("health", {}).get("band") == "degrading"]
+        assert after and all(ln["rate"] <= RATE / 2 + 1e-6 for ln in after[-10:])
+        assert rate_of(traffic.results, t_degrading + 0.5, time.monotonic()) < 0.75 * healthy_rate
 
         # 3. Hostile: below 50 the site is paused, alerted, only canaries reach it.
         drift.set_phase("hostile")
@@ -99,14 +97,13 @@ def test_a_drifting_site_slides_is_halved_paused_and_recovers(start_proxy, site,
         assert called["env"]["ETIQUETTE_BAND"] == "hostile" and int(called["env"]["ETIQUETTE_SCORE"]) < 50
         t_paused = time.monotonic()
         time.sleep(2.5)
-        if PACING:
-            settled = t_paused + 0.5  # requests already on the wire when the window closed
-            got = [r for r in traffic.results if r.at > settled]
-            assert got and all(r.status == 503 and r.decision == "paused" for r in got), got[:5]
-            reached = {a.path for a in site.arrivals if a.at > settled}
-            assert reached == {CANARY_PATH}, reached
-            paused = [ln for ln in site_lines(tail.read(), site) if ln["outcome"] == "paused"]
-            assert paused and all(ln["reason"].startswith("health ") for ln in paused)
+        settled = t_paused + 0.5  # requests already on the wire when the window closed
+        got = [r for r in traffic.results if r.at > settled]
+        assert got and all(r.status == 503 and r.decision == "paused" for r in got), got[:5]
+        reached = {a.path for a in site.arrivals if a.at > settled}
+        assert reached == {CANARY_PATH}, reached
+        paused = [ln for ln in site_lines(tail.read(), site) if ln["outcome"] == "paused"]
+        assert paused and all(ln["reason"].startswith("health ") for ln in paused)
         wrong = [ln for ln in site_lines(tail.read(), site, canary=True) if ln["marker_found"] is False]
         assert wrong, "the canary's wrong content was not logged"
 
@@ -118,8 +115,7 @@ def test_a_drifting_site_slides_is_halved_paused_and_recovers(start_proxy, site,
         assert line is not None, "the site never left the hostile band"
         resumed = [c for c in band_changes([line]) if c["from"] == "hostile"][0]
         assert resumed["to"] == "degrading"
-        if PACING:
-            assert "canaries healthy" in resumed["why"]
+        assert "canaries healthy" in resumed["why"]
         line = tail.wait(lambda ln: any(c["to"] == "healthy" for c in band_changes([ln])), 10, mark)
         assert line is not None, "the site never came back to healthy"
     finally:
@@ -185,7 +181,8 @@ def test_three_percent_challenges_score_healthy_and_five_requests_score_nothing(
 
 def test_report_extraction_is_answered_locally_and_validated(start_proxy, site):
     site.route("/robots.txt", Answer(404))
-    proxy = start_proxy(sets=health_sets())
+    # one window for the whole test: the counts below must not straddle a window boundary
+    proxy = start_proxy(sets=health_sets("health.window=1d"))
     s = proxy.session()
     assert s.get(site.url("/page"), timeout=10).status_code == 200
     url = "http://etiquette.proxy/report-extraction"

@@ -6,7 +6,7 @@ import os
 import stat
 import subprocess
 
-from tests.e2e.proxy import ETIQUETTE, clean_env
+from tests.e2e.proxy import ETIQUETTE, FAST_PACING, clean_env
 from tests.e2e.sites import Answer
 
 RULES = b"User-agent: *\nDisallow: /private/\n"
@@ -14,7 +14,7 @@ RULES = b"User-agent: *\nDisallow: /private/\n"
 
 def test_https_allowed_and_refused_without_touching_the_site(start_proxy, make_site, tls_files):
     site = make_site(tls=tls_files).route("/robots.txt", Answer(200, RULES))
-    proxy = start_proxy(sets=[f"upstream.ca_file={tls_files.ca}"])
+    proxy = start_proxy(sets=[*FAST_PACING, f"upstream.ca_file={tls_files.ca}"])
     ok = proxy.get(site.url("/page"))
     assert ok.status_code == 200 and ok.headers["X-Etiquette-Decision"] == "fetched"
     before = site.connections
@@ -33,7 +33,7 @@ def test_https_allowed_and_refused_without_touching_the_site(start_proxy, make_s
 
 def test_https_site_with_untrusted_certificate_is_unreachable_not_open(start_proxy, make_site, tls_files):
     site = make_site(tls=tls_files).route("/robots.txt", Answer(200, RULES))
-    proxy = start_proxy()  # the site's CA is not configured: robots.txt cannot be verified
+    proxy = start_proxy(sets=FAST_PACING)  # the site's CA is not configured: robots.txt cannot be verified
     r = proxy.get(site.url("/page"))
     assert r.status_code == 503 and r.headers["X-Etiquette-Decision"] == "disallowed"
     assert "TLS" in proxy.audit_for("/page")[-1]["reason"]
@@ -57,7 +57,7 @@ def test_robots_and_pages_take_the_same_upstream_proxy(start_proxy, make_site, t
     try:
         plain = make_site().route("/robots.txt", Answer(200, RULES))
         secure = make_site(tls=tls_files).route("/robots.txt", Answer(200, RULES))
-        proxy = start_proxy(sets=[f"upstream.proxy={upstream.url}", f"upstream.ca_file={tls_files.ca}"])
+        proxy = start_proxy(sets=[*FAST_PACING, f"upstream.proxy={upstream.url}", f"upstream.ca_file={tls_files.ca}"])
         assert proxy.get(plain.url("/page")).status_code == 200
         assert proxy.get(plain.url("/private/x")).status_code == 403
         assert proxy.get(secure.url("/page")).status_code == 200

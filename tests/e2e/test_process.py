@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.e2e.proxy import ETIQUETTE, Proxy, clean_env
+from tests.e2e.proxy import ETIQUETTE, FAST_PACING, Proxy, clean_env
 from tests.e2e.sites import Answer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,7 +61,7 @@ def test_non_loopback_listen_requires_proxy_auth(tmp_path):
 
 
 def test_sigterm_stops_within_5s_with_the_audit_log_complete(start_proxy, site):
-    proxy = start_proxy()
+    proxy = start_proxy(sets=FAST_PACING)
     for i in range(5):
         assert proxy.get(site.url(f"/p{i}")).status_code == 200
     t0 = time.monotonic()
@@ -75,7 +75,7 @@ def test_sigterm_stops_within_5s_with_the_audit_log_complete(start_proxy, site):
 
 def test_kill_9_leaves_no_broken_line_but_the_last_and_state_reopens(tmp_path, site):
     site.route("/robots.txt", Answer(200, b"User-agent: *\nDisallow: /private/\n"))
-    proxy = Proxy(tmp_path / "state")
+    proxy = Proxy(tmp_path / "state", sets=FAST_PACING)
     stop = threading.Event()
 
     def load() -> None:
@@ -101,7 +101,7 @@ def test_kill_9_leaves_no_broken_line_but_the_last_and_state_reopens(tmp_path, s
     assert len(raw) > 10
     for line in raw[:-2]:
         json.loads(line)  # every line but the last one is whole
-    again = Proxy(tmp_path / "state")
+    again = Proxy(tmp_path / "state", sets=FAST_PACING)
     try:
         assert again.get(site.url("/private/after")).status_code == 403
         assert again.get(site.url("/after")).status_code == 200
@@ -112,7 +112,8 @@ def test_kill_9_leaves_no_broken_line_but_the_last_and_state_reopens(tmp_path, s
 
 
 def test_audit_log_to_stdout(tmp_path, site):
-    proc = subprocess.Popen([ETIQUETTE, "--listen-port", "0", "--state-dir", str(tmp_path), "--audit-log", "-"],
+    proc = subprocess.Popen([ETIQUETTE, "--listen-port", "0", "--state-dir", str(tmp_path), "--audit-log", "-",
+                             *(a for s in FAST_PACING for a in ("--set", s))],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=clean_env())
     try:
         assert proc.stdout is not None

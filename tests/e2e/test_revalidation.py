@@ -13,7 +13,7 @@ from etiquette_proxy.gone import NAMESPACE as GONE
 from etiquette_proxy.store import ValidatorStore
 from etiquette_proxy.urlkey import normalise
 from tests.e2e.pages import Pages
-from tests.e2e.proxy import Proxy
+from tests.e2e.proxy import FAST_PACING, Proxy
 from tests.e2e.sites import Answer, Site, TLSFiles
 
 PAGE = b"<html><body>" + b"the page " * 200 + b"</body></html>"
@@ -21,7 +21,7 @@ PAGE = b"<html><body>" + b"the page " * 200 + b"</body></html>"
 
 @pytest.fixture(scope="module")
 def proxy(tmp_path_factory: pytest.TempPathFactory, tls_files: TLSFiles) -> Iterator[Proxy]:
-    p = Proxy(tmp_path_factory.mktemp("reval") / "state", sets=[f"upstream.ca_file={tls_files.ca}"])
+    p = Proxy(tmp_path_factory.mktemp("reval") / "state", sets=[*FAST_PACING, f"upstream.ca_file={tls_files.ca}"])
     yield p
     p.stop()
 
@@ -202,7 +202,7 @@ def test_validators_with_control_characters_or_too_long_are_never_sent(proxy, si
 
 
 def test_revisit_enforce_serves_stored_and_gone_ttl_expires_and_2xx_clears(start_proxy, sites):
-    p = start_proxy(sets=["revisit.enforce=true", "gone.ttl_404=2s"])
+    p = start_proxy(sets=[*FAST_PACING, "revisit.enforce=true", "gone.ttl_404=2s"])
     site, pages = sites(), Pages()
     pages.add(site, "/e", PAGE)
     url = site.url("/e")
@@ -237,14 +237,14 @@ def test_store_survives_a_restart_and_corrupt_rows_are_dropped(start_proxy, site
     site, pages = sites(), Pages()
     page = pages.add(site, "/r", PAGE)
     pages.add(site, "/bad", PAGE)
-    first = start_proxy(name="restart")
+    first = start_proxy(name="restart", sets=FAST_PACING)
     first.get(site.url("/r"))
     first.get(site.url("/bad"))
     first.stop()
     with diskcache.Cache(str(first.state_dir / "store")) as raw:  # damage one entry on disk
         raw.set(f"e|{normalise(site.url('/bad'))}", b"{not json")
 
-    second = start_proxy(name="restart")
+    second = start_proxy(name="restart", sets=FAST_PACING)
     got = second.get(site.url("/r"))
     assert got.headers["X-Etiquette-Decision"] == "revalidated" and got.content == PAGE
     assert site.hits("/r")[1].headers["if-none-match"] == page.etag_of()
@@ -257,7 +257,7 @@ def test_store_survives_a_restart_and_corrupt_rows_are_dropped(start_proxy, site
 
 
 def test_eviction_under_a_small_size_limit_and_big_bodies_pass_unstored(start_proxy, sites):
-    p = start_proxy(sets=["store.size_limit=400KiB", "store.max_body=100KiB"])
+    p = start_proxy(sets=[*FAST_PACING, "store.size_limit=400KiB", "store.max_body=100KiB"])
     site, pages = sites(), Pages()
     bodies = {f"/p{i}": bytes([65 + i]) * 60_000 for i in range(10)}
     for path, body in bodies.items():
@@ -284,7 +284,7 @@ def test_eviction_under_a_small_size_limit_and_big_bodies_pass_unstored(start_pr
 
 
 def test_observe_mode_changes_nothing_on_the_wire(start_proxy, sites):
-    p = start_proxy("--mode", "observe", sets=["revisit.enforce=true"])
+    p = start_proxy("--mode", "observe", sets=[*FAST_PACING, "revisit.enforce=true"])
     site, pages = sites(), Pages()
     pages.add(site, "/o", PAGE)
     site.route("/x", Answer(410))

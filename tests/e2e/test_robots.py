@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.proxy import Proxy
+from tests.e2e.proxy import FAST_PACING, Proxy
 from tests.e2e.sites import Answer, Site
 
 RULES = b"User-agent: *\nDisallow: /private/\nAllow: /private/open\n\nUser-agent: strictbot\nDisallow: /\n"
@@ -17,7 +17,7 @@ RULES = b"User-agent: *\nDisallow: /private/\nAllow: /private/open\n\nUser-agent
 
 @pytest.fixture(scope="module")
 def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
-    p = Proxy(tmp_path_factory.mktemp("robots") / "state", sets=["robots.timeout=1s"])
+    p = Proxy(tmp_path_factory.mktemp("robots") / "state", sets=[*FAST_PACING, "robots.timeout=1s"])
     yield p
     p.stop()
 
@@ -206,10 +206,10 @@ def test_every_audit_line_has_the_required_keys(proxy):
 
 def test_robots_cache_persists_across_restart(tmp_path: Path, sites):
     site = sites(Answer(200, RULES))
-    first = Proxy(tmp_path / "state")
+    first = Proxy(tmp_path / "state", sets=FAST_PACING)
     assert first.get(site.url("/private/x")).status_code == 403
     first.stop()
-    second = Proxy(tmp_path / "state")
+    second = Proxy(tmp_path / "state", sets=FAST_PACING)
     try:
         assert second.get(site.url("/private/x")).status_code == 403
         assert second.get(site.url("/open")).status_code == 200
@@ -220,7 +220,7 @@ def test_robots_cache_persists_across_restart(tmp_path: Path, sites):
 
 def test_observe_mode_forwards_and_logs_would(tmp_path: Path, sites):
     site = sites(Answer(200, RULES))
-    p = Proxy(tmp_path / "state", "--mode", "observe")
+    p = Proxy(tmp_path / "state", "--mode", "observe", sets=FAST_PACING)
     try:
         r = p.get(site.url("/private/x"))
         assert r.status_code == 200

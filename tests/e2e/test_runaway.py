@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.e2e.proxy import FAST_PACING
 from tests.e2e.sites import Answer
 
 CSP = "default-src 'self'; " + " ".join(f"script-src-elem https://cdn{i}.example.net/static/js/;" for i in range(30))
@@ -29,7 +30,7 @@ def test_the_articles_410_reaches_the_client_trimmed(start_proxy, site):
     site.route("/robots.txt", Answer(410, BODY_410, ARTICLE_410_HEADERS))
     site.route("/old/page", Answer(410, BODY_410, ARTICLE_410_HEADERS))
     site.route("/old/other", Answer(410, BODY_410, ARTICLE_410_HEADERS))
-    proxy = start_proxy()
+    proxy = start_proxy(sets=FAST_PACING)
     r = proxy.get(site.url("/old/page"))
     assert r.status_code == 410 and r.content == BODY_410
     sent = {k: v for k, v in r.raw.headers.items()}
@@ -48,17 +49,22 @@ def test_the_articles_410_reaches_the_client_trimmed(start_proxy, site):
 def test_a_success_keeps_every_header(start_proxy, site):
     site.route("/robots.txt", Answer(404))
     site.route("/ok", Answer(200, b"fine", ARTICLE_410_HEADERS | {"Content-Type": "text/plain"}))
-    proxy = start_proxy()
+    proxy = start_proxy(sets=FAST_PACING)
     r = proxy.get(site.url("/ok"))
     assert r.headers["Content-Security-Policy"] == CSP
 
 
 def test_a_retired_site_is_named_and_robots_4xx_called_out(start_proxy, site):
     site.default = Answer(410, BODY_410, ARTICLE_410_HEADERS)  # robots.txt included, like the article
-    proxy = start_proxy(sets=["runaway.retired_window=20", "pacing.rate=1000"])
+    proxy = start_proxy(sets=[*FAST_PACING, "runaway.retired_window=20", "pacing.max_hold=1s"])
     s = proxy.session()
-    for i in range(25):
-        assert s.get(site.url(f"/item?id={i}"), timeout=10).status_code == 410
+    codes = [s.get(site.url(f"/item?id={i}"), timeout=10).status_code for i in range(25)]
+    # Retired after 20 answers: pacing takes the site down to runaway.retired_rate (1/min), so
+    # with max_hold 1s what follows (past a token already earned) is answered locally.
+    assert codes[:20] == [410] * 20 and codes[-1] == 503 and set(codes) == {410, 503}
+    paused = [line for line in proxy.audit() if line["status"] == 503]
+    assert paused[0]["outcome"] == "paused" and paused[0]["upstream_status"] is None
+    assert "retired" in paused[0]["reason"]
     retired = [line for line in proxy.audit() if "retired" in line]
     assert retired and "20 of last 20 answers 404/410" in retired[0]["retired"]
     assert "everything allowed" in retired[0]["warning"] or "robots.txt answered 410" in retired[0]["warning"]
@@ -68,7 +74,7 @@ def test_a_retired_site_is_named_and_robots_4xx_called_out(start_proxy, site):
 def test_a_few_404s_do_not_retire_a_site(start_proxy, site):
     site.route("/robots.txt", Answer(404))
     site.route("/missing", Answer(404))
-    proxy = start_proxy(sets=["runaway.retired_window=20"])
+    proxy = start_proxy(sets=[*FAST_PACING, "runaway.retired_window=20"])
     s = proxy.session()
     for i in range(30):
         s.get(site.url("/missing" if i % 5 == 0 else f"/p{i}"), timeout=10)
@@ -78,7 +84,7 @@ def test_a_few_404s_do_not_retire_a_site(start_proxy, site):
 @pytest.mark.parametrize("action", ["refuse-new", "log"])
 def test_a_url_space_trap_is_named_and_refused_new(start_proxy, site, action):
     site.route("/robots.txt", Answer(404))
-    proxy = start_proxy(sets=["runaway.max_distinct=30", f"runaway.trap_action={action}"])
+    proxy = start_proxy(sets=[*FAST_PACING, "runaway.max_distinct=30", f"runaway.trap_action={action}"])
     s = proxy.session()
     codes = [s.get(site.url(f"/item?ref={i}"), timeout=10).status_code for i in range(60)]
     trap_lines = [line for line in proxy.audit() if "trap" in line]
@@ -96,7 +102,7 @@ def test_a_url_space_trap_is_named_and_refused_new(start_proxy, site, action):
 
 def test_pagination_is_not_a_trap(start_proxy, site):
     site.route("/robots.txt", Answer(404))
-    proxy = start_proxy(sets=["runaway.max_distinct=30", "runaway.trap_action=refuse-new"])
+    proxy = start_proxy(sets=[*FAST_PACING, "runaway.max_distinct=30", "runaway.trap_action=refuse-new"])
     s = proxy.session()
     for _ in range(3):
         for page in range(1, 25):

@@ -17,7 +17,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.browser import dump_dom, screenshot
-from tests.e2e.proxy import ETIQUETTE, Proxy, clean_env
+from tests.e2e.proxy import ETIQUETTE, FAST_PACING, Proxy, clean_env
 from tests.e2e.sites import Answer, Site
 
 RULES = b"User-agent: *\nDisallow: /private/\n"
@@ -154,7 +154,7 @@ def test_report_on_the_runs_audit_log(scenario):
 def test_report_on_a_killed_runs_log_with_garbage(tmp_path, make_site):
     site = make_site()
     site.route("/robots.txt", Answer(200, RULES))
-    proxy = Proxy(tmp_path / "state", "--mode", "observe")
+    proxy = Proxy(tmp_path / "state", "--mode", "observe", sets=FAST_PACING)
     try:
         proxy.get(site.url("/ok"))
         proxy.get(site.url("/private/seen"))  # observe: forwarded, would: disallowed

@@ -1,0 +1,364 @@
+"""Pacing: every site's budget held to, and the 429 contract kept (SPEC §5).
+
+The request hook asks the site's `SiteBudget` for a turn and waits (only this flow) until it
+may start; the responseheaders hook tells the budget what the site answered. The budget decides,
+this addon only waits and answers:
+
+- `go`: forward; `wait`: sleep until the turn is due or the site changes (a start, a response,
+  a cancel), whichever comes first, then ask again; `refuse`: answer locally 503 + Retry-After
+  (`paused`): held too long, or the breaker is open.
+- Other features' restraints (`Runtime.restraints_for`: robots.txt crawl-delay, runaway,
+  health) scale and cap the budget's rate and concurrency before every decision; a `paused`
+  restraint answers the site's requests locally 503 `paused`.
+- A held request is released early when its client goes away (dropped, never sent) or the
+  proxy stops (answered locally 503 `paused`, "proxy stopping"): MITMPROXY-NOTES, release held
+  flows before shutdown.
+- robots.txt fetches (RobotsGate.before_fetch) take a token from the same budget. Requests that
+  wait on robots.txt are not in the budget's line yet (RobotsGate runs before this addon), so
+  the fetch they wait on can never be stuck behind them.
+- State (pauses, lowered rates, ceilings, breakers) goes to the state store, namespace "pacing",
+  one key per site: on every throttle decision, at most every few seconds otherwise, and on
+  done(); a site's state is read back the first time the site is seen after a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from typing import Any
+
+from etiquette_addons.notes import FlowNotes, notes_of, skip
+from etiquette_addons.runtime import Runtime
+from etiquette_addons.side_fetch import SideFetchError
+from etiquette_addons.trail import answer_locally, fail_closed
+from mitmproxy import connection, http
+
+from etiquette_proxy.budget import SiteBudget, ThrottleDecision, Turn
+from etiquette_proxy.budgets import Budgets
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "pacing"
+TICKET = "pacing_ticket"
+SAVE_EVERY_S = 5.0
+PAUSED_RETRY_S = 60  # Retry-After for a feature's pause (a restraint has no end time of its own)
+
+
+class Pacing:
+    def __init__(self, runtime: Runtime):
+        self.rt = runtime
+        self._config: Any = None
+        self.budgets: Budgets | None = None
+        self._changed: dict[str, asyncio.Event] = {}   # site -> set when its line may move
+        self._gone: dict[int, asyncio.Event] = {}       # id(client) -> set when it disconnects
+        self._saved_at: dict[str, float] = {}           # site -> monotonic time of the last save
+        runtime.rate_of = self.rate_of
+        runtime.site_status.append(self.status)
+
+    # -- budgets -------------------------------------------------------------------------------
+
+    def budget(self, site: str) -> SiteBudget:
+        """The site's budget, restored from the state store the first time the site is seen."""
+        if self.budgets is None or self._config is not self.rt.config:
+            self._reset()
+        assert self.budgets is not None
+        if site in self.budgets:
+            return self.budgets.get(site)
+        budget = self.budgets.get(site)
+        raw = self.rt.state.get(NAMESPACE, site)
+        if raw is not None:
+            try:
+                budget.from_state(raw)
+                if budget.paused_for_s() > 0:
+                    log.info("%s: pause restored, %.1fs left", site, budget.paused_for_s())
+            except ValueError as e:
+                log.warning("stored pacing state for %s dropped: %s", site, e)
+                self.rt.state.forget(NAMESPACE, site)
+        return budget
+
+    def _reset(self) -> None:
+        if self.budgets is not None:
+            self.save_all()
+        self._config = self.rt.config
+        self.budgets = Budgets(self.rt.config)
+
+    def rate_of(self, site: str) -> float | None:
+        """The site's effective rate (audit `rate`), or None before its first request."""
+        if self.budgets is None or site not in self.budgets:
+            return None
+        return self.budgets.get(site).rate
+
+    def status(self, site: str) -> dict[str, object]:
+        """Dashboard fields: the site's rate, ceiling, pause, breaker and line."""
+        if self.budgets is None or site not in self.budgets:
+            return {}
+        b = self.budgets.get(site)
+        out: dict[str, object] = {"rate": round(b.rate, 4), "held": b.held(), "in_flight": b.in_flight()}
+        if (ceiling := b.ceiling) is not None:
+            out["ceiling"] = round(ceiling, 4)
+        if (paused := b.paused_for_s()) > 0:
+            out["paused_s"] = round(paused, 1)
+            out["pause_reason"] = b.pause_reason()
+        if b.is_breaker_open():
+            out["breaker_open"] = True
+            out["breaker_s"] = round(b.breaker_for_s(), 1)
+        return out
+
+    def _restrain(self, site: str, budget: SiteBudget) -> str | None:
+        """Apply other features' restraints; the reason of a pause among them, if any."""
+        factor, concurrency, cap = 1.0, 1.0, math.inf
+        paused = None
+        for r in self.rt.restraints_for(site):
+            factor *= r.rate_factor
+            concurrency *= r.concurrency_factor
+            if r.rate_cap is not None:
+                cap = min(cap, r.rate_cap)
+            if r.paused and paused is None:
+                paused = r.reason or f"paused by {r.source}"
+        try:
+            budget.restrain(min(1.0, max(factor, 1e-6)), None if cap == math.inf else max(cap, 1e-6),
+                            min(1.0, max(concurrency, 1e-6)))
+        except ValueError as e:  # a feature's bad numbers must not take pacing down
+            log.warning("%s: restraint ignored: %s", site, e)
+        return paused
+
+    def _restraint_note(self, site: str) -> str:
+        """Why the site's rate is lower than configured, for a refusal's reason."""
+        said = [f"{r.source}: {r.reason}" if r.reason else r.source
+                for r in self.rt.restraints_for(site) if r.rate_cap is not None or r.rate_factor < 1]
+        return f" (rate {self.budget(site).rate:.3g}/s; {'; '.join(said)})" if said else ""
+
+    # -- waiting -------------------------------------------------------------------------------
+
+    def _notify(self, site: str) -> None:
+        """Wake everyone held for `site`: a slot or a token may be theirs now."""
+        event = self._changed.pop(site, None)
+        if event is not None:
+            event.set()
+
+    def _site_event(self, site: str) -> asyncio.Event:
+        event = self._changed.get(site)
+        if event is None:
+            event = self._changed[site] = asyncio.Event()
+        return event
+
+    async def _sleep(self, site: str, timeout: float, *also: asyncio.Event) -> None:
+        """Until `timeout`, the site's line moves, or one of `also` is set."""
+        events = (self._site_event(site), self.rt.stopping, *also)
+        waiters = [asyncio.ensure_future(e.wait()) for e in events]
+        try:
+            await asyncio.wait(waiters, timeout=max(timeout, 0.001),
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+
+    def _gone_event(self, client: connection.Client) -> asyncio.Event:
+        event = self._gone.get(id(client))
+        if event is None:
+            event = self._gone[id(client)] = asyncio.Event()
+        return event
+
+    def client_disconnected(self, client: connection.Client) -> None:
+        # MITMPROXY-NOTES: fires at once, while the request hook of its flows may still be held.
+        event = self._gone.pop(id(client), None)
+        if event is not None:
+            event.set()
+
+    # -- hooks ---------------------------------------------------------------------------------
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        if skip(flow):
+            return
+        notes = notes_of(flow)
+        if notes.facts.get("internal"):
+            return
+        try:
+            await self._hold(flow, notes)
+        except Exception as e:  # noqa: BLE001
+            self._give_back(flow, notes)
+            fail_closed(flow, "pacing", e)
+
+    async def _hold(self, flow: http.HTTPFlow, notes: FlowNotes) -> None:
+        site = notes.site
+        budget = self.budget(site)
+        paused = self._restrain(site, budget)
+        if paused is not None and not self.rt.observe:
+            answer_locally(flow, 503, "paused", paused, PAUSED_RETRY_S)
+            return
+        turn = budget.reserve()
+        if self.rt.observe:
+            self._observe(flow, notes, budget, turn, paused)
+            return
+        if turn.action == "go":
+            notes.facts[TICKET] = turn.ticket
+            return
+        gone = self._gone_event(flow.client_conn)
+        while turn.action == "wait":
+            if self.rt.stopping.is_set():
+                budget.cancel(turn.ticket)
+                self._notify(site)
+                notes.waited_s = turn.waited_s
+                answer_locally(flow, 503, "paused", "proxy stopping; not sent to the site",
+                               max(1, math.ceil(turn.wait_s)))
+                assert flow.response is not None
+                flow.response.headers["Connection"] = "close"  # no keep-alive into a shutdown
+                return
+            if gone.is_set() or not _connected(flow.client_conn):
+                self._drop(flow, notes, budget, turn)
+                return
+            await self._sleep(site, turn.wait_s, gone)
+            paused = self._restrain(site, budget)
+            if paused is not None:
+                budget.cancel(turn.ticket)
+                self._notify(site)
+                notes.waited_s = turn.waited_s
+                answer_locally(flow, 503, "paused", paused, PAUSED_RETRY_S)
+                return
+            turn = budget.admit(turn.ticket)
+        notes.waited_s = turn.waited_s
+        if turn.action == "refuse":
+            self._notify(site)
+            answer_locally(flow, 503, "paused", turn.reason + self._restraint_note(site),
+                           turn.retry_after_s)
+            return
+        notes.facts[TICKET] = turn.ticket
+        self._notify(site)  # the next in line may start too (burst, free slot)
+
+    def _observe(self, flow: http.HTTPFlow, notes: FlowNotes, budget: SiteBudget, turn: Turn,
+                 paused: str | None) -> None:
+        """Observe mode: log what enforce mode would do, then start the request at once."""
+        if paused is not None:
+            notes.would_do("paused", paused)
+        elif turn.action == "refuse":
+            notes.would_do("paused", turn.reason)
+        elif turn.action == "wait":
+            notes.extra["would_wait_s"] = round(turn.wait_s, 3)
+            if turn.reason:
+                notes.extra.setdefault("would_reason", turn.reason)
+        started = budget.admit(turn.ticket, force=True) if turn.action == "wait" else turn
+        if started.action == "go":
+            notes.facts[TICKET] = started.ticket
+
+    def _drop(self, flow: http.HTTPFlow, notes: FlowNotes, budget: SiteBudget, turn: Turn) -> None:
+        """The client went away while held: its turn passes on and the site never sees it."""
+        budget.cancel(turn.ticket)
+        self._notify(notes.site)
+        notes.waited_s = turn.waited_s
+        # A local answer (nobody reads it) keeps mitmproxy from forwarding the request.
+        answer_locally(flow, 503, "paused",
+                       f"client went away after {turn.waited_s:.1f}s held; not sent to the site")
+
+    def _give_back(self, flow: http.HTTPFlow, notes: FlowNotes) -> None:
+        ticket = notes.facts.pop(TICKET, None)
+        if ticket is not None and self.budgets is not None:
+            self.budget(notes.site).release(ticket)
+            self._notify(notes.site)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        notes = notes_of(flow)
+        ticket = notes.facts.pop(TICKET, None)
+        if ticket is None or flow.response is None or notes.local:
+            return
+        site = notes.site
+        budget = self.budget(site)
+        try:
+            response = flow.response
+            headers = {k.lower(): v for k, v in response.headers.items(multi=True)}
+            # A repeated field: every value, comma-joined, so the parsers see all of them.
+            for name in ("retry-after", "ratelimit", "ratelimit-policy"):
+                values = response.headers.get_all(name)
+                if len(values) > 1:
+                    headers[name] = ", ".join(values)
+            status = notes.upstream_status or response.status_code  # what the site said
+            decision = budget.on_response(ticket, status, headers)
+        except Exception:  # noqa: BLE001 - learning must never take the response down
+            log.exception("%s: pacing could not read the response", site)
+            budget.release(ticket)
+            self._notify(site)
+            return
+        self._notify(site)
+        self._record(notes, decision)
+        if decision.throttled:
+            self.save(site, budget)
+        elif time.monotonic() - self._saved_at.get(site, -math.inf) >= SAVE_EVERY_S:
+            self.save(site, budget)
+
+    def _record(self, notes: FlowNotes, decision: ThrottleDecision) -> None:
+        for note in decision.notes:
+            log.warning("%s: %s", notes.site, note)
+        if decision.notes:
+            notes.extra["header_notes"] = "; ".join(decision.notes)
+        if decision.throttled:
+            notes.outcome = "throttled"  # the site's own 429/503 passes through to the client
+            notes.reason = decision.reason
+            notes.extra["pause_s"] = decision.pause_s
+            if decision.retry_after is not None:
+                notes.extra["retry_after"] = decision.retry_after
+            if decision.ceiling is not None:
+                notes.extra["ceiling"] = round(decision.ceiling, 4)
+            if decision.breaker_open:
+                notes.extra["breaker"] = "open"
+            log.warning("%s: %s; pause %.1fs, rate now %.3g/s", notes.site, decision.reason,
+                        decision.pause_s, decision.rate)
+        elif decision.reason:
+            notes.extra["ratelimit"] = decision.reason
+            if decision.pause_s:
+                notes.extra["pause_s"] = decision.pause_s
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self._give_back(flow, notes_of(flow))
+
+    # -- robots.txt fetches --------------------------------------------------------------------
+
+    async def before_robots_fetch(self, site: str) -> None:
+        """RobotsGate's fetch takes a turn like any request; raises when it must not be sent."""
+        budget = self.budget(site)
+        paused = self._restrain(site, budget)
+        turn = budget.reserve()
+        if self.rt.observe:
+            turn = budget.admit(turn.ticket, force=True) if turn.action != "refuse" else turn
+        elif paused is not None:
+            budget.cancel(turn.ticket)
+            turn = Turn("refuse", turn.ticket, turn.rate, reason=paused)
+        while turn.action == "wait":
+            if self.rt.stopping.is_set():
+                budget.cancel(turn.ticket)
+                self._notify(site)
+                raise SideFetchError("not sent: proxy stopping")
+            await self._sleep(site, turn.wait_s)
+            turn = budget.admit(turn.ticket)
+        if turn.action != "go":
+            self._notify(site)
+            raise SideFetchError(f"not sent: {turn.reason}")
+        # The token is spent; the slot is given back at once (the fetch has no response hook).
+        budget.release(turn.ticket)
+        self._notify(site)
+
+    # -- persistence ---------------------------------------------------------------------------
+
+    def save(self, site: str, budget: SiteBudget) -> None:
+        self._saved_at[site] = time.monotonic()
+        try:
+            if budget.remembers_anything():
+                self.rt.state.put(NAMESPACE, site, budget.to_state())
+            else:
+                self.rt.state.forget(NAMESPACE, site)
+        except Exception:  # noqa: BLE001
+            log.exception("could not persist pacing state for %s", site)
+
+    def save_all(self) -> None:
+        if self.budgets is None:
+            return
+        for site in self.budgets:
+            self.save(site, self.budgets.get(site))
+
+    def done(self) -> None:
+        self.save_all()
+
+
+def _connected(client: connection.Client) -> bool:
+    # MITMPROXY-NOTES: a client that went away has its state closed at once.
+    return bool(client.state & connection.ConnectionState.CAN_WRITE)

@@ -1,0 +1,260 @@
+"""Pacing and the 429 contract end to end: the real proxy, real local sites, real clients (SPEC §5).
+
+These tests are about time, so they wait on real time: seconds, with small rates and pauses.
+Spacing is asserted with a small tolerance (the site timestamps arrivals in this process; the
+proxy paces on its own clock), never as "faster than".
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import socket
+import time
+from collections.abc import Iterator
+from email.utils import formatdate
+
+import pytest
+
+from tests.e2e.proxy import FAST_PACING, Proxy
+from tests.e2e.sites import Answer, Arrival, Site, WindowedLimit
+
+SLACK = 0.05  # s: thread scheduling between the proxy's decision and the site's timestamp
+
+
+def per_site(site: Site, **settings: object) -> list[str]:
+    """--set values for one site's overrides (`sites."127.0.0.1:PORT".pacing.rate=2`)."""
+    return [f'sites."127.0.0.1:{site.port}".{key.replace("__", ".")}={value}'
+            for key, value in settings.items()]
+
+
+def page_arrivals(site: Site) -> list[Arrival]:
+    return [a for a in site.arrivals if a.path != "/robots.txt"]
+
+
+def logged_for(proxy: Proxy, site: Site) -> list[str]:
+    """The pacing addon's log lines about `site` (what it clamped or ignored)."""
+    return [line for line in proxy.stderr().splitlines()
+            if "etiquette_addons.pacing" in line and f"127.0.0.1:{site.port}:" in line]
+
+
+def gaps(arrivals: list[Arrival]) -> list[float]:
+    at = sorted(a.at for a in arrivals)
+    return [b - a for a, b in zip(at, at[1:], strict=False)]
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
+    """One proxy for the tests that only need a fresh site each (pauses are per site)."""
+    p = Proxy(tmp_path_factory.mktemp("pacing") / "state", sets=[*FAST_PACING, "throttle.max_retry_after=5s"])
+    yield p
+    p.stop()
+
+
+@pytest.fixture
+def fresh(make_site):
+    def make(**kw) -> Site:
+        s = make_site(**kw)
+        s.route("/robots.txt", Answer(404))
+        return s
+    return make
+
+
+# -- holding ---------------------------------------------------------------------------------
+
+def test_two_sites_held_at_different_rates_at_once_neither_delays_the_other(start_proxy, fresh):
+    slow, quick = fresh(), fresh()
+    proxy = start_proxy(sets=[*per_site(slow, pacing__rate=4), *per_site(quick, pacing__rate=20)])
+    urls = [slow.url(f"/s{i}") for i in range(6)] + [quick.url(f"/q{i}") for i in range(6)]
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        codes = list(pool.map(lambda u: proxy.get(u, timeout=20).status_code, urls))
+    assert codes == [200] * 12
+    # Each site at its own rate (its robots.txt fetch took a token too) ...
+    assert min(gaps(slow.arrivals)) >= 0.25 - SLACK
+    assert min(gaps(quick.arrivals)) >= 0.05 - SLACK
+    # ... and the quick site was done while the slow one still had most of its line to go.
+    slow_at = sorted(a.at for a in page_arrivals(slow))
+    assert max(a.at for a in page_arrivals(quick)) < slow_at[3]
+    lines = [r for r in proxy.audit() if "/s" in r["url"] and not r.get("robots_fetch")]
+    assert {r["rate"] for r in lines} == {4.0}
+    assert max(r["waited_s"] for r in lines) >= 1.0
+
+
+def test_robots_fetch_takes_a_token_and_first_requests_do_not_deadlock(start_proxy, fresh):
+    site = fresh()
+    proxy = start_proxy(sets=per_site(site, pacing__rate=5))
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        codes = list(pool.map(lambda i: proxy.get(site.url(f"/p{i}"), timeout=20).status_code, range(4)))
+    assert codes == [200] * 4
+    assert site.paths()[0] == "/robots.txt" and site.paths().count("/robots.txt") == 1
+    assert min(gaps(site.arrivals)) >= 0.2 - SLACK  # robots.txt counted in the site's budget
+
+
+def test_a_wait_beyond_max_hold_is_answered_locally_503_paused(start_proxy, fresh):
+    site = fresh()
+    proxy = start_proxy(sets=per_site(site, pacing__rate=1, pacing__max_hold="1500ms"))
+    with concurrent.futures.ThreadPoolExecutor(5) as pool:
+        answers = list(pool.map(lambda i: proxy.get(site.url(f"/p{i}"), timeout=20), range(5)))
+    refused = [r for r in answers if r.status_code == 503]
+    assert refused and len(refused) + sum(r.status_code == 200 for r in answers) == 5
+    assert all(r.headers["X-Etiquette-Decision"] == "paused" and int(r.headers["Retry-After"]) >= 1
+               for r in refused)
+    assert "pacing.max_hold" in refused[0].text
+    assert len(page_arrivals(site)) == 5 - len(refused)  # refused requests never reached it
+    lines = [r for r in proxy.audit() if r["outcome"] == "paused"]
+    assert len(lines) == len(refused) and all(r["upstream_status"] is None for r in lines)
+
+
+def test_a_held_request_whose_client_went_away_never_reaches_the_site(start_proxy, fresh):
+    site = fresh()
+    proxy = start_proxy(sets=per_site(site, pacing__rate=0.5, pacing__burst=2))
+    assert proxy.get(site.url("/first")).status_code == 200  # robots.txt + this: the burst
+    with socket.create_connection(("127.0.0.1", proxy.port)) as client:
+        client.sendall(f"GET {site.url('/gone')} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        time.sleep(0.5)  # held: the next token is 2 s away
+    line = proxy.wait_audit(lambda r: r["url"].endswith("/gone"), timeout=5)
+    assert line and line[0]["outcome"] == "paused" and "client went away" in line[0]["reason"]
+    assert proxy.get(site.url("/next"), timeout=10).status_code == 200  # the turn passed on
+    assert "/gone" not in site.paths()
+    assert "Traceback" not in proxy.stderr()
+
+
+def test_stopping_releases_held_requests_with_a_local_503(tmp_path, fresh):
+    site = fresh()
+    proxy = Proxy(tmp_path / "state", sets=per_site(site, pacing__rate=0.2, pacing__burst=2))
+    assert proxy.get(site.url("/first")).status_code == 200
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        held = pool.submit(proxy.get, site.url("/held"), timeout=20)
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        assert proxy.stop() == 0
+        assert time.monotonic() - t0 < 5
+        answer = held.result()
+    assert answer.status_code == 503 and answer.headers["X-Etiquette-Decision"] == "paused"
+    assert "proxy stopping" in answer.text
+    assert "/held" not in site.paths()
+    assert "Traceback" not in proxy.stderr() and "CancelledError" not in proxy.stderr()
+
+
+# -- the 429 contract ------------------------------------------------------------------------
+
+def test_no_request_reaches_a_site_inside_a_pause_it_asked_for(start_proxy, fresh):
+    site = fresh()
+    windowed = WindowedLimit(site, limit=2, window=1.0, retry_after="1")
+    # One at a time: a request already on the wire when the 429 leaves cannot be called back.
+    proxy = start_proxy(sets=per_site(site, pacing__rate=5, pacing__burst=1, pacing__max_concurrency=1))
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        codes = list(pool.map(lambda i: proxy.get(site.url(f"/p{i}"), timeout=30).status_code, range(10)))
+    assert 429 in codes and set(codes) <= {200, 429}  # the site's 429 passes through
+    assert windowed.pauses
+    assert windowed.in_pause(site.arrivals) == []
+    throttled = [r for r in proxy.audit() if r["outcome"] == "throttled"]
+    assert len(throttled) == codes.count(429)
+    t = throttled[0]
+    assert t["status"] == 429 and t["upstream_status"] == 429 and t["retry_after"] == "1"
+    assert t["pause_s"] == 1.0 and t["ceiling"] == pytest.approx(4.0) and t["rate"] == pytest.approx(2.5)
+
+
+def test_a_site_429_reaches_the_client_marked_throttled(shared, fresh):
+    site = fresh()
+    site.route("/busy", Answer(429, b"busy\n", {"Retry-After": "1"}))
+    proxy = shared
+    r = proxy.get(site.url("/busy"))
+    assert r.status_code == 429 and r.headers["Retry-After"] == "1"
+    assert r.headers["X-Etiquette-Decision"] == "throttled"
+
+
+def test_breaker_opens_then_closes_after_cooldown(start_proxy, fresh):
+    site = fresh()
+    site.route("/busy", Answer(429, b"busy\n", {"Retry-After": "0"}))
+    proxy = start_proxy(sets=[*FAST_PACING, "throttle.cooldown=2s", "throttle.breaker_count=3"])
+    assert [proxy.get(site.url("/busy")).status_code for _ in range(3)] == [429] * 3
+    opened = time.monotonic()
+    refused = proxy.get(site.url("/page"))
+    assert refused.status_code == 503 and refused.headers["X-Etiquette-Decision"] == "paused"
+    assert refused.headers["Retry-After"] == "2" and "breaker open" in refused.text
+    assert "/page" not in site.paths()
+    lines = proxy.audit()
+    assert [r for r in lines if r["outcome"] == "throttled"][-1]["breaker"] == "open"
+    paused = [r for r in lines if r["outcome"] == "paused"][0]
+    assert paused["upstream_status"] is None and "3 x 429" in paused["reason"]
+    time.sleep(max(0.0, opened + 2.1 - time.monotonic()))
+    assert proxy.get(site.url("/page")).status_code == 200  # closed again
+    assert site.hits("/page")[0].at >= opened + 2.0 - SLACK
+
+
+def test_a_restart_during_a_pause_keeps_the_pause(start_proxy, fresh):
+    site = fresh()
+    site.route("/busy", Answer(429, b"busy\n", {"Retry-After": "3"}))
+    first = start_proxy(name="restart", sets=FAST_PACING)
+    assert first.get(site.url("/busy")).status_code == 429
+    pause_ends = site.hits("/busy")[0].at + 3.0
+    assert first.stop() == 0
+    second = start_proxy(name="restart", sets=FAST_PACING)
+    assert second.get(site.url("/after"), timeout=20).status_code == 200
+    assert site.hits("/after")[0].at >= pause_ends - SLACK
+    assert second.audit_for("/after")[-1]["waited_s"] > 0  # held after the restart
+
+
+# -- slowing down before the 429 -------------------------------------------------------------
+
+def test_ratelimit_remaining_0_holds_the_next_request_until_the_reset(shared, fresh):
+    site = fresh()
+    site.route("/spent", Answer(200, b"ok\n", {"RateLimit": '"default";r=0;t=1'}))
+    proxy = shared
+    assert proxy.get(site.url("/spent")).status_code == 200
+    assert proxy.get(site.url("/next")).status_code == 200
+    assert site.hits("/next")[0].at - site.hits("/spent")[0].at >= 1.0 - SLACK
+    line = proxy.audit_for("/spent")[-1]
+    assert line["outcome"] == "fetched" and line["pause_s"] == pytest.approx(1.0)
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("status", "retry_after", "pause", "logged"), [
+    (429, "-5", (1.0, 3.0), "ignored"),                      # junk: backoff 2^1 x [0.5, 1.5)
+    (429, "soon, please", (1.0, 3.0), "ignored"),
+    (429, "99999999999999999999", (5.0, 5.0), "clamped"),    # throttle.max_retry_after=5s
+    (429, "1.5", (1.5, 1.5), "not whole seconds"),
+    (429, formatdate(time.time() - 3600, usegmt=True), (0.0, 0.0), "past"),
+    (429, formatdate(time.time() + 10 ** 8, usegmt=True), (5.0, 5.0), "clamped"),
+    (503, "1", (1.0, 1.0), None),                             # 503 + Retry-After counts the same
+])
+def test_bad_retry_after_never_crashes_and_gives_a_sane_pause(shared, fresh, status, retry_after, pause, logged):
+    site = fresh()
+    site.route("/busy", Answer(status, b"busy\n", {"Retry-After": retry_after}))
+    proxy = shared
+    r = proxy.get(site.url("/busy"))
+    assert r.status_code == status and r.headers["X-Etiquette-Decision"] == "throttled"
+    line = proxy.audit_for("/busy")[-1]
+    assert line["outcome"] == "throttled" and line["retry_after"] == retry_after
+    assert pause[0] - 1e-3 <= line["pause_s"] <= pause[1] + 1e-3
+    if logged:
+        assert logged in line.get("header_notes", "").lower() or logged in line["reason"].lower()
+        assert logged_for(proxy, site)
+
+
+def test_malformed_ratelimit_fields_are_ignored_and_logged(shared, fresh):
+    site = fresh()
+    site.route("/odd", Answer(200, b"ok\n", {"RateLimit": "r=;;t=x", "X-RateLimit-Remaining": "lots",
+                                             "X-RateLimit-Reset": "-1"}))
+    proxy = shared
+    assert proxy.get(site.url("/odd")).status_code == 200
+    assert proxy.get(site.url("/odd")).status_code == 200
+    line = proxy.audit_for("/odd")[-1]
+    assert line["outcome"] == "fetched" and line["header_notes"]
+    assert logged_for(proxy, site)
+
+
+# -- observe mode ----------------------------------------------------------------------------
+
+def test_observe_mode_never_holds_and_logs_what_it_would_do(start_proxy, fresh):
+    site = fresh()
+    site.route("/busy", Answer(429, b"busy\n", {"Retry-After": "30"}))
+    proxy = start_proxy("--mode", "observe", sets=[*FAST_PACING, "pacing.max_hold=10s"])
+    assert proxy.get(site.url("/busy")).status_code == 429
+    t0 = time.monotonic()
+    assert proxy.get(site.url("/page")).status_code == 200  # forwarded inside the pause
+    assert time.monotonic() - t0 < 5
+    line = proxy.audit_for("/page")[-1]
+    assert line["would"] == "paused" and "max_hold" in line["would_reason"]
+    assert line["waited_s"] == 0
