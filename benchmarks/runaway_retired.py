@@ -7,15 +7,17 @@ once through the proxy at `pacing.rate: 50` (so that pacing alone does not expla
 result). Prints requests and bytes that reached the site both ways, and what the proxy
 logged about the trap parameter and the retired site.
 
-    python benchmarks/runaway_retired.py [--seconds 60]
+    python benchmarks/runaway_retired.py [--seconds 60] [--workers 4]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -37,29 +39,53 @@ def answer_bytes() -> int:
     return len("HTTP/1.1 410 Gone\r\n") + sum(len(k) + len(v) + 4 for k, v in headers.items()) + 2 + len(BODY_410)
 
 
-def naive_crawl(session: requests.Session, base: str, seconds: float) -> tuple[int, int, dict[int, int]]:
-    """Follow ever-new links without slowing down; returns (requests, bytes received, statuses)."""
+def naive_crawl(make_session, base: str, seconds: float, workers: int) -> tuple[int, int, dict[int, int]]:
+    """Follow ever-new links without slowing down, `workers` at once (a naive crawler's pool);
+    returns (requests, bytes received, statuses)."""
     deadline = time.monotonic() + seconds
-    n = received = 0
+    lock = threading.Lock()
+    counter = itertools.count()
+    totals = {"n": 0, "received": 0}
     statuses: dict[int, int] = {}
-    while time.monotonic() < deadline and n < MAX_REQUESTS:
-        r = session.get(f"{base}/item?ref={n}", timeout=70)
-        received += len(r.content) + sum(len(k) + len(v) + 4 for k, v in r.raw.headers.items())
-        statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
-        n += 1
-    return n, received, statuses
+
+    def work() -> None:
+        session = make_session()
+        while time.monotonic() < deadline:
+            n = next(counter)
+            if n >= MAX_REQUESTS:
+                return
+            try:
+                r = session.get(f"{base}/item?ref={n}", timeout=max(1.0, deadline - time.monotonic() + 5))
+            except requests.RequestException:
+                continue
+            size = len(r.content) + sum(len(k) + len(v) + 4 for k, v in r.raw.headers.items())
+            with lock:
+                totals["n"] += 1
+                totals["received"] += size
+                statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+
+    threads = [threading.Thread(target=work) for _ in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(seconds + 70)
+    return totals["n"], totals["received"], statuses
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--workers", type=int, default=4, help="the naive crawler's connections")
     args = parser.parse_args()
     per_answer = answer_bytes()
 
     site = Site(default=Answer(410, BODY_410, ARTICLE_410_HEADERS))
-    session = requests.Session()
-    session.trust_env = False
-    direct_n, direct_rx, _ = naive_crawl(session, site.base, args.seconds)
+    def direct_session() -> requests.Session:
+        session = requests.Session()
+        session.trust_env = False
+        return session
+
+    direct_n, direct_rx, _ = naive_crawl(direct_session, site.base, args.seconds, args.workers)
     direct_site = len(site.arrivals)
     site.close()
 
@@ -67,8 +93,8 @@ def main() -> int:
     state = Path(tempfile.mkdtemp(prefix="etiquette-bench-"))
     proxy = Proxy(state / "state", sets=["pacing.rate=50", "pacing.burst=1"])
     try:
-        s = proxy.session(ua="naivebot/1.0")
-        proxied_n, proxied_rx, statuses = naive_crawl(s, site.base, args.seconds)
+        proxied_n, proxied_rx, statuses = naive_crawl(lambda: proxy.session(ua="naivebot/1.0"), site.base,
+                                                      args.seconds, args.workers)
         proxied_site = len(site.arrivals)
         audit = proxy.audit()
     finally:
@@ -81,7 +107,7 @@ def main() -> int:
     warnings = [line["warning"] for line in audit if "warning" in line]
     trimmed = [line for line in audit if "header_bytes_sent" in line]
 
-    print(f"command: python benchmarks/runaway_retired.py --seconds {args.seconds:g}")
+    print(f"command: python benchmarks/runaway_retired.py --seconds {args.seconds:g} --workers {args.workers}")
     print(f"{'':28}{'direct':>14}{'through proxy':>16}")
     print(f"{'client requests':28}{direct_n:>14,}{proxied_n:>16,}")
     print(f"{'requests reaching the site':28}{direct_site:>14,}{proxied_site:>16,}")
