@@ -68,7 +68,7 @@ def _shared(settings: T) -> T:
         if len(_SHARED) >= 1024:
             return settings
         kept = _SHARED[settings] = settings
-    return kept  # type: ignore[return-value]
+    return kept
 
 
 _SHARED: dict[Any, Any] = {}

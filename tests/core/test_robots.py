@@ -257,7 +257,8 @@ def test_parsed_rules_are_kept_for_the_least_recently_used_origins(clock, monkey
 
     monkeypatch.setattr(robots, "PARSED_LIMIT", 3)
     policy = RobotsPolicy(clock)
-    entries = [policy.after_fetch(f"http://s{i}.example", FetchResult(200, f"User-agent: *\nDisallow: /{i}/\n".encode()),
+    entries = [policy.after_fetch(f"http://s{i}.example",
+                                  FetchResult(200, f"User-agent: *\nDisallow: /{i}/\n".encode()),
                                   None, RobotsSettings()) for i in range(6)]
     parsed = []
     real_parse = robots.Protego.parse
@@ -269,5 +270,6 @@ def test_parsed_rules_are_kept_for_the_least_recently_used_origins(clock, monkey
     assert len(policy._parsed) == 3  # bounded
     assert parsed.count(hot.text) == 1  # parsed once: an LRU, not a clear-all
     # A new robots.txt for the origin is parsed afresh, never answered from the old rules.
-    newer = policy.after_fetch(hot.origin, FetchResult(200, b"User-agent: *\nDisallow: /new/\n"), hot, RobotsSettings())
+    newer = policy.after_fetch(hot.origin, FetchResult(200, b"User-agent: *\nDisallow: /new/\n"), hot,
+                               RobotsSettings())
     assert policy.verdict(newer, "/0/x", "bot").allowed and not policy.verdict(newer, "/new/x", "bot").allowed
