@@ -185,15 +185,18 @@ class Revalidation:
         key = url_key(flow, self.rt)
         if key is None:
             return
-        entry = store.get(key)
+        policy = self.revisits.get(notes.site)
+        state: RevisitState | None = None
+        if policy.enforce:  # the schedule rides in the entry's row: one read for both
+            entry, state = store.get_with_record(key, REVISIT, parse=RevisitState.from_state)
+        else:
+            entry = store.get(key)
         if entry is None:
             return
         flow.metadata[_HAD_ENTRY] = True
         request_headers = tuple(flow.request.headers.items(multi=True))
 
-        policy = self.revisits.get(notes.site)
         if policy.enforce:
-            state = store.get_record(REVISIT, key, parse=RevisitState.from_state)
             decision = policy.serve_stored(state, wall())
             if decision.serve_stored and may_serve_unvalidated(entry, request_headers).ok:
                 reason = f"stored copy, not checked with the site: {decision.reason} (revisit.enforce)"
@@ -209,6 +212,7 @@ class Revalidation:
                                     if k.lower() != "age") + (("Age", age),)
                     flow.response = http.Response.make(200)
                     set_stored_response(flow.response, body, headers)
+                    store.touch(entry)  # a use: keeps the page young for eviction
                     return
 
         injection = inject_headers(entry, "GET", request_headers)
@@ -277,8 +281,10 @@ class Revalidation:
         notes.extra["changed"] = False
         # Written back only while the store still holds this body (RFC 9111 §4.3.4 updates the
         # stored response; one that was replaced or evicted meanwhile is not ours to touch).
-        self.rt.store.refresh(answer.entry)
-        self._schedule(flow, notes, None, now)
+        # The new revisit schedule goes into the same row, in the same write.
+        revisit = self._revisit(flow, notes, None, now)
+        if not self.rt.store.refresh(answer.entry, {REVISIT: revisit}):
+            self.rt.store.put_record(REVISIT, answer.entry.url, revisit)
 
     async def _refetch(self, flow: http.HTTPFlow, notes: FlowNotes, injected: Injected, why: str) -> None:
         """A 304 naming another validator says nothing about our body (RFC 9111 §4.3.4): ask
@@ -327,29 +333,31 @@ class Revalidation:
         decision = should_store("GET", 200, request_headers, response_headers, len(raw), store.max_body)
         fingerprinter = self.fingerprinters.get(notes.site)
 
-        def work() -> tuple[str, StoredEntry | None]:
+        def work() -> tuple[dict[str, Any], StoredEntry | None]:
             digest = self._digest(raw, header_value(response_headers, "content-encoding"),
                                   fingerprinter, store.max_body)
+            revisit = self._revisit(flow, notes, digest, now)
             entry = (StoredEntry.build(key, request_headers, response_headers, raw, now)
                      if decision.store else None)
-            if entry is not None:
-                store.put(entry, raw)
-            return digest, entry
+            # Body, entry and revisit schedule in one write (the schedule rides in the row).
+            if entry is not None and not store.put(entry, raw, {REVISIT: revisit}):
+                entry = None
+            return revisit, entry
 
         if len(raw) > THREAD_ABOVE:
-            digest, entry = await asyncio.to_thread(work)
+            revisit, entry = await asyncio.to_thread(work)
         else:
-            digest, entry = work()
+            revisit, entry = work()
         if entry is None and flow.metadata.get(_HAD_ENTRY):
             store.forget(key)  # the stored copy is outdated and the new one is not storable
         if entry is None:
             log.debug("%s not stored: %s", key, decision.reason)
+            store.put_record(REVISIT, key, revisit)
 
         would: StoredEntry | None = flow.metadata.get(_WOULD_INJECT)
         if would is not None and _same_validators(would, response_headers):
             notes.would_do("revalidated", "the site's 200 carries the stored validators: "
                                           "with them injected it would have answered 304")
-        self._schedule(flow, notes, digest, now)
 
     @staticmethod
     def _digest(raw: bytes, encoding: str | None, fingerprinter: Fingerprinter, max_body: int) -> str:
@@ -360,8 +368,10 @@ class Revalidation:
         # Over store.max_body, or not decodable within bounds: the plain SHA-256 of what came.
         return "raw:" + hashlib.sha256(raw).hexdigest()
 
-    def _schedule(self, flow: http.HTTPFlow, notes: FlowNotes, digest: str | None, now: float) -> None:
-        """Revisit schedule after a 200 (digest) or a 304 to our validators (None)."""
+    def _revisit(self, flow: http.HTTPFlow, notes: FlowNotes, digest: str | None,
+                 now: float) -> dict[str, Any]:
+        """The new revisit schedule after a 200 (digest) or a 304 to our validators (None), to
+        be written by the caller with the entry; sets `changed` on the notes."""
         store = self.rt.store
         key = url_key(flow, self.rt)
         assert store is not None and key is not None
@@ -371,9 +381,9 @@ class Revalidation:
             revisit = policy.after_not_modified(state, now)
         else:
             revisit = policy.after_fetch(state, digest, now)
-        store.put_record(REVISIT, key, revisit.state.to_state())
         if revisit.changed is not None:
             notes.extra["changed"] = revisit.changed
+        return revisit.state.to_state()
 
 
 def _same_validators(entry: StoredEntry, response_headers: HeaderPairs) -> bool:

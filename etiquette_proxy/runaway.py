@@ -17,16 +17,18 @@ from __future__ import annotations
 import base64
 import hashlib
 import math
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from types import MappingProxyType
+from typing import Any, TypeVar, cast
 from urllib.parse import unquote_plus
 
 from etiquette_proxy.clock import wall
 from etiquette_proxy.refusals import safe_text
 
 GONE_STATUSES = frozenset({404, 410})
+T = TypeVar("T")
 STATE_VERSION = 1
 
 
@@ -57,7 +59,22 @@ def _share(name: str, value: object) -> float:
 
 # -- retired sites -------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+def _shared(settings: T) -> T:
+    """One object per distinct settings value: sites without overrides share the default's
+    (100,000 sites would otherwise hold 100,000 equal copies). Bounded: settings values are
+    few (one per distinct per-site override), and past the bound a copy is merely not shared."""
+    kept = _SHARED.get(settings)
+    if kept is None:
+        if len(_SHARED) >= 1024:
+            return settings
+        kept = _SHARED[settings] = settings
+    return kept
+
+
+_SHARED: dict[Any, Any] = {}
+
+
+@dataclass(frozen=True, slots=True)
 class RetiredSettings:
     """`runaway.retired_*` for one site (SPEC §7)."""
 
@@ -78,12 +95,15 @@ class RetiredSettings:
 
     @classmethod
     def from_config(cls, config: Any, site: str | None = None) -> RetiredSettings:
-        """Settings for `site` from a loaded Config."""
-        return cls(
+        """Settings for `site` from a loaded Config (shared with sites of equal settings)."""
+        return _shared(cls(
             window=config.get("runaway.retired_window", site),
             share=config.get("runaway.retired_share", site),
             rate=config.get("runaway.retired_rate", site),
-        )
+        ))
+
+
+_DEFAULT_RETIRED = RetiredSettings()
 
 
 @dataclass(frozen=True)
@@ -101,9 +121,14 @@ class RetiredDetector:
     ones: gone-memory 410s would otherwise keep a site retired by themselves.
     """
 
+    # Per site, so kept small: the window is an int, bit 0 the latest answer (1 = 404/410),
+    # instead of a deque of bools (~600 bytes empty, ~1.7 KB full at window 200).
+    __slots__ = ("_gone", "_len", "_recent", "_retired", "settings")
+
     def __init__(self, settings: RetiredSettings | None = None) -> None:
-        self.settings = settings or RetiredSettings()
-        self._recent: deque[bool] = deque(maxlen=self.settings.window)
+        self.settings = settings or _DEFAULT_RETIRED
+        self._recent = 0
+        self._len = 0
         self._gone = 0
         self._retired = False
 
@@ -114,7 +139,7 @@ class RetiredDetector:
     @property
     def answers(self) -> int:
         """Answers in the current window (at most `window`)."""
-        return len(self._recent)
+        return self._len
 
     @property
     def gone(self) -> int:
@@ -141,7 +166,7 @@ class RetiredDetector:
 
     def summary(self) -> str:
         """`198 of last 200 answers 404/410`."""
-        return f"{self._gone} of last {len(self._recent)} answers 404/410"
+        return f"{self._gone} of last {self._len} answers 404/410"
 
     def max_rate(self) -> float | None:
         """The rate ceiling retirement puts on the site (requests/s), or None."""
@@ -153,31 +178,33 @@ class RetiredDetector:
 
     def status(self) -> dict[str, Any]:
         """For the dashboard and `/api/sites`."""
-        return {"retired": self._retired, "gone": self._gone, "answers": len(self._recent),
+        return {"retired": self._retired, "gone": self._gone, "answers": self._len,
                 "window": self.settings.window}
 
     def _is_full_of_gone(self) -> bool:
         # SPEC §7, brief: never retired before the window is full.
-        return len(self._recent) == self.settings.window and self._gone >= self.settings.needed
+        return self._len == self.settings.window and self._gone >= self.settings.needed
 
     def _push(self, gone: bool) -> None:
-        if len(self._recent) == self._recent.maxlen and self._recent[0]:
-            self._gone -= 1
-        self._recent.append(gone)
+        window = self.settings.window
+        if self._len == window:
+            self._gone -= (self._recent >> (window - 1)) & 1  # the oldest answer leaves
+        else:
+            self._len += 1
+        self._recent = ((self._recent << 1) | gone) & ((1 << window) - 1)
         self._gone += gone
 
     def _reset(self) -> None:
         # After a revival a whole fresh window of 404/410 is needed to retire again: a mostly
         # dead site with a few live pages costs at most one window per live answer, not a
         # retire/revive flap on every other request.
-        self._recent.clear()
-        self._gone = 0
+        self._recent = self._len = self._gone = 0
         self._retired = False
 
     def to_state(self) -> dict[str, Any]:
         """JSON-able state: the flag and the window as a string of 1 (404/410) and 0."""
         return {"v": STATE_VERSION, "retired": self._retired,
-                "recent": "".join("1" if g else "0" for g in self._recent)}
+                "recent": format(self._recent, "b").zfill(self._len) if self._len else ""}
 
     @classmethod
     def from_state(cls, state: object, settings: RetiredSettings | None = None) -> RetiredDetector:
@@ -226,7 +253,7 @@ _MAX_NAME = 64
 _MAX_FIELDS = 64  # query fields looked at per request; the rest are ignored
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TrapSettings:
     """`runaway.max_distinct` / `runaway.trap_action`, and the fixed bounds of the detector.
 
@@ -267,8 +294,14 @@ class TrapSettings:
         """Settings for `site` from a loaded Config."""
         max_distinct = config.get("runaway.max_distinct", site)
         # The novelty window never needs to be longer than the distinct count it confirms.
-        return cls(max_distinct=max_distinct, action=config.get("runaway.trap_action", site),
-                   novelty_window=min(cls.novelty_window, max_distinct))
+        return _shared(cls(max_distinct=max_distinct, action=config.get("runaway.trap_action", site),
+                           novelty_window=min(TrapSettings().novelty_window, max_distinct)))
+
+
+_DEFAULT_TRAPS = TrapSettings()
+# Shared by every detector that has seen no query string yet; read-only, so a bug that wrote
+# to it would raise instead of leaking one site's paths into all the others.
+_NO_PATHS = cast("OrderedDict[str, dict[str, _ParamStats]]", MappingProxyType(OrderedDict()))
 
 
 def value_hash(value: str) -> int:
@@ -475,11 +508,14 @@ class TrapDetector:
     a 1 KiB HyperLogLog: 2.3 MiB for a site at every bound, a few KiB for ordinary sites.
     """
 
+    __slots__ = ("_clock", "_paths", "settings")
+
     def __init__(self, settings: TrapSettings | None = None,
                  clock: Callable[[], float] = wall) -> None:
-        self.settings = settings or TrapSettings()
+        self.settings = settings or _DEFAULT_TRAPS
         self._clock = clock
-        self._paths: OrderedDict[str, dict[str, _ParamStats]] = OrderedDict()
+        # Built on the first request with a query string: most sites never send one.
+        self._paths: OrderedDict[str, dict[str, _ParamStats]] = _NO_PATHS
 
     def observe(self, target: str) -> TrapCheck:
         """Count one request (`/path?query`, as sent) and say whether it may go to the site.
@@ -547,6 +583,8 @@ class TrapDetector:
         return out
 
     def _path(self, path: str) -> dict[str, _ParamStats]:
+        if self._paths is _NO_PATHS:
+            self._paths = OrderedDict()
         params = self._paths.get(path)
         if params is not None:
             self._paths.move_to_end(path)
@@ -658,6 +696,8 @@ class TrapDetector:
 
 class RunawayGuard:
     """One site's retired detector and trap detector, and the rate they leave it."""
+
+    __slots__ = ("retired", "traps")
 
     def __init__(self, retired: RetiredDetector | None = None,
                  traps: TrapDetector | None = None) -> None:

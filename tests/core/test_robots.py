@@ -250,3 +250,26 @@ def test_bom_and_cr_only_rules_still_apply(clock):
     policy = RobotsPolicy(clock)
     for body in (b"\xef\xbb\xbfUser-agent: *\nDisallow: /x\n", b"User-agent: *\rDisallow: /x\r"):
         assert not policy.verdict(policy.after_fetch(ORIGIN, FetchResult(200, body), None, S), "/x", "a").allowed
+
+
+def test_parsed_rules_are_kept_for_the_least_recently_used_origins(clock, monkeypatch):
+    import etiquette_proxy.robots as robots
+
+    monkeypatch.setattr(robots, "PARSED_LIMIT", 3)
+    policy = RobotsPolicy(clock)
+    entries = [policy.after_fetch(f"http://s{i}.example",
+                                  FetchResult(200, f"User-agent: *\nDisallow: /{i}/\n".encode()),
+                                  None, RobotsSettings()) for i in range(6)]
+    parsed = []
+    real_parse = robots.Protego.parse
+    monkeypatch.setattr(robots.Protego, "parse", lambda text: parsed.append(text) or real_parse(text))
+    hot = entries[0]
+    for e in entries[1:]:
+        assert not policy.verdict(e, f"/{entries.index(e)}/x", "bot").allowed
+        assert not policy.verdict(hot, "/0/x", "bot").allowed  # used between every other origin
+    assert len(policy._parsed) == 3  # bounded
+    assert parsed.count(hot.text) == 1  # parsed once: an LRU, not a clear-all
+    # A new robots.txt for the origin is parsed afresh, never answered from the old rules.
+    newer = policy.after_fetch(hot.origin, FetchResult(200, b"User-agent: *\nDisallow: /new/\n"), hot,
+                               RobotsSettings())
+    assert policy.verdict(newer, "/0/x", "bot").allowed and not policy.verdict(newer, "/new/x", "bot").allowed

@@ -102,6 +102,27 @@ def test_retired_state_under_a_smaller_window_keeps_the_latest_answers() -> None
     assert again.answers == 50 and again.gone == 50
 
 
+@pytest.mark.parametrize("statuses", [[], [410], [200, 410, 404, 500, 200], [410, 200] * 150 + [404] * 7])
+def test_retired_state_is_the_window_oldest_first(statuses: list[int]) -> None:
+    # The window is a bitmask in memory; its state stays a "0"/"1" string, oldest first.
+    detector = RetiredDetector()
+    feed(detector, statuses)
+    expected = "".join("1" if s in (404, 410) else "0" for s in statuses)[-200:]
+    assert detector.to_state()["recent"] == expected
+    assert detector.gone == expected.count("1") and detector.answers == len(expected)
+
+
+def test_sites_share_settings_and_hold_no_trap_state_before_a_query() -> None:
+    config = defaults()
+    a, b = (RunawayGuard.from_config(config, s) for s in ("a.example:80", "b.example:80"))
+    assert a.retired.settings is b.retired.settings and a.traps.settings is b.traps.settings
+    assert a.traps.tracked_paths == 0 and not a.traps.traps()
+    a.observe_request("/no/query")
+    assert a.traps.tracked_paths == 0
+    a.observe_request("/list?page=2")
+    assert a.traps.tracked_paths == 1 and b.traps.tracked_paths == 0  # nothing leaks between sites
+
+
 @pytest.mark.parametrize("state", [
     None, [], "x", {}, {"v": 2, "retired": True, "recent": ""},
     {"v": 1, "retired": "yes", "recent": ""}, {"v": 1, "retired": True, "recent": "0120"},

@@ -93,7 +93,10 @@ def test_replaced_body_is_not_served_for_the_old_entry(store: ValidatorStore) ->
     assert store.body(new) == b"new body!"
 
 
-def test_lru_eviction_within_size_limit(tmp_path: Path) -> None:
+@pytest.mark.parametrize("use", ["touch", "refresh"])
+def test_lru_eviction_within_size_limit(tmp_path: Path, use: str) -> None:
+    # Least recently *used*: a use is what needs the body (served-stored -> touch, a 304 ->
+    # refresh); a plain lookup is not one (it writes nothing, see the store's docstring).
     # Bodies above diskcache's 32 KiB threshold are files, so the volume is easy to predict.
     body = b"x" * (100 * 1024)
     with ValidatorStore(tmp_path / "tiny", size_limit=1024**2, max_body=1024**2) as s:
@@ -102,14 +105,31 @@ def test_lru_eviction_within_size_limit(tmp_path: Path) -> None:
         for i, u in enumerate(urls):
             assert s.put(entries[u], body)
             if i >= 1:
-                assert s.get(urls[0]) is not None  # keep the first one recently used
-                assert s.body(entries[urls[0]]) == body
+                first = s.get(urls[0])
+                assert first is not None and s.body(first) == body
+                if use == "touch":
+                    s.touch(first)  # keep the first one recently used
+                else:
+                    assert s.refresh(StoredEntry.build(urls[0], [], HEADERS, body, NOW + i))
+            if i >= 2:
+                s.get(urls[1])  # looked up, never used: nothing keeps it
         assert s._cache.volume() <= 1024**2  # noqa: SLF001 - the limit is what we test
-        assert s.get(urls[0]) is not None and s.body(entries[urls[0]]) == body
+        first = s.get(urls[0])
+        assert first is not None and s.body(first) == body
         assert s.get(urls[-1]) is not None  # the newest survives
         survivors = [u for u in urls if s.get(u) is not None and s.body(entries[u]) is not None]
         assert len(survivors) < 15  # 30 x 100 KiB cannot fit in 1 MiB
         assert s.get(urls[1]) is None or s.body(entries[urls[1]]) is None  # least recently used
+
+
+def test_size_limit_holds_when_written_in_small_rows(tmp_path: Path) -> None:
+    # The volume is checked every few writes, not on each: it still ends within the limit.
+    with ValidatorStore(tmp_path / "s", size_limit=256 * 1024, max_body=1024**2) as s:
+        for i in range(2000):
+            e = make(f"https://e.com/{i}", b"y" * 900)
+            s.put(e, b"y" * 900)
+        assert s._cache.volume() <= 256 * 1024 * 1.1  # noqa: SLF001
+        assert s.get("https://e.com/1999") is not None and s.get("https://e.com/0") is None
 
 
 @pytest.mark.parametrize(
@@ -230,3 +250,70 @@ def test_from_config(tmp_path: Path) -> None:
 def test_impossible_limits_are_rejected(tmp_path: Path, size_limit: int, max_body: int) -> None:
     with pytest.raises(ValueError):
         ValidatorStore(tmp_path / "s", size_limit, max_body)
+
+
+SCHEDULE = {"fingerprint": "f", "interval_s": 60.0, "last_fetched": 1.0, "next_check": 61.0}
+
+
+def test_revisit_schedule_rides_in_the_entry_row(store: ValidatorStore) -> None:
+    e = make("https://e.com/a")
+    assert store.put(e, b"<html>hi</html>", {REVISIT: SCHEDULE})
+    assert store._cache.get(f"{REVISIT}|{e.url}") is None  # noqa: SLF001 - no row of its own
+    entry, state = store.get_with_record(e.url, REVISIT, RevisitState.from_state)
+    assert entry == e and state is not None and state.next_check == 61.0
+    assert store.get_record(REVISIT, e.url) == SCHEDULE
+    # Storing or refreshing without a schedule keeps the one in the row.
+    newer = make(e.url, b"<html>new</html>")
+    store.put(newer, b"<html>new</html>")
+    assert store.refresh(newer)
+    assert store.get_record(REVISIT, e.url) == SCHEDULE
+    # put_record writes into the row while there is an entry.
+    later = dict(SCHEDULE, next_check=99.0)
+    store.put_record(REVISIT, e.url, later)
+    assert store.get_record(REVISIT, e.url) == later and store.get(e.url) == newer
+    # forget drops entry and body but hands the schedule over to a row of its own.
+    store.forget(e.url)
+    assert store.get(e.url) is None and store.get_record(REVISIT, e.url) == later
+    store.forget_record(REVISIT, e.url)
+    assert store.get_record(REVISIT, e.url) is None
+
+
+def test_schedule_in_its_own_row_is_read_and_then_moved_into_the_entry(store: ValidatorStore) -> None:
+    # Stores written before schedules rode in the entry row keep them in their own rows.
+    e = make("https://e.com/a")
+    store._cache.set(f"e|{e.url}", __import__("json").dumps(e.to_dict()).encode())  # noqa: SLF001
+    store._cache.set(f"b|{e.url}", b"<html>hi</html>")  # noqa: SLF001
+    store._cache.set(f"{REVISIT}|{e.url}", __import__("json").dumps(SCHEDULE).encode())  # noqa: SLF001
+    assert store.get_with_record(e.url, REVISIT)[1] == SCHEDULE
+    assert store.refresh(e, {REVISIT: dict(SCHEDULE, fetches=2)})
+    assert store._cache.get(f"{REVISIT}|{e.url}") is None  # noqa: SLF001
+    assert store.get_record(REVISIT, e.url) == dict(SCHEDULE, fetches=2)
+
+
+def test_corrupt_schedule_in_the_row_reads_as_absent_and_keeps_the_entry(
+        store: ValidatorStore, caplog: pytest.LogCaptureFixture) -> None:
+    e = make("https://e.com/a")
+    store.put(e, b"<html>hi</html>", {REVISIT: {"interval_s": "soon"}})
+    with caplog.at_level(logging.WARNING):
+        assert store.get_record(REVISIT, e.url, RevisitState.from_state) is None
+        assert store.get_with_record(e.url, REVISIT, RevisitState.from_state) == (e, None)
+    assert "corrupt" in caplog.text and store.get(e.url) == e
+
+
+def test_only_entry_record_namespaces_ride_in_the_row(store: ValidatorStore) -> None:
+    with pytest.raises(ValueError):
+        store.put(make("https://e.com/a"), b"<html>hi</html>", {GONE: {"status": 410, "since": 1.0}})
+
+
+def test_a_lookup_writes_nothing(store: ValidatorStore) -> None:
+    e = make("https://e.com/a")
+    store.put(e, b"<html>hi</html>")
+    before = store._cache._sql("SELECT key, store_time, access_time FROM Cache ORDER BY key").fetchall()  # noqa: SLF001
+    for _ in range(3):
+        assert store.get(e.url) == e and store.body(e) == b"<html>hi</html>"
+        store.get_record(REVISIT, e.url)
+    after = store._cache._sql("SELECT key, store_time, access_time FROM Cache ORDER BY key").fetchall()  # noqa: SLF001
+    assert before == after
+    store.touch(e)
+    touched = store._cache._sql("SELECT key, store_time FROM Cache ORDER BY key").fetchall()  # noqa: SLF001
+    assert all(t > b[1] for (_, t), b in zip(touched, before, strict=True))
