@@ -8,17 +8,16 @@ from collections.abc import Callable
 from typing import Any
 
 from etiquette_addons.dashboard import Dashboard
-from etiquette_addons.pacing import Pacing
-from etiquette_addons.refusals import RefusalTrimmer
 from etiquette_addons.gone_memory import GoneMemory
 from etiquette_addons.health import HealthWatch
+from etiquette_addons.pacing import Pacing
+from etiquette_addons.refusals import RefusalTrimmer
 from etiquette_addons.revalidation import Revalidation
 from etiquette_addons.robots_gate import RobotsGate
 from etiquette_addons.runaway import RunawayWatch
 from etiquette_addons.runtime import Runtime
 from etiquette_addons.settings import Settings
 from etiquette_addons.trail import Trail
-
 
 log = logging.getLogger(__name__)
 

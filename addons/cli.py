@@ -164,11 +164,10 @@ def run(config: Config, config_path: str | None, overrides: list[str]) -> int:
 
 
 async def _serve(config: Config, config_path: str | None, overrides: list[str]) -> int:
-    from mitmproxy import options
-    from mitmproxy.tools.dump import DumpMaster
-
     from etiquette_addons.chain import build_chain
     from etiquette_addons.runtime import Runtime
+    from mitmproxy import options
+    from mitmproxy.tools.dump import DumpMaster
 
     opts = options.Options(listen_host=config.listen.host, listen_port=config.listen.port,
                            confdir=state_dir(config))

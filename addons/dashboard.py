@@ -14,14 +14,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from etiquette_addons.notes import notes_of, skip
+from etiquette_addons.runtime import Runtime
 from mitmproxy import http
 
 from etiquette_proxy.board import SiteBoard
 from etiquette_proxy.dashboard import HOST, Page, serve, text_page
 from etiquette_proxy.metrics import CONTENT_TYPE_LATEST, render_metrics
-
-from etiquette_addons.notes import notes_of, skip
-from etiquette_addons.runtime import Runtime
 
 log = logging.getLogger(__name__)
 

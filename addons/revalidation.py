@@ -30,11 +30,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from etiquette_addons.notes import FlowNotes, notes_of, skip
+from etiquette_addons.runtime import Runtime
+from etiquette_addons.side_fetch import SideFetchError, fetch
+from etiquette_addons.trail import DECISION_HEADER, answer_locally, fail_closed
 from mitmproxy import http
 
 from etiquette_proxy.clock import wall
 from etiquette_proxy.fingerprint import Fingerprinter
-from etiquette_proxy.revisit import NAMESPACE as REVISIT, RevisitPolicy, RevisitState
+from etiquette_proxy.revisit import NAMESPACE as REVISIT
+from etiquette_proxy.revisit import RevisitPolicy, RevisitState
 from etiquette_proxy.urlkey import normalise
 from etiquette_proxy.validators import (
     HeaderPairs,
@@ -46,11 +51,6 @@ from etiquette_proxy.validators import (
     should_store,
     stored_response_headers,
 )
-
-from etiquette_addons.notes import FlowNotes, notes_of, skip
-from etiquette_addons.runtime import Runtime
-from etiquette_addons.side_fetch import SideFetchError, fetch
-from etiquette_addons.trail import DECISION_HEADER, answer_locally, fail_closed
 
 log = logging.getLogger(__name__)
 

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import logging
 
-from mitmproxy import http
-
-from etiquette_proxy.runaway import RunawayGuard
-
 from etiquette_addons.notes import notes_of, skip
 from etiquette_addons.runtime import Restraint, Runtime
 from etiquette_addons.trail import answer_locally, fail_closed
+from mitmproxy import http
+
+from etiquette_proxy.runaway import RunawayGuard
 
 log = logging.getLogger(__name__)
 

@@ -9,14 +9,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from etiquette_addons.side_fetch import UpstreamPath
+
 from etiquette_proxy.audit import AuditLog
 from etiquette_proxy.board import StatusProvider
 from etiquette_proxy.config import Config, defaults
 from etiquette_proxy.dashboard import PostRoute
 from etiquette_proxy.state import MemoryState, StateStore
 from etiquette_proxy.store import ValidatorStore
-
-from etiquette_addons.side_fetch import UpstreamPath
 
 log = logging.getLogger(__name__)
 

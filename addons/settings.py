@@ -8,16 +8,15 @@ import os
 import sys
 from collections.abc import Sequence
 
+from etiquette_addons.notes import notes_of
+from etiquette_addons.runtime import Runtime, expand_dir
+from etiquette_addons.side_fetch import UpstreamPath
 from mitmproxy import ctx, exceptions, http
 
 from etiquette_proxy.audit import AuditLog
 from etiquette_proxy.config import ConfigError, load_config_file
 from etiquette_proxy.state import DiskState
 from etiquette_proxy.store import ValidatorStore
-
-from etiquette_addons.notes import notes_of
-from etiquette_addons.runtime import Runtime, expand_dir
-from etiquette_addons.side_fetch import UpstreamPath
 
 log = logging.getLogger(__name__)
 

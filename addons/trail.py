@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import logging
 
-from mitmproxy import http
-
-from etiquette_proxy.clock import wall
-from etiquette_proxy.audit import audit_record
-from etiquette_proxy.refusals import local_answer
-
 from etiquette_addons.notes import FlowNotes, notes_of
 from etiquette_addons.runtime import Runtime
+from mitmproxy import http
+
+from etiquette_proxy.audit import audit_record
+from etiquette_proxy.clock import wall
+from etiquette_proxy.refusals import local_answer
 
 log = logging.getLogger(__name__)
 

@@ -60,6 +60,7 @@ async def run(with_chain: bool, n: int, paths: int, tmp: str) -> list[float]:
         from etiquette_addons.chain import build_chain
         from etiquette_addons.robots_gate import RobotsGate
         from etiquette_addons.runtime import Runtime
+
         from etiquette_proxy.robots import FetchResult, RobotsSettings
 
         rt = Runtime()
@@ -138,8 +139,10 @@ def main() -> int:
         for r in range(args.rounds):
             b = asyncio.run(run(False, args.requests, args.paths, f"{tmp}/b{r}"))
             c = asyncio.run(run(True, args.requests, args.paths, f"{tmp}/c{r}"))
-            bare_meds.append(percentile(b, 50)); chain_meds.append(percentile(c, 50))
-            bare_p99.append(percentile(b, 99)); chain_p99.append(percentile(c, 99))
+            bare_meds.append(percentile(b, 50))
+            chain_meds.append(percentile(c, 50))
+            bare_p99.append(percentile(b, 99))
+            chain_p99.append(percentile(c, 99))
             print(f"  round {r + 1}: mitmproxy addons only: median {bare_meds[-1]:7.1f} µs, p99 {bare_p99[-1]:7.1f} µs;"
                   f"  with etiquette chain: median {chain_meds[-1]:7.1f} µs, p99 {chain_p99[-1]:7.1f} µs")
             sys.stdout.flush()

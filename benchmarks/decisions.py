@@ -95,7 +95,9 @@ def robots_component(config) -> Callable[[int], object]:  # type: ignore[no-unty
     entry = policy.after_fetch(ORIGIN, FetchResult(200, ROBOTS_TXT), None, RobotsSettings())
     paths = [f"/page/{i}?q={i}" for i in range(50)] + ["/private/x", "/cgi-bin/a", "/private/open/y"]
 
-    settings_for: Callable[[str], RobotsSettings] = lambda site: RobotsSettings.from_config(config, site)
+    def settings_for(site: str) -> RobotsSettings:
+        return RobotsSettings.from_config(config, site)
+
     try:  # the gate's own per-site settings cache, when the addon layer has one
         from etiquette_addons.robots_gate import RobotsGate
         from etiquette_addons.runtime import Runtime

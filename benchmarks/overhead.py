@@ -28,8 +28,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _harness import (  # noqa: E402
-    WrkResult, audit_summary, check, header, median, start_etiquette, start_mitmdump, start_site,
-    started, wrk,
+    WrkResult,
+    audit_summary,
+    check,
+    header,
+    median,
+    start_etiquette,
+    start_mitmdump,
+    start_site,
+    started,
+    wrk,
 )
 
 FAST_PACING = (

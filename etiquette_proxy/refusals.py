@@ -192,7 +192,7 @@ def trim_refusal(
     drop_names = PAGE_ONLY | {s.lower() for s in strip}
     # Step 1 (SPEC §7): page-only headers and refusals.strip go, whatever the size.
     keep = [essential[i] or names[i] not in drop_names for i in range(len(fields))]
-    total = sum(s for s, k in zip(sizes, keep) if k)
+    total = sum(s for s, k in zip(sizes, keep, strict=True) if k)
 
     # Step 2: still above refusals.max_header_bytes -> non-essential fields go, ordinary ones
     # first, DROP_LAST ones after; largest first within each group (fewest fields lost);
@@ -208,7 +208,7 @@ def trim_refusal(
             keep[i] = False
             total -= sizes[i]
 
-    kept = tuple(f for f, k in zip(fields, keep) if k)
+    kept = tuple(f for f, k in zip(fields, keep, strict=True) if k)
     dropped = tuple(_text(fields[i][0]) for i in range(len(fields)) if not keep[i])
     return TrimmedRefusal(kept, before, total, dropped)
 

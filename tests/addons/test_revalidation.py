@@ -9,6 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from etiquette_addons import revalidation as reval_module
+from etiquette_addons.gone_memory import GoneMemory
+from etiquette_addons.notes import notes_of
+from etiquette_addons.revalidation import Revalidation, decoded_for_fingerprint
+from etiquette_addons.runtime import Runtime
+from etiquette_addons.side_fetch import SideResponse
 from mitmproxy import http
 from mitmproxy.test import tflow, tutils
 
@@ -17,13 +23,6 @@ from etiquette_proxy.gone import NAMESPACE as GONE
 from etiquette_proxy.revisit import NAMESPACE as REVISIT
 from etiquette_proxy.store import ValidatorStore
 from etiquette_proxy.validators import StoredEntry
-
-from etiquette_addons import revalidation as reval_module
-from etiquette_addons.gone_memory import GoneMemory
-from etiquette_addons.notes import notes_of
-from etiquette_addons.revalidation import Revalidation, decoded_for_fingerprint
-from etiquette_addons.runtime import Runtime
-from etiquette_addons.side_fetch import SideResponse
 
 URL = "http://site.test/page"
 BODY = b"<html>the stored page</html>"

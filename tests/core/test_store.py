@@ -1,15 +1,16 @@
 from __future__ import annotations
 
 import logging
-import pickle
 from pathlib import Path
 
 import diskcache
 import pytest
 
 from etiquette_proxy.config import defaults
-from etiquette_proxy.gone import NAMESPACE as GONE, GoneRecord
-from etiquette_proxy.revisit import NAMESPACE as REVISIT, RevisitState
+from etiquette_proxy.gone import NAMESPACE as GONE
+from etiquette_proxy.gone import GoneRecord
+from etiquette_proxy.revisit import NAMESPACE as REVISIT
+from etiquette_proxy.revisit import RevisitState
 from etiquette_proxy.store import ValidatorStore
 from etiquette_proxy.validators import StoredEntry
 

@@ -199,11 +199,12 @@ class TLSFiles:
 
 def make_tls(directory: Path) -> TLSFiles:
     """A private CA and a localhost certificate it signs (for sites with their own certificate)."""
+    import ipaddress
+
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
-    import ipaddress
 
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
