@@ -37,7 +37,8 @@ import math
 import random as _random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeGuard
+from types import MappingProxyType
+from typing import Any, Literal, TypeGuard, cast
 
 from etiquette_proxy.clock import Clock, wall
 from etiquette_proxy.ratelimit_fields import RateHint, read_rate_hint
@@ -56,6 +57,10 @@ _STATE_VERSION = 1
 _NEVER = -math.inf
 _NO_RESTRAINT = (1.0, math.inf, 1.0)
 _NO_PLAN_TAIL = (0.0, 0.0)
+# What an idle site's queue, in-flight set and 429 list are: shared and read-only (a write that
+# forgot to make the site its own dict raises instead of leaking tickets between sites).
+_NO_TICKETS = cast(dict[int, float], MappingProxyType({}))
+_NO_THROTTLES: list[float] = cast(list[float], ())
 
 
 # -- settings --------------------------------------------------------------------------------
@@ -186,7 +191,7 @@ class SiteBudget:
         self._ceiling: float | None = None
         self._last_throttle_at = _NEVER      # last counted 429 (ceiling_ttl runs from here)
         # Counted 429s within breaker_window (at most breaker_count: a list, not a 760-byte deque).
-        self._recent: list[float] = []
+        self._recent: list[float] = _NO_THROTTLES
         self._paused_until = _NEVER
         self._pause_reason = ""
         self._breaker_until = _NEVER
@@ -197,8 +202,8 @@ class SiteBudget:
         self._restraint = _NO_RESTRAINT  # other features' say: rate factor, cap, concurrency
         self._tokens = float(s.burst)
         self._tokens_at = clock()
-        self._queue: dict[int, float] = {}      # ticket -> arrival, in arrival order
-        self._in_flight: dict[int, float] = {}  # ticket -> start
+        self._queue = _NO_TICKETS      # ticket -> arrival, in arrival order (own dict when used)
+        self._in_flight = _NO_TICKETS  # ticket -> start
         self._next_ticket = 1
         self._sent: list[list[float]] = []  # [last start, rate]: rates recently sent at, oldest first
         self._plan: dict[int, float] | None = None
@@ -294,6 +299,8 @@ class SiteBudget:
         self._next_ticket += 1
         if now < self._breaker_until:
             return self._breaker_refusal(ticket, now, now)
+        if self._queue is _NO_TICKETS:
+            self._queue = {}
         self._queue[ticket] = now
         if self._plan is not None:  # still valid: only appends since it was made
             self._extend_plan(ticket, now)
@@ -338,14 +345,14 @@ class SiteBudget:
 
     def cancel(self, ticket: int) -> None:
         """The client went away: drop its request unsent; its place and token go to the next."""
-        if _drop(self._queue, ticket) is not None:
+        if self._unqueue(ticket) is not None:
             self._plan = None  # tokens are taken only at start, so nothing else to give back
         else:
             self.release(ticket)
 
     def release(self, ticket: int) -> None:
         """The request is over (answered, failed or abandoned): free its concurrency slot."""
-        _drop(self._in_flight, ticket)
+        self._land(ticket)
 
     # -- learning from responses -------------------------------------------------------------
 
@@ -354,7 +361,7 @@ class SiteBudget:
         """Apply the 429 contract and the site's rate-limit fields; frees the request's slot."""
         now = self._clock()
         self._settle(now)
-        started = _drop(self._in_flight, ticket) if ticket is not None else None
+        started = self._land(ticket) if ticket is not None else None
         # A response to a request that left before the last 429 was answered carries no new lesson.
         echo = started is not None and started <= self._last_throttle_at
         fields = _lowered(headers)
@@ -438,7 +445,7 @@ class SiteBudget:
         self._ceiling = max(ceiling, s.rate_floor) if ceiling else None
         self._last_throttle_at = last if last is not None else _NEVER
         recent = sorted(x for x in recent if now - s.breaker_window < x <= now)
-        self._recent = recent[-s.breaker_count:]
+        self._recent = recent[-s.breaker_count:] or _NO_THROTTLES
         self._paused_until = paused
         self._pause_reason = _short(state.get("pause_reason"))
         self._breaker_until = breaker
@@ -469,6 +476,8 @@ class SiteBudget:
             reason = f"{reason or 'throttled'} (sent before the last 429; not counted again)"
             return self._decision(True, now, pause, retry, reason, notes)
 
+        if self._recent is _NO_THROTTLES:
+            self._recent = []
         while self._recent and now - self._recent[0] >= s.breaker_window:
             del self._recent[0]
         self._recent.append(now)
@@ -493,7 +502,7 @@ class SiteBudget:
         if breaker:
             self._breaker_until = now + s.cooldown
             self._breaker_reason = f"breaker open: {k} x {code} in {s.breaker_window:g}s"
-            self._recent.clear()
+            self._recent = _NO_THROTTLES
             pause = max(pause, s.cooldown)
             reason = f"{self._breaker_reason} ({reason})"
         self._pause(now, pause, reason)
@@ -657,7 +666,9 @@ class SiteBudget:
     def _start(self, ticket: int, arrival: float, now: float) -> Turn:
         k = self._tokens_now(now)
         self._tokens, self._tokens_at = max(0.0, k - 1.0), max(self._tokens_at, now)
-        _drop(self._queue, ticket)
+        self._unqueue(ticket)
+        if self._in_flight is _NO_TICKETS:
+            self._in_flight = {}
         self._in_flight[ticket] = now
         rate = self._effective_rate(now)
         if self._sent and self._sent[-1][1] == rate:
@@ -667,6 +678,26 @@ class SiteBudget:
         self._plan = None
         return Turn("go", ticket, rate, waited_s=now - arrival)
 
+    def _unqueue(self, ticket: int) -> float | None:
+        """Take `ticket` out of the line (its arrival; None if not in it)."""
+        queue = self._queue
+        if ticket not in queue:
+            return None
+        arrival = queue.pop(ticket)
+        if not queue:
+            self._queue = _NO_TICKETS  # an idle site holds no dict of its own
+        return arrival
+
+    def _land(self, ticket: int) -> float | None:
+        """Take `ticket` out of the in-flight set (its start; None if not in flight)."""
+        flying = self._in_flight
+        if ticket not in flying:
+            return None
+        start = flying.pop(ticket)
+        if not flying:
+            self._in_flight = _NO_TICKETS
+        return start
+
     def _wait(self, ticket: int, arrival: float, now: float, wait_s: float) -> Turn:
         reason = self._pause_reason if now < self._paused_until else ""
         return Turn("wait", ticket, self._effective_rate(now), wait_s=max(wait_s, 0.0),
@@ -674,7 +705,7 @@ class SiteBudget:
 
     def _refusal(self, ticket: int, arrival: float, now: float, retry_s: float,
                  reason: str) -> Turn:
-        if _drop(self._queue, ticket) is not None:
+        if self._unqueue(ticket) is not None:
             self._plan = None
         return Turn("refuse", ticket, self._effective_rate(now), waited_s=now - arrival,
                     retry_after_s=max(1, math.ceil(retry_s - _EPS)), reason=reason)
@@ -691,13 +722,6 @@ class SiteBudget:
 
 
 # -- small readers -------------------------------------------------------------------------------
-
-def _drop(tickets: dict[int, float], ticket: int) -> float | None:
-    """Remove `ticket`; an emptied dict gives its table back (an idle site keeps ~64 bytes)."""
-    value = tickets.pop(ticket, None)
-    if not tickets:
-        tickets.clear()
-    return value
 
 
 def _lowered(headers: Mapping[str, str]) -> Mapping[str, str]:
