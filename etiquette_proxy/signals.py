@@ -9,6 +9,7 @@ norm a soft block is measured against is passed in (see `SizeNorm`).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -292,7 +293,7 @@ class SizeNorm:
                 self._types = []
             if len(self._types) >= SIZE_MAX_TYPES:
                 return
-            kept = _TypeSizes(media, [])
+            kept = _TypeSizes(sys.intern(media), [])  # "text/html": one string for all sites
             self._types.append(kept)
         kept.sizes.append(size)
         if len(kept.sizes) > SIZE_SAMPLES:  # the last SIZE_SAMPLES sizes
