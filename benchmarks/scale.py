@@ -3,10 +3,15 @@ audit log write throughput (issue 8, part 3).
 
 sites   Each size runs in a fresh subprocess (so resident memory is that size's alone): every
         site gets what the proxy keeps per site — a cached robots.txt entry (RobotsGate-style
-        dict of RobotsEntry, plus the policy's parsed-rules cache warmed by one verdict), a
-        budget (etiquette_proxy/budgets.py, skipped if not on this branch), a RunawayGuard and a
-        SiteHealth. Prints RSS after each kind of state, then the per-decision time (robots
-        verdict + budget reserve/on_response) for requests spread over random sites.
+        dict of RobotsEntry, plus the policy's compiled-rules cache), a budget
+        (etiquette_proxy/budgets.py, skipped if not on this branch), a RunawayGuard and a
+        SiteHealth — and then --requests requests (default 3: a site the crawler has visited a
+        few times, not one merely named) through each: a robots verdict, a budget reserve +
+        on_response(200), the runaway guard's observe_request/observe_answer (paths without a
+        query string), and a 200 text/html response observed by the site's health with its
+        latency. `--requests 0` gives the older figure: sites created but never used. Prints
+        RSS after each kind of state, then the per-decision time (robots verdict + budget
+        reserve/on_response) for requests spread over random sites.
         Targets: 100,000 sites < 200 MB resident; per-decision cost within 2x from 1k to 100k.
 store   Builds a ValidatorStore of --store-urls entries (1 KiB bodies) in a temp dir (or
         --store-dir, kept and reused), printing progress and the build time, then times
@@ -15,7 +20,7 @@ store   Builds a ValidatorStore of --store-urls entries (1 KiB bodies) in a temp
 audit   AuditLog.write of typical records to a temp file: lines/s (with and without
         building the record).
 
-    python benchmarks/scale.py [sites|store|audit|all] [--store-urls 1000000] [--store-dir DIR]
+    python benchmarks/scale.py [sites|store|audit|all] [--requests 3] [--store-urls 1000000] [--store-dir DIR]
 """
 
 from __future__ import annotations
@@ -36,19 +41,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _harness import check, dir_size_mb, header, percentile, rss_mb  # noqa: E402
 
 SIZES = (1_000, 10_000, 100_000)
-ROBOTS = ("User-agent: *\nDisallow: /private/\nDisallow: /cgi-bin/\nAllow: /private/open/\n\n"
-          "User-agent: badbot\nDisallow: /\n")
+# Every site's robots.txt differs by one rule in the group that applies to the benchmark's
+# crawler (so no two sites' compiled rules are equal), plus a group for another crawler.
+ROBOTS = ("User-agent: *\nDisallow: /private/\nDisallow: /cgi-bin/\nAllow: /private/open/\n"
+          "Disallow: /only-{i}/\n\nUser-agent: badbot\nDisallow: /\n")
 UA_TOKEN = "benchbot"
 
 
 # -- sites ----------------------------------------------------------------------------------------
 
-def sites_child(n: int, decisions: int) -> dict[str, object]:
+def sites_child(n: int, decisions: int, requests: int) -> dict[str, object]:
     """Runs in its own process: build state for n sites, measure RSS and decision time."""
     from etiquette_proxy.config import load_config
     from etiquette_proxy.robots import FetchResult, RobotsPolicy, RobotsSettings
 
-    out: dict[str, object] = {"sites": n}
+    out: dict[str, object] = {"sites": n, "requests": requests}
+    visits = [f"/page/{k}" for k in range(max(1, requests))]
     gc.collect()
     base = rss_mb()
     out["rss_base_mb"] = round(base, 1)
@@ -62,9 +70,10 @@ def sites_child(n: int, decisions: int) -> dict[str, object]:
     t0 = time.perf_counter()
     for i, origin in enumerate(origins):
         # Every site has its own robots.txt text (real sites differ), so nothing is shared.
-        body = (ROBOTS + f"Disallow: /only-{i}/\n").encode()
+        body = ROBOTS.format(i=i).encode()
         entries[origin] = policy.after_fetch(origin, FetchResult(200, body), None, settings)
-        policy.verdict(entries[origin], "/page", UA_TOKEN)  # parse once, as the first request does
+        for path in visits:  # the first request parses, as in the proxy
+            policy.verdict(entries[origin], path, UA_TOKEN)
     out["robots_build_s"] = round(time.perf_counter() - t0, 2)
     gc.collect()
     out["rss_robots_mb"] = round(rss_mb() - base, 1)
@@ -78,7 +87,10 @@ def sites_child(n: int, decisions: int) -> dict[str, object]:
         budgets = Budgets(config)
         before = rss_mb()
         for s in names:
-            budgets.get(s)
+            budget = budgets.get(s)
+            for _ in range(requests):
+                turn = budget.reserve()
+                budget.on_response(turn.ticket, 200, {"content-type": "text/html"})
         gc.collect()
         out["rss_budgets_mb"] = round(rss_mb() - before, 1)
 
@@ -86,7 +98,11 @@ def sites_child(n: int, decisions: int) -> dict[str, object]:
     try:
         from etiquette_proxy.runaway import RunawayGuard
         before = rss_mb()
-        extras["runaway"] = {s: RunawayGuard.from_config(config, s) for s in names}
+        guards = extras["runaway"] = {s: RunawayGuard.from_config(config, s) for s in names}
+        for guard in guards.values():
+            for path in visits[:requests]:
+                guard.observe_request(path)
+                guard.observe_answer(200)
         gc.collect()
         out["rss_runaway_mb"] = round(rss_mb() - before, 1)
     except ImportError:
@@ -95,8 +111,12 @@ def sites_child(n: int, decisions: int) -> dict[str, object]:
         from etiquette_proxy.health import HealthBook
         before = rss_mb()
         book = HealthBook.from_config(config)
+        page = b"<!doctype html><title>a page</title>" + b"x" * 200
         for s in names:
-            book.site(s)
+            health = book.site(s)
+            for k in range(requests):
+                health.observe_response(200, {"content-type": "text/html"}, page, 5000 + k,
+                                        0.05 + k / 100, route="direct")
         extras["health"] = book
         gc.collect()
         out["rss_health_mb"] = round(rss_mb() - before, 1)
@@ -127,11 +147,12 @@ def sites_child(n: int, decisions: int) -> dict[str, object]:
     return out
 
 
-def run_sites(decisions: int) -> bool:
-    print("\n-- per-site state: 1k -> 10k -> 100k sites (one fresh process per size)")
+def run_sites(decisions: int, requests: int) -> bool:
+    print(f"\n-- per-site state: 1k -> 10k -> 100k sites, {requests} requests per site "
+          "(one fresh process per size)")
     results = []
     for n in SIZES:
-        cmd = [sys.executable, __file__, "_sites_child", str(n), str(decisions)]
+        cmd = [sys.executable, __file__, "_sites_child", str(n), str(decisions), str(requests)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
             print(f"  {n} sites: FAILED\n{proc.stderr[-2000:]}")
@@ -252,7 +273,7 @@ def run_audit(lines: int) -> None:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "_sites_child":
-        print(json.dumps(sites_child(int(sys.argv[2]), int(sys.argv[3]))))
+        print(json.dumps(sites_child(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))))
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", nargs="?", choices=("sites", "store", "audit", "all"), default="all")
@@ -260,13 +281,15 @@ def main() -> int:
     ap.add_argument("--store-dir", help="build the store here and keep it (reused on the next run)")
     ap.add_argument("--lookups", type=int, default=50_000)
     ap.add_argument("--decisions", type=int, default=50_000)
+    ap.add_argument("--requests", type=int, default=3,
+                    help="requests per site before measuring (sites: 0 = created, never used)")
     ap.add_argument("--audit-lines", type=int, default=200_000)
     args = ap.parse_args()
     if not 1 <= args.store_urls <= 5_000_000 or not 100 <= args.lookups <= 1_000_000:
         ap.error("store-urls in 1..5M, lookups in 100..1M")
     header("scale: sites, validator store, audit log")
     if args.what in ("sites", "all"):
-        run_sites(args.decisions)
+        run_sites(args.decisions, args.requests)
     if args.what in ("audit", "all"):
         run_audit(args.audit_lines)
     if args.what in ("store", "all"):

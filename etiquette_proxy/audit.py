@@ -67,6 +67,11 @@ def audit_record(
     return record
 
 
+# json.dumps with these options builds a new encoder per call; one shared encoder writes the
+# same bytes (~1 µs less per line).
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str)
+
+
 class AuditLog:
     """Appends audit lines to a file (or stdout for "-"), flushed as written."""
 
@@ -94,7 +99,7 @@ class AuditLog:
 
     def write(self, record: dict[str, Any]) -> None:
         """Append one record as one line, in one write."""
-        line = json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=str) + "\n"
+        line = _ENCODER.encode(record) + "\n"
         data = line.encode("utf-8", errors="replace")
         with self._lock:
             if self._fd < 0:

@@ -35,10 +35,10 @@ from __future__ import annotations
 import logging
 import math
 import random as _random
-from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeGuard
+from types import MappingProxyType
+from typing import Any, Literal, TypeGuard, cast
 
 from etiquette_proxy.clock import Clock, wall
 from etiquette_proxy.ratelimit_fields import RateHint, read_rate_hint
@@ -53,11 +53,19 @@ _EPS = 1e-9
 # ceiling 0.8 x 2.5 = 2.0).
 _CEILING_MARGIN = 0.025
 _STATE_VERSION = 1
+# One shared object for "never" (each `-math.inf` expression would be a new 24-byte float).
+_NEVER = -math.inf
+_NO_RESTRAINT = (1.0, math.inf, 1.0)
+_NO_PLAN_TAIL = (0.0, 0.0)
+# What an idle site's queue, in-flight set and 429 list are: shared and read-only (a write that
+# forgot to make the site its own dict raises instead of leaking tickets between sites).
+_NO_TICKETS = cast(dict[int, float], MappingProxyType({}))
+_NO_THROTTLES: list[float] = cast(list[float], ())
 
 
 # -- settings --------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PacingSettings:
     """The numbers a site's budget runs on (SPEC §5 defaults; `pacing.*`, `throttle.*`)."""
 
@@ -96,7 +104,7 @@ class PacingSettings:
         """Settings for `site` from a `Config` (per-site overrides applied)."""
         def get(key: str) -> Any:
             return config.get(key, site)
-        return cls(
+        return _shared(cls(
             rate=float(get("pacing.rate")),
             burst=int(get("pacing.burst")),
             max_concurrency=int(get("pacing.max_concurrency")),
@@ -110,7 +118,22 @@ class PacingSettings:
             ceiling_factor=float(get("throttle.ceiling_factor")),
             recovery_step=float(get("throttle.recovery_step")),
             max_crawl_delay=float(get("robots.max_crawl_delay")),
-        )
+        ))
+
+
+def _shared(settings: PacingSettings) -> PacingSettings:
+    """One object per distinct settings value, so 100,000 sites without overrides hold one
+    copy, not 100,000 equal ones (as runaway.py does). Bounded: distinct values are few (one per
+    per-site override); past the bound a copy is merely not shared."""
+    kept = _SHARED.get(settings)
+    if kept is None:
+        if len(_SHARED) >= 1024:
+            return settings
+        kept = _SHARED[settings] = settings
+    return kept
+
+
+_SHARED: dict[PacingSettings, PacingSettings] = {}
 
 
 # -- decisions -------------------------------------------------------------------------------
@@ -147,6 +170,14 @@ class ThrottleDecision:
 class SiteBudget:
     """Token bucket + concurrency cap + the 429 contract for one site (`host:port`)."""
 
+    # Slots, shared constants and no empty deques: one of these per site seen, so at 100,000
+    # sites every byte here is 100 KB (issue 8: 2.4 KB -> ~0.5 KB per site).
+    __slots__ = ("site", "settings", "_clock", "_random", "_robots_rate", "_rate", "_ceiling",
+                 "_last_throttle_at", "_recent", "_paused_until", "_pause_reason",
+                 "_breaker_until", "_breaker_reason", "_hint_rate", "_hint_until", "_restraint",
+                 "_tokens", "_tokens_at", "_queue", "_in_flight", "_next_ticket", "_sent",
+                 "_plan", "_plan_tail")
+
     def __init__(self, site: str, settings: PacingSettings | None = None, clock: Clock = wall,
                  random: Callable[[], float] = _random.random):
         self.site = site
@@ -158,24 +189,25 @@ class SiteBudget:
         self._robots_rate: float | None = None
         self._rate = s.rate                  # working rate, before a RateLimit hint
         self._ceiling: float | None = None
-        self._last_throttle_at = -math.inf   # last counted 429 (ceiling_ttl runs from here)
-        self._recent: deque[float] = deque()  # counted 429s within breaker_window
-        self._paused_until = -math.inf
+        self._last_throttle_at = _NEVER      # last counted 429 (ceiling_ttl runs from here)
+        # Counted 429s within breaker_window (at most breaker_count: a list, not a 760-byte deque).
+        self._recent: list[float] = _NO_THROTTLES
+        self._paused_until = _NEVER
         self._pause_reason = ""
-        self._breaker_until = -math.inf
+        self._breaker_until = _NEVER
         self._breaker_reason = ""
         self._hint_rate: float | None = None
-        self._hint_until = -math.inf
+        self._hint_until = _NEVER
         # in-process only
-        self._restraint = (1.0, math.inf, 1.0)  # other features' say: rate factor, cap, concurrency
+        self._restraint = _NO_RESTRAINT  # other features' say: rate factor, cap, concurrency
         self._tokens = float(s.burst)
         self._tokens_at = clock()
-        self._queue: OrderedDict[int, float] = OrderedDict()  # ticket -> arrival, in arrival order
-        self._in_flight: dict[int, float] = {}                # ticket -> start
+        self._queue = _NO_TICKETS      # ticket -> arrival, in arrival order (own dict when used)
+        self._in_flight = _NO_TICKETS  # ticket -> start
         self._next_ticket = 1
-        self._sent: deque[list[float]] = deque()  # [last start, rate]: rates recently sent at
+        self._sent: list[list[float]] = []  # [last start, rate]: rates recently sent at, oldest first
         self._plan: dict[int, float] | None = None
-        self._plan_tail = (0.0, 0.0)              # (start, tokens left) after the last planned
+        self._plan_tail = _NO_PLAN_TAIL            # (start, tokens left) after the last planned
 
     @classmethod
     def from_config(cls, config: Any, site: str, clock: Clock = wall,
@@ -267,6 +299,8 @@ class SiteBudget:
         self._next_ticket += 1
         if now < self._breaker_until:
             return self._breaker_refusal(ticket, now, now)
+        if self._queue is _NO_TICKETS:
+            self._queue = {}
         self._queue[ticket] = now
         if self._plan is not None:  # still valid: only appends since it was made
             self._extend_plan(ticket, now)
@@ -311,14 +345,14 @@ class SiteBudget:
 
     def cancel(self, ticket: int) -> None:
         """The client went away: drop its request unsent; its place and token go to the next."""
-        if self._queue.pop(ticket, None) is not None:
+        if self._unqueue(ticket) is not None:
             self._plan = None  # tokens are taken only at start, so nothing else to give back
         else:
             self.release(ticket)
 
     def release(self, ticket: int) -> None:
         """The request is over (answered, failed or abandoned): free its concurrency slot."""
-        self._in_flight.pop(ticket, None)
+        self._land(ticket)
 
     # -- learning from responses -------------------------------------------------------------
 
@@ -327,7 +361,7 @@ class SiteBudget:
         """Apply the 429 contract and the site's rate-limit fields; frees the request's slot."""
         now = self._clock()
         self._settle(now)
-        started = self._in_flight.pop(ticket, None) if ticket is not None else None
+        started = self._land(ticket) if ticket is not None else None
         # A response to a request that left before the last 429 was answered carries no new lesson.
         echo = started is not None and started <= self._last_throttle_at
         fields = _lowered(headers)
@@ -401,23 +435,23 @@ class SiteBudget:
             raise ValueError("budget state recent_throttles is not a list of times")
         # A corrupt far-future time must not pause a site forever: no longer than the rules allow.
         longest = max(s.max_retry_after, s.cooldown)
-        paused = min(_num(state, "paused_until") or -math.inf, now + longest)
-        breaker = min(_num(state, "breaker_until") or -math.inf, now + s.cooldown)
+        paused = min(_num(state, "paused_until") or _NEVER, now + longest)
+        breaker = min(_num(state, "breaker_until") or _NEVER, now + s.cooldown)
         hint_rate = _num(state, "hint_rate", positive=True)
-        hint_until = min(_num(state, "hint_until") or -math.inf, now + s.max_retry_after)
+        hint_until = min(_num(state, "hint_until") or _NEVER, now + s.max_retry_after)
 
         self._robots_rate = max(robots_rate, 1.0 / s.max_crawl_delay) if robots_rate else None
         self._rate = min(max(rate, min(s.rate_floor, self._limit())), self._limit())
         self._ceiling = max(ceiling, s.rate_floor) if ceiling else None
-        self._last_throttle_at = last if last is not None else -math.inf
+        self._last_throttle_at = last if last is not None else _NEVER
         recent = sorted(x for x in recent if now - s.breaker_window < x <= now)
-        self._recent = deque(recent[-s.breaker_count:])
+        self._recent = recent[-s.breaker_count:] or _NO_THROTTLES
         self._paused_until = paused
         self._pause_reason = _short(state.get("pause_reason"))
         self._breaker_until = breaker
         self._breaker_reason = _short(state.get("breaker_reason"))
         self._hint_rate = hint_rate if hint_rate and hint_until > now else None
-        self._hint_until = hint_until if self._hint_rate else -math.inf
+        self._hint_until = hint_until if self._hint_rate else _NEVER
         self._forget_ceiling(now)
         self._tokens, self._tokens_at = min(self._tokens, float(self._burst())), now
         self._plan = None
@@ -442,8 +476,10 @@ class SiteBudget:
             reason = f"{reason or 'throttled'} (sent before the last 429; not counted again)"
             return self._decision(True, now, pause, retry, reason, notes)
 
+        if self._recent is _NO_THROTTLES:
+            self._recent = []
         while self._recent and now - self._recent[0] >= s.breaker_window:
-            self._recent.popleft()
+            del self._recent[0]
         self._recent.append(now)
         k = len(self._recent)
         if not reason:
@@ -466,7 +502,7 @@ class SiteBudget:
         if breaker:
             self._breaker_until = now + s.cooldown
             self._breaker_reason = f"breaker open: {k} x {code} in {s.breaker_window:g}s"
-            self._recent.clear()
+            self._recent = _NO_THROTTLES
             pause = max(pause, s.cooldown)
             reason = f"{self._breaker_reason} ({reason})"
         self._pause(now, pause, reason)
@@ -546,9 +582,13 @@ class SiteBudget:
             self._ceiling = None
 
     def _recent_sends(self, now: float) -> list[list[float]]:
-        while self._sent and now - self._sent[0][0] > self.settings.breaker_window:
-            self._sent.popleft()
-        return list(self._sent)
+        sent, window = self._sent, self.settings.breaker_window
+        old = 0
+        while old < len(sent) and now - sent[old][0] > window:
+            old += 1
+        if old:
+            del sent[:old]
+        return list(sent)
 
     # -- internals: the bucket and the line --------------------------------------------------
 
@@ -626,7 +666,9 @@ class SiteBudget:
     def _start(self, ticket: int, arrival: float, now: float) -> Turn:
         k = self._tokens_now(now)
         self._tokens, self._tokens_at = max(0.0, k - 1.0), max(self._tokens_at, now)
-        del self._queue[ticket]
+        self._unqueue(ticket)
+        if self._in_flight is _NO_TICKETS:
+            self._in_flight = {}
         self._in_flight[ticket] = now
         rate = self._effective_rate(now)
         if self._sent and self._sent[-1][1] == rate:
@@ -636,6 +678,26 @@ class SiteBudget:
         self._plan = None
         return Turn("go", ticket, rate, waited_s=now - arrival)
 
+    def _unqueue(self, ticket: int) -> float | None:
+        """Take `ticket` out of the line (its arrival; None if not in it)."""
+        queue = self._queue
+        if ticket not in queue:
+            return None
+        arrival = queue.pop(ticket)
+        if not queue:
+            self._queue = _NO_TICKETS  # an idle site holds no dict of its own
+        return arrival
+
+    def _land(self, ticket: int) -> float | None:
+        """Take `ticket` out of the in-flight set (its start; None if not in flight)."""
+        flying = self._in_flight
+        if ticket not in flying:
+            return None
+        start = flying.pop(ticket)
+        if not flying:
+            self._in_flight = _NO_TICKETS
+        return start
+
     def _wait(self, ticket: int, arrival: float, now: float, wait_s: float) -> Turn:
         reason = self._pause_reason if now < self._paused_until else ""
         return Turn("wait", ticket, self._effective_rate(now), wait_s=max(wait_s, 0.0),
@@ -643,7 +705,7 @@ class SiteBudget:
 
     def _refusal(self, ticket: int, arrival: float, now: float, retry_s: float,
                  reason: str) -> Turn:
-        if self._queue.pop(ticket, None) is not None:
+        if self._unqueue(ticket) is not None:
             self._plan = None
         return Turn("refuse", ticket, self._effective_rate(now), waited_s=now - arrival,
                     retry_after_s=max(1, math.ceil(retry_s - _EPS)), reason=reason)
@@ -660,6 +722,7 @@ class SiteBudget:
 
 
 # -- small readers -------------------------------------------------------------------------------
+
 
 def _lowered(headers: Mapping[str, str]) -> Mapping[str, str]:
     if isinstance(headers, dict):

@@ -103,7 +103,7 @@ def next_band(current: Band, score: int) -> Band:
     return up if _RANK[up] < _RANK[current] else current
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class HealthSettings:
     """The `health.*` keys one site's score needs."""
 
@@ -127,14 +127,30 @@ class HealthSettings:
 
     @classmethod
     def from_config(cls, config: Any, site: str | None = None) -> HealthSettings:
-        """Settings for `site` from a loaded Config (per-site overrides applied)."""
-        return cls(
-            window_s=float(config.get("health.window", site)),
-            min_requests=int(config.get("health.min_requests", site)),
-            baseline_days=int(config.get("health.baseline_days", site)),
-            challenge_markers=tuple(config.get("health.challenge_markers", site)),
-            block_markers=tuple(config.get("health.block_markers", site)),
+        """Settings for `site` from a loaded Config (per-site overrides applied, shared)."""
+        return _shared(
+            cls(
+                window_s=float(config.get("health.window", site)),
+                min_requests=int(config.get("health.min_requests", site)),
+                baseline_days=int(config.get("health.baseline_days", site)),
+                challenge_markers=tuple(config.get("health.challenge_markers", site)),
+                block_markers=tuple(config.get("health.block_markers", site)),
+            )
         )
+
+
+def _shared(settings: HealthSettings) -> HealthSettings:
+    """One object per distinct settings value (as runaway.py does): 100,000 sites without
+    overrides hold one copy. Bounded; past the bound a copy is merely not shared."""
+    kept = _SHARED.get(settings)
+    if kept is None:
+        if len(_SHARED) >= 1024:
+            return settings
+        kept = _SHARED[settings] = settings
+    return kept
+
+
+_SHARED: dict[HealthSettings, HealthSettings] = {}
 
 
 @dataclass(frozen=True)
@@ -210,6 +226,12 @@ class _Judged:
 class SiteHealth:
     """One site's hostility score: observe every response, act on the BandChange returned."""
 
+    # One per site seen: slots, shared settings and markers, and the warm-up tally, history
+    # deques and size norms built on first use keep an idle site small (issue 8).
+    __slots__ = ("site", "settings", "_clock", "_markers", "_sizes", "band", "_smoothed",
+                 "_probation", "_warmup", "_warmup_count", "_open", "_history", "_judged",
+                 "_baseline_memo")
+
     def __init__(self, site: str, settings: HealthSettings | None = None, clock: Clock = wall):
         self.site = site
         self.settings = settings or HealthSettings()
@@ -221,7 +243,7 @@ class SiteHealth:
         self.band = Band.HEALTHY
         self._smoothed = 100.0
         self._probation = 0
-        self._warmup = Tally()
+        self._warmup: Tally | None = None  # the warm-up windows pooled (built on the first)
         self._warmup_count = 0
         self._open = _Open(self._window_start(clock()))
         self._history = HealthHistory(self.settings.baseline_days + 1)
@@ -410,6 +432,8 @@ class SiteHealth:
             change = self._probation_step(w)
         elif baseline is None:
             if w.canary_wrong is None:  # a window whose canary saw wrong content is not normal
+                if self._warmup is None:
+                    self._warmup = Tally()
                 self._warmup.merge(scored)
                 self._warmup_count += 1
             reasons = (
@@ -494,7 +518,7 @@ class SiteHealth:
         if stable >= WARMUP_WINDOWS:
             found = Baseline.of(total, f"{days} days")
         elif self._warmup_count >= WARMUP_WINDOWS:
-            found = Baseline.of(self._warmup, "warm-up")
+            found = Baseline.of(self._warmup or Tally(), "warm-up")
         self._baseline_memo = (t, found)
         return found
 
@@ -515,7 +539,7 @@ class SiteHealth:
             "band": self.band.value,
             "smoothed": self._smoothed,
             "probation": self._probation,
-            "warmup": [self._warmup_count, self._warmup.to_state()],
+            "warmup": [self._warmup_count, (self._warmup or Tally()).to_state()],
             "open": [o.start, open_tally.to_state(), o.canaries, o.canaries_good, o.canary_wrong],
             "history": self._history.to_state(),
             "judged": None

@@ -129,12 +129,18 @@ class DayRecord:
 class HealthHistory:
     """Closed windows (raw, recent) and days (rolled up, months) for one site."""
 
+    # One per site: a site that never closed a window holds two references to one shared empty
+    # tuple, not two empty deques (760 bytes each); the deques come with the first record.
+    __slots__ = ("raw_days", "windows", "days")
+
     def __init__(self, raw_days: int) -> None:
         self.raw_days = raw_days
-        self.windows: deque[WindowRecord] = deque()
-        self.days: deque[DayRecord] = deque()
+        self.windows: deque[WindowRecord] | tuple[()] = ()
+        self.days: deque[DayRecord] | tuple[()] = ()
 
     def append(self, record: WindowRecord) -> None:
+        if not isinstance(self.windows, deque):
+            self.windows = deque()
         self.windows.append(record)
 
     def span(self, lo: float, hi: float) -> tuple[Tally, int]:
@@ -156,14 +162,20 @@ class HealthHistory:
     def retire(self, now: float) -> None:
         """Roll windows older than raw_days (or beyond MAX_RAW_WINDOWS) into days; drop old days."""
         horizon = now - self.raw_days * DAY
-        windows, days = self.windows, self.days
+        windows = self.windows
         while windows and (windows[0].start < horizon or len(windows) > MAX_RAW_WINDOWS):
+            assert isinstance(windows, deque)  # non-empty
             w = windows.popleft()
             day = math.floor(w.start / DAY) * DAY
-            if not days or days[-1].start != day:
-                days.append(DayRecord(day, Tally()))
-            days[-1].add(w)
+            if not isinstance(self.days, deque):
+                self.days = deque()
+            rolled = self.days
+            if not rolled or rolled[-1].start != day:
+                rolled.append(DayRecord(day, Tally()))
+            rolled[-1].add(w)
+        days = self.days
         while days and days[0].start < now - HISTORY_DAYS * DAY:
+            assert isinstance(days, deque)  # non-empty
             days.popleft()
 
     def scores(self) -> list[tuple[float, int | None]]:
@@ -197,13 +209,15 @@ class HealthHistory:
         if not isinstance(windows, list) or not isinstance(days, list):
             raise ValueError("health history: windows and days must be lists")
         h = cls(raw_days)
-        h.windows = deque(
-            sorted(
-                (WindowRecord.from_state(w) for w in windows[-MAX_RAW_WINDOWS:]),
-                key=lambda w: w.start,
-            )
+        kept_windows = sorted(
+            (WindowRecord.from_state(w) for w in windows[-MAX_RAW_WINDOWS:]),
+            key=lambda w: w.start,
         )
-        h.days = deque(
-            sorted((DayRecord.from_state(d) for d in days[-HISTORY_DAYS:]), key=lambda d: d.start)
+        kept_days = sorted(
+            (DayRecord.from_state(d) for d in days[-HISTORY_DAYS:]), key=lambda d: d.start
         )
+        if kept_windows:
+            h.windows = deque(kept_windows)
+        if kept_days:
+            h.days = deque(kept_days)
         return h

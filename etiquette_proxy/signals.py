@@ -9,7 +9,7 @@ norm a soft block is measured against is passed in (see `SizeNorm`).
 
 from __future__ import annotations
 
-from collections import deque
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -103,7 +103,18 @@ class Markers:
     @classmethod
     def for_site(cls, challenge: Iterable[str] = (), block: Iterable[str] = ()) -> Markers:
         """Built-in markers plus `health.challenge_markers` / `health.block_markers`."""
-        return cls(site_challenge=_encode(challenge), site_block=_encode(block))
+        markers = cls(site_challenge=_encode(challenge), site_block=_encode(block))
+        # Immutable, so sites with the same configured markers share one object (bounded: one
+        # per distinct per-site override; past the bound a copy is merely not shared).
+        kept = _SHARED_MARKERS.get(markers)
+        if kept is None:
+            if len(_SHARED_MARKERS) >= 1024:
+                return markers
+            kept = _SHARED_MARKERS[markers] = markers
+        return kept
+
+
+_SHARED_MARKERS: dict[Markers, Markers] = {}
 
 
 def _encode(markers: Iterable[str]) -> tuple[bytes, ...]:
@@ -232,40 +243,68 @@ def classify_error(message: str) -> Classification:
     return Classification(Signal.ERROR, f"network error: {text[:60] or 'unknown'}")
 
 
+class _TypeSizes:
+    """The recent sizes of one content type, and their median when it has been computed."""
+
+    __slots__ = ("media", "sizes", "median", "added")
+
+    def __init__(self, media: str, sizes: list[int]) -> None:
+        self.media = media
+        self.sizes = sizes
+        self.median: float | None | object = _UNSET  # _UNSET: compute on the next question
+        self.added = 0
+
+
+_UNSET = object()
+
+
 class SizeNorm:
     """Running median body size per content type for one site (bounded: 16 types x 65 sizes)."""
 
+    # One per site: nothing is allocated until the first size is learnt, and then one small
+    # record per content type in a list (at most 16: a scan is as quick as a dict and ~150 bytes
+    # smaller), sizes as a list (an empty deque alone is 760 bytes).
+    __slots__ = ("_types",)
+
     def __init__(self) -> None:
-        self._sizes: dict[str, deque[int]] = {}
-        self._median: dict[str, float | None] = {}
-        self._added: dict[str, int] = {}
+        self._types: list[_TypeSizes] | None = None
+
+    def _kept(self, media: str) -> _TypeSizes | None:
+        for kept in self._types or ():
+            if kept.media == media:
+                return kept
+        return None
 
     def normal_size(self, media: str) -> float | None:
         """The median 2xx body size for `media`, or None until SIZE_MIN_SAMPLES exist."""
-        if media not in self._median:
-            sizes = self._sizes.get(media)
-            self._median[media] = (
-                float(median_low(sizes))
-                if sizes is not None and len(sizes) >= SIZE_MIN_SAMPLES
-                else None
-            )
-        return self._median[media]
+        kept = self._kept(media)
+        if kept is None:
+            return None  # nothing learnt for this type (a median of nothing is None)
+        if kept.median is _UNSET:
+            sizes = kept.sizes
+            kept.median = float(median_low(sizes)) if len(sizes) >= SIZE_MIN_SAMPLES else None
+        return kept.median  # type: ignore[return-value]
 
     def add(self, media: str, size: int) -> None:
         """Learn one ordinary 2xx body size."""
-        sizes = self._sizes.get(media)
-        if sizes is None:
-            if len(self._sizes) >= SIZE_MAX_TYPES:
+        kept = self._kept(media)
+        if kept is None:
+            if self._types is None:
+                self._types = []
+            if len(self._types) >= SIZE_MAX_TYPES:
                 return
-            sizes = self._sizes[media] = deque(maxlen=SIZE_SAMPLES)
-        sizes.append(size)
-        added = self._added[media] = self._added.get(media, 0) + 1
+            kept = _TypeSizes(sys.intern(media), [])  # "text/html": one string for all sites
+            self._types.append(kept)
+        kept.sizes.append(size)
+        if len(kept.sizes) > SIZE_SAMPLES:  # the last SIZE_SAMPLES sizes
+            del kept.sizes[0]
+        kept.added += 1
         # Recompute the median lazily, and at most every 8 sizes: it moves slowly anyway.
-        if added % 8 == 0 or self._median.get(media) is None:
-            self._median.pop(media, None)
+        if kept.added % 8 == 0 or kept.median is None:
+            kept.median = _UNSET
 
     def to_state(self) -> dict[str, Any]:
-        return {media: list(sizes) for media, sizes in self._sizes.items()}
+        return {kept.media: list(kept.sizes) for kept in self._types or ()}
 
     @classmethod
     def from_state(cls, state: Any) -> SizeNorm:
@@ -273,10 +312,13 @@ class SizeNorm:
         if not isinstance(state, dict) or len(state) > SIZE_MAX_TYPES:
             raise ValueError("size norm: expected a mapping of at most 16 content types")
         norm = cls()
+        kept: list[_TypeSizes] = []
         for media, sizes in state.items():
             if not isinstance(media, str) or not isinstance(sizes, list):
                 raise ValueError("size norm: expected {content type: [sizes]}")
             if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in sizes):
                 raise ValueError("size norm: sizes must be non-negative integers")
-            norm._sizes[media] = deque(sizes[-SIZE_SAMPLES:], maxlen=SIZE_SAMPLES)
+            kept.append(_TypeSizes(media, sizes[-SIZE_SAMPLES:]))
+        if kept:
+            norm._types = kept
         return norm
