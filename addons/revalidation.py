@@ -60,6 +60,7 @@ THREAD_ABOVE = 256 * 1024
 # Decoded bodies are fingerprinted up to this multiple of store.max_body; a gzip bomb stops here.
 DECODE_FACTOR = 4
 REFETCH_TIMEOUT_S = 30.0
+REFRESH_EVERY_S = 60.0  # a stored entry is rewritten after a 304 at most this often
 
 _KEY = "etiquette_url_key"  # flow.metadata: the normalised URL (None when not an http(s) URL)
 _HAD_ENTRY = "etiquette_had_entry"  # a stored entry existed when the request went out
@@ -279,6 +280,15 @@ class Revalidation:
         notes.outcome = "revalidated"
         notes.reason = f"site answered 304 to {' and '.join(injected.names)}; stored body served"
         notes.extra["changed"] = False
+        if (0 <= now - injected.entry.stored_at < REFRESH_EVERY_S
+                and (answer.entry.etag, answer.entry.last_modified)
+                == (injected.entry.etag, injected.entry.last_modified)):
+            # Written less than a minute ago, same validators: the client got the merged
+            # headers; the row is not rewritten for each repeat. A crawler re-checking a URL
+            # within a minute learns nothing new for its revisit schedule (floor: 1 h), and
+            # eviction order keeps a minute's granularity. A write per 304 was most of what
+            # a 304 cost (benchmarks/README.md, overhead).
+            return
         # Written back only while the store still holds this body (RFC 9111 §4.3.4 updates the
         # stored response; one that was replaced or evicted meanwhile is not ours to touch).
         # The new revisit schedule goes into the same row, in the same write.

@@ -197,3 +197,21 @@ def test_a_corrupt_gone_record_is_dropped_not_trusted(rt: Runtime, caplog) -> No
     with caplog.at_level(logging.WARNING):
         GoneMemory(rt).request(f)
     assert f.response is None and "dropping corrupt store row" in caplog.text
+
+
+@pytest.mark.parametrize("age_s,rewritten", [(10, False), (120, True), (-3600, True)])
+def test_a_304_rewrites_the_entry_at_most_once_a_minute(rt: Runtime, age_s: float, rewritten: bool) -> None:
+    import time
+
+    assert rt.store is not None
+    entry = StoredEntry.build(URL, [], {"Content-Type": "text/html", "ETag": '"v1"'}, BODY, time.time() - age_s)
+    assert rt.store.put(entry, BODY)
+    addon, f = Revalidation(rt), flow()
+    run(addon.request(f))
+    respond(f, 304, headers={"ETag": '"v1"', "Cache-Control": "max-age=5"})
+    run(addon.response(f))
+    assert f.response is not None and f.response.status_code == 200 and f.response.content == BODY
+    assert f.response.headers["Cache-Control"] == "max-age=5"  # the client always gets the merge
+    after = rt.store.get(URL)
+    assert after is not None
+    assert (after.stored_at != entry.stored_at) is rewritten
