@@ -44,6 +44,11 @@ class Chain:
             name: [getattr(m, name) for m in members if callable(getattr(m, name, None))]
             for name in SYNC_HOOKS + ASYNC_HOOKS
         }
+        for name in ASYNC_HOOKS:
+            if not self._hooks[name]:
+                # mitmproxy skips an addon whose hook attribute is None: no call at all for
+                # events no member listens to.
+                setattr(self, name, None)
 
     def load(self, loader: Any) -> None:
         for hook in self._hooks["load"]:
