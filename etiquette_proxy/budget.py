@@ -43,6 +43,7 @@ from typing import Any, Literal, TypeGuard, cast
 from etiquette_proxy.clock import Clock, wall
 from etiquette_proxy.ratelimit_fields import RateHint, read_rate_hint
 from etiquette_proxy.retry_after import RetryAfter, parse_retry_after
+from etiquette_proxy.shared_settings import shared
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ class PacingSettings:
         """Settings for `site` from a `Config` (per-site overrides applied)."""
         def get(key: str) -> Any:
             return config.get(key, site)
-        return _shared(cls(
+        return shared(cls(
             rate=float(get("pacing.rate")),
             burst=int(get("pacing.burst")),
             max_concurrency=int(get("pacing.max_concurrency")),
@@ -121,19 +122,6 @@ class PacingSettings:
         ))
 
 
-def _shared(settings: PacingSettings) -> PacingSettings:
-    """One object per distinct settings value, so 100,000 sites without overrides hold one
-    copy, not 100,000 equal ones (as runaway.py does). Bounded: distinct values are few (one per
-    per-site override); past the bound a copy is merely not shared."""
-    kept = _SHARED.get(settings)
-    if kept is None:
-        if len(_SHARED) >= 1024:
-            return settings
-        kept = _SHARED[settings] = settings
-    return kept
-
-
-_SHARED: dict[PacingSettings, PacingSettings] = {}
 
 
 # -- decisions -------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ from etiquette_proxy.health_history import (
 )
 from etiquette_proxy.health_score import Baseline, Tally, route_problem, score_window
 from etiquette_proxy.parser_health import ParserHealth
+from etiquette_proxy.shared_settings import shared
 from etiquette_proxy.signals import (
     Classification,
     Markers,
@@ -128,7 +129,7 @@ class HealthSettings:
     @classmethod
     def from_config(cls, config: Any, site: str | None = None) -> HealthSettings:
         """Settings for `site` from a loaded Config (per-site overrides applied, shared)."""
-        return _shared(
+        return shared(
             cls(
                 window_s=float(config.get("health.window", site)),
                 min_requests=int(config.get("health.min_requests", site)),
@@ -139,18 +140,6 @@ class HealthSettings:
         )
 
 
-def _shared(settings: HealthSettings) -> HealthSettings:
-    """One object per distinct settings value (as runaway.py does): 100,000 sites without
-    overrides hold one copy. Bounded; past the bound a copy is merely not shared."""
-    kept = _SHARED.get(settings)
-    if kept is None:
-        if len(_SHARED) >= 1024:
-            return settings
-        kept = _SHARED[settings] = settings
-    return kept
-
-
-_SHARED: dict[HealthSettings, HealthSettings] = {}
 
 
 @dataclass(frozen=True)

@@ -21,14 +21,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 from urllib.parse import unquote_plus
 
 from etiquette_proxy.clock import wall
 from etiquette_proxy.refusals import safe_text
+from etiquette_proxy.shared_settings import shared
 
 GONE_STATUSES = frozenset({404, 410})
-T = TypeVar("T")
 STATE_VERSION = 1
 
 
@@ -59,19 +59,6 @@ def _share(name: str, value: object) -> float:
 
 # -- retired sites -------------------------------------------------------------------------------
 
-def _shared(settings: T) -> T:
-    """One object per distinct settings value: sites without overrides share the default's
-    (100,000 sites would otherwise hold 100,000 equal copies). Bounded: settings values are
-    few (one per distinct per-site override), and past the bound a copy is merely not shared."""
-    kept = _SHARED.get(settings)
-    if kept is None:
-        if len(_SHARED) >= 1024:
-            return settings
-        kept = _SHARED[settings] = settings
-    return kept
-
-
-_SHARED: dict[Any, Any] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +83,7 @@ class RetiredSettings:
     @classmethod
     def from_config(cls, config: Any, site: str | None = None) -> RetiredSettings:
         """Settings for `site` from a loaded Config (shared with sites of equal settings)."""
-        return _shared(cls(
+        return shared(cls(
             window=config.get("runaway.retired_window", site),
             share=config.get("runaway.retired_share", site),
             rate=config.get("runaway.retired_rate", site),
@@ -294,7 +281,7 @@ class TrapSettings:
         """Settings for `site` from a loaded Config."""
         max_distinct = config.get("runaway.max_distinct", site)
         # The novelty window never needs to be longer than the distinct count it confirms.
-        return _shared(cls(max_distinct=max_distinct, action=config.get("runaway.trap_action", site),
+        return shared(cls(max_distinct=max_distinct, action=config.get("runaway.trap_action", site),
                            novelty_window=min(TrapSettings().novelty_window, max_distinct)))
 
 
