@@ -55,5 +55,9 @@ def notes_of(flow: http.HTTPFlow) -> FlowNotes:
 
 
 def skip(flow: http.HTTPFlow) -> bool:
-    """Flows a request hook must leave alone: already answered, failed, or replayed."""
-    return flow.response is not None or flow.error is not None or not flow.live
+    """Flows a request hook must leave alone: already answered, failed, replayed, or the
+    proxy's own (http://etiquette.proxy/, marked internal even if answering it failed)."""
+    if flow.response is not None or flow.error is not None or not flow.live:
+        return True
+    notes = flow.metadata.get(KEY)
+    return notes is not None and bool(notes.facts.get("internal"))

@@ -173,8 +173,6 @@ class Pacing:
         if skip(flow):
             return
         notes = notes_of(flow)
-        if notes.facts.get("internal"):
-            return
         try:
             await self._hold(flow, notes)
         except Exception as e:  # noqa: BLE001

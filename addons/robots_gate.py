@@ -55,8 +55,6 @@ class RobotsGate:
 
     async def _gate(self, flow: http.HTTPFlow) -> None:
         notes = notes_of(flow)
-        if notes.facts.get("internal"):
-            return
         request = flow.request
         settings = self.settings_for(notes.site)
         client_ua = request.headers.get("user-agent")

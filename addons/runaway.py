@@ -55,8 +55,6 @@ class RunawayWatch:
         if skip(flow):
             return
         notes = notes_of(flow)
-        if notes.facts.get("internal"):
-            return
         try:
             guard = self.guard(notes.site)
             check = guard.observe_request(flow.request.path)
