@@ -8,9 +8,9 @@ the runaway watch never disagree:
   may not appear literally encoded), repeated slashes collapsed and dot segments removed
   (RFC 3986 §5.2.4), as `python3 -m http.server` and nginx's `merge_slashes` resolve it.
 - `robots_forms(target)` are the spellings the robots gate checks: the target as sent, its
-  resolved form, the RFC form without slash merging (Apache), and a separator-liberal form
-  (`%2F`, `%5C`, `\\` as `/`, `;params` dropped, as Tomcat and IIS read them). A request is
-  refused when any of them is disallowed: fail closed (SPEC §4).
+  resolved form, the RFC form without slash merging (Apache), and the same with `%2F`, `%5C` and
+  `\\` read as `/` (IIS, servers that decode before resolving) and with `;params` dropped
+  (Tomcat). A request is refused when any of them is disallowed: fail closed (SPEC §4).
 - `control_bytes(target)` names a NUL or other control byte (raw, or `%00`-`%1F`/`%7F` in the
   path) that must never be forwarded (SPEC §4: answered locally 400).
 - `authority_mismatch(...)` compares the `Host` header with the URL's authority (absolute form
@@ -118,9 +118,17 @@ def robots_forms(target: str) -> tuple[str, ...]:
     if _NORMAL.fullmatch(path):
         return (target,)
     escaped = normalise_escapes(path)
-    forms = [target, resolve(path) + query, remove_dot_segments(escaped) + query]
-    liberal = _PARAMS.sub("", _SEPARATORS.sub("/", escaped))
-    forms.append(remove_dot_segments(_SLASHES.sub("/", normalise_escapes(liberal))) + query)
+    spellings = [escaped]
+    separated = _SEPARATORS.sub("/", escaped)
+    if separated != escaped:
+        spellings.append(separated)
+    if ";" in separated:
+        spellings.append(_PARAMS.sub("", separated))
+    forms = [target]
+    for spelling in spellings:
+        # merged slashes first (nginx, http.server), and the RFC walk without merging (Apache)
+        forms.append(remove_dot_segments(_SLASHES.sub("/", spelling)) + query)
+        forms.append(remove_dot_segments(spelling) + query)
     return tuple(dict.fromkeys(forms))  # unique, in order
 
 
@@ -161,8 +169,9 @@ def parse_authority(value: str, scheme: str) -> tuple[str, int]:
     port_text = m.group("port")
     if port_text:
         port = int(port_text)
-        if not 0 < port < 65536:
-            raise ValueError(f"{value!r} has port {port} (expected 1-65535)")
+        problem = port_problem(port)
+        if problem is not None:
+            raise ValueError(f"{value[:100]!r}: {problem}")
     else:  # RFC 3986 §3.2.3: an empty port ("host:") means the scheme's default
         port = DEFAULT_PORTS.get(scheme.lower(), 80)
     return canonical_host(m.group("host")), port
