@@ -188,6 +188,8 @@ def authority_mismatch(scheme: str, url_host: str, url_port: int, host_header: s
     `named_by`), or None when they agree."""
     if host_header is None:
         return None  # nothing to disagree with: the URL's authority is the request's
+    if host_header == f"{url_host}:{url_port}" or (host_header == url_host and url_port == DEFAULT_PORTS.get(scheme)):
+        return None  # spelled exactly alike: most requests (a fast path, no parsing)
     url_side = show_authority(canonical_host(url_host), url_port)
     try:
         host, port = parse_authority(host_header, scheme)
