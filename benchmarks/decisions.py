@@ -1,7 +1,8 @@
 """Decision cost in-process: the core's per-request work, without network (issue 8, part 2).
 
 Times, per request, what the addons ask the core (the same calls, in the same order):
-- robots:  the gate's robots settings for the site (RobotsGate.settings_for) + product_token + RobotsPolicy.verdict_for_target + crawl_delay
+- robots:  the gate's robots settings for the site (RobotsGate.settings_for) + product_token
+           + RobotsPolicy.verdict_for_target + crawl_delay
            (a cached robots.txt with a few groups, paths allowed and disallowed);
 - budget:  Budgets.get(site).reserve() and on_response() (etiquette_proxy/budgets.py; pacing
            out of the way) — skipped, saying so, until that module is on this branch;

@@ -8,8 +8,9 @@ Per request, the proxy now asks the core (etiquette_proxy/target.py):
 - store key:    urlkey.normalise(url) (now removing dot segments and merging slashes).
 Timed over three mixes of paths: already normal (the fast path, most crawls), odd spellings
 (dot segments, escapes: the slow path), and the mix a crawler sends (1 odd in 50).
-Prints the median per call (best of --rounds interleaved rounds), and the added cost per request (what the gate adds over the
-old verdict + the new checks) as absolute µs and as a ratio to the old robots verdict.
+Prints the median per call (best of --rounds interleaved rounds), and the added cost per
+request (what the gate adds over the old verdict + the new checks) as absolute µs and as a
+ratio to the old robots verdict.
 
     python benchmarks/paths.py [--iterations 50000] [--rounds 5]
 """

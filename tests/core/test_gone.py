@@ -121,7 +121,8 @@ def _http_date(t: float) -> str:
     {"expires": "0"},  # RFC 9111 §5.3: invalid means already expired
     {"expires": "Thu, 01 Jan 1970 00:00:00 GMT"},
 ])
-def test_already_stale_or_uncacheable_gone_answers_are_not_remembered(clock: FakeClock, headers: dict[str, str]) -> None:
+def test_already_stale_or_uncacheable_gone_answers_are_not_remembered(clock: FakeClock,
+                                                                       headers: dict[str, str]) -> None:
     assert GonePolicy().remember("GET", 404, clock(), headers) is None
     assert GonePolicy().remember("GET", 410, clock(), headers) is None
 

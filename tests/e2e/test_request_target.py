@@ -180,7 +180,8 @@ def test_control_bytes_are_refused_locally(proxy, files, path: str) -> None:
 
 
 def test_raw_nul_byte_never_reaches_the_site(proxy, files) -> None:
-    answer = raw(proxy, f"GET {files.base()}/public/a\x00b HTTP/1.1".encode(), f"Host: 127.0.0.1:{files.port}\r\n".encode())
+    answer = raw(proxy, f"GET {files.base()}/public/a\x00b HTTP/1.1".encode(),
+                 f"Host: 127.0.0.1:{files.port}\r\n".encode())
     assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
     assert files.lines == []
 
@@ -208,7 +209,8 @@ def test_host_header_naming_another_site_is_refused(proxy) -> None:
         assert f"localhost:{site.port}".encode() in body and f"127.0.0.1:{site.port}".encode() in body
         assert site.arrivals == []  # nothing reached the site, not even robots.txt
         line = proxy.wait_audit(lambda r: r["url"] == url and r["outcome"] == "refused")
-        assert line and f"localhost:{site.port}" in line[-1]["reason"] and f"127.0.0.1:{site.port}" in line[-1]["reason"]
+        reason = line[-1]["reason"] if line else ""
+        assert f"localhost:{site.port}" in reason and f"127.0.0.1:{site.port}" in reason
         # Spellings of the same authority pass: case and a trailing dot.
         status, _, body = proxy.curl(f"http://localhost:{site.port}/secret/1", "-H", f"Host: LOCALHOST.:{site.port}")
         assert status == 200 and body == b"vhost LOCALHOST."
