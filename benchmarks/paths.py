@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _harness import header, percentile  # noqa: E402
+from decisions import measure  # noqa: E402
 
 from etiquette_proxy.robots import FetchResult, RobotsPolicy, RobotsSettings  # noqa: E402
 from etiquette_proxy.target import authority_mismatch, control_bytes, port_problem, resolve_target  # noqa: E402
@@ -39,21 +39,11 @@ ODD = ["/public/../private/x.txt", "/%2e/private/x", "/public/%2e%2e/private/x",
 MIXED = NORMAL[:49] + ODD[:1]
 
 
-def measure(fn: Callable[[int], object], iterations: int, max_seconds: float = 20.0) -> list[float]:
-    """Per-call microseconds of fn(i), sorted; bounded by count and by time."""
-    for i in range(min(2000, iterations)):  # warm caches first (compiled robots, interned strings)
+def warm_measure(fn: Callable[[int], object], iterations: int) -> list[float]:
+    """decisions.measure after a warm-up (compiled robots groups, interned strings)."""
+    for i in range(min(2000, iterations)):
         fn(i)
-    times: list[float] = []
-    clock = time.perf_counter_ns
-    deadline = time.monotonic() + max_seconds
-    for i in range(iterations):
-        t0 = clock()
-        fn(i)
-        times.append((clock() - t0) / 1000)
-        if not i % 1000 and time.monotonic() > deadline:
-            break
-    times.sort()
-    return times
+    return measure(fn, iterations, 20.0)
 
 
 def main() -> int:
@@ -92,7 +82,7 @@ def main() -> int:
         # other processes only ever add time.
         for _ in range(args.rounds):
             for label, fn in components:
-                times = measure(fn, args.iterations // args.rounds)
+                times = warm_measure(fn, args.iterations // args.rounds)
                 medians[label] = min(medians.get(label, float("inf")), percentile(times, 50))
         for label, _ in components:
             print(f"  {label:<12} median {medians[label]:7.2f} µs (best of {args.rounds} rounds)")
