@@ -17,6 +17,8 @@ from etiquette_addons.robots_gate import RobotsGate
 from etiquette_addons.runaway import RunawayWatch
 from etiquette_addons.runtime import Runtime
 from etiquette_addons.settings import Settings
+from etiquette_addons.site_grouping import SiteGrouping
+from etiquette_addons.target_check import TargetCheck
 from etiquette_addons.trail import Trail
 
 log = logging.getLogger(__name__)
@@ -110,6 +112,8 @@ def members(rt: Runtime) -> list[Any]:
     return [
         Settings(rt),  # options, config, state, audit log; starts each flow's notes
         Dashboard(rt),  # http://etiquette.proxy/ answered here, before any gate sees it
+        TargetCheck(rt),  # SPEC §4, §12: control bytes, port 0, Host vs authority -> local 400
+        SiteGrouping(rt),  # SPEC §5 pacing.group_by: the site key every later addon reads
         robots,  # RFC 9309: refuse before anything else spends the site's budget
         GoneMemory(rt),  # 404/410 remembered: answered locally before any validator work
         Revalidation(rt),  # served-stored, validator injection; 304 -> stored 200 in response

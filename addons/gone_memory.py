@@ -73,11 +73,19 @@ class GoneMemory:
         if status in (404, 410):
             key = url_key(flow, self.rt)
             policy = self.policies.get(notes_of(flow).site)
-            record = policy.remember(flow.request.method, status, wall())
+            assert flow.response is not None
+            headers = flow.response.headers
+            # RFC 9111 §4.2: the site's own freshness bounds what is remembered (every value of
+            # a repeated field, comma-joined).
+            stated = {name: ", ".join(headers.get_all(name))
+                      for name in ("cache-control", "expires", "date", "age") if name in headers}
+            record = policy.remember(flow.request.method, status, wall(), stated)
             if key is not None and record is not None:
                 # The TTL only lets diskcache clean up; GonePolicy.check decides with the TTL
                 # in force (a record keeps when it was seen, not when it ends).
-                self.rt.store.put_record(NAMESPACE, key, record.to_state(), ttl_s=policy.ttl(status))
+                self.rt.store.put_record(NAMESPACE, key, record.to_state(), ttl_s=policy.record_ttl(record))
+            elif key is not None and flow.metadata.get(_HAD_RECORD):
+                self.rt.store.forget_record(NAMESPACE, key)  # an older record must not outlive this answer
         elif flow.metadata.get(_HAD_RECORD) and (GonePolicy.clears(status) or status == 304):
             # A 304 also says the URL exists (it answers our or the client's validators).
             key = url_key(flow, self.rt)

@@ -20,6 +20,7 @@ from mitmproxy import http
 from etiquette_proxy.audit import audit_record
 from etiquette_proxy.clock import wall
 from etiquette_proxy.robots import FetchResult, RobotsEntry, RobotsPolicy, RobotsSettings, product_token
+from etiquette_proxy.target import resolve, split_target
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +65,12 @@ class RobotsGate:
         notes.extra["robots"] = entry.kind
         notes.facts["robots_status"] = entry.status
 
-        if request.path.split("?", 1)[0] == "/robots.txt":
+        if resolve(split_target(request.path)[0]) == "/robots.txt":
             self._answer_robots(flow, entry)
             return
 
         token = product_token(settings.user_agent or client_ua)
-        verdict = self.policy.verdict(entry, request.path, token)
+        verdict = self.policy.verdict_for_target(entry, request.path, token)
         if verdict.allowed:
             delay = self.policy.crawl_delay(entry, token, settings)
             if delay is not None:

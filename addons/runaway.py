@@ -15,6 +15,7 @@ from etiquette_addons.trail import answer_locally, fail_closed
 from mitmproxy import http
 
 from etiquette_proxy.runaway import RunawayGuard
+from etiquette_proxy.target import resolve_target
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class RunawayWatch:
         notes = notes_of(flow)
         try:
             guard = self.guard(notes.site)
-            check = guard.observe_request(flow.request.path)
+            check = guard.observe_request(resolve_target(flow.request.path))  # SPEC §4: one URL
             for trap in check.declared:
                 log.warning("%s: %s (action: %s)", notes.site, trap.reason, self.rt.config.get("runaway.trap_action", notes.site))
                 notes.extra["trap"] = trap.reason

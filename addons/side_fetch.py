@@ -91,7 +91,10 @@ async def _fetch(url: str, path: UpstreamPath, headers: dict[str, str], max_byte
     if scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"cannot fetch {url!r}")
     host = parts.hostname
-    port = parts.port or (443 if scheme == "https" else 80)
+    # `or` would turn port 0 into the default port: a request for :0 would fetch from :80.
+    port = parts.port if parts.port is not None else (443 if scheme == "https" else 80)
+    if port == 0:
+        raise ValueError(f"cannot fetch {url!r}: port 0 names no service")
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     authority = host if ":" not in host else f"[{host}]"
     if port != (443 if scheme == "https" else 80):

@@ -1,7 +1,8 @@
 """Decision cost in-process: the core's per-request work, without network (issue 8, part 2).
 
 Times, per request, what the addons ask the core (the same calls, in the same order):
-- robots:  the gate's robots settings for the site (RobotsGate.settings_for) + product_token + RobotsPolicy.verdict + crawl_delay
+- robots:  the gate's robots settings for the site (RobotsGate.settings_for) + product_token
+           + RobotsPolicy.verdict_for_target + crawl_delay
            (a cached robots.txt with a few groups, paths allowed and disallowed);
 - budget:  Budgets.get(site).reserve() and on_response() (etiquette_proxy/budgets.py; pacing
            out of the way) — skipped, saying so, until that module is on this branch;
@@ -110,7 +111,7 @@ def robots_component(config) -> Callable[[int], object]:  # type: ignore[no-unty
     def decide(i: int) -> object:
         settings = settings_for(SITE)
         token = product_token(settings.user_agent or UA)
-        verdict = policy.verdict(entry, paths[i % len(paths)], token)
+        verdict = policy.verdict_for_target(entry, paths[i % len(paths)], token)  # as the gate asks
         if verdict.allowed:
             policy.crawl_delay(entry, token, settings)
         return verdict

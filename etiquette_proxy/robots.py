@@ -18,6 +18,7 @@ from protego import Protego, RequestRate
 from protego._utils import _quote_path  # the very normalisation protego matches URLs with
 
 from etiquette_proxy.clock import Clock, wall
+from etiquette_proxy.target import robots_forms
 
 log = logging.getLogger(__name__)
 
@@ -365,6 +366,19 @@ class RobotsPolicy:
         if not delays:
             return None
         return min(max(delays), settings.max_crawl_delay)
+
+    def verdict_for_target(self, entry: RobotsEntry, target: str, token: str) -> RobotsVerdict:
+        """`verdict` for every spelling of `target` a server may resolve (target.robots_forms):
+        the first refusal wins, so what the site will serve is what is matched (SPEC §4)."""
+        forms = robots_forms(target)
+        verdict = self.verdict(entry, forms[0], token)
+        for form in forms[1:]:
+            if not verdict.allowed:
+                break
+            resolved = self.verdict(entry, form, token)
+            if not resolved.allowed:
+                verdict = replace(resolved, reason=f"{resolved.reason}; {target[:200]!r} resolves to {form[:200]!r}")
+        return verdict
 
     def _group(self, entry: RobotsEntry, token: str) -> _Rules:
         """`entry`'s rules as they apply to `token`, compiled (robots.txt parsed at most once)."""

@@ -2,9 +2,10 @@
 
 `normalise(url, tracking_params)` lower-cases scheme and host (IDN hosts to punycode), drops the
 default port, the fragment, user info and tracking parameters, sorts the query (stable for
-repeated names), and normalises percent-encoding (RFC 3986 §6.2.2). It never guesses beyond
-that: `/docs` and `/docs/` stay two keys (the seed calls the trailing slash a per-site choice)
-and dot segments are left alone (the proxy forwards the path as the client sent it).
+repeated names), and keys the path a server resolves (`target.resolve`: percent-encoding
+normalised, RFC 3986 §6.2.2; repeated slashes merged; dot segments removed, §5.2.4), the same
+path the robots gate checks (SPEC §4). It never guesses beyond that: `/docs` and `/docs/` stay
+two keys (the seed calls the trailing slash a per-site choice), and `%2F` stays escaped.
 """
 
 from __future__ import annotations
@@ -14,14 +15,11 @@ from collections.abc import Iterable
 from functools import lru_cache
 from urllib.parse import urlsplit
 
+from etiquette_proxy.target import DEFAULT_PORTS, normalise_escapes, resolve
+
 DEFAULT_TRACKING_PARAMS: tuple[str, ...] = ("utm_*", "gclid", "fbclid", "mc_cid", "mc_eid")
 
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-# RFC 3986 §2.3: unreserved characters are decoded wherever they appear percent-encoded.
-_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
-# RFC 3986 §3.3/§3.4: what may appear literally in a path or query (pchar, "/", "?").
-# Everything else (space, quotes, non-ASCII, controls) is percent-encoded as UTF-8.
-_LITERAL = _UNRESERVED | frozenset(b"!$&'()*+,;=:@/?%")
+_DEFAULT_PORTS = DEFAULT_PORTS
 _PCT = re.compile(r"%([0-9A-Fa-f]{2})")
 _ASCII_HOST = re.compile(r"^[a-z0-9_-]+(\.[a-z0-9_-]+)*$")
 
@@ -42,7 +40,7 @@ def normalise(url: str, tracking_params: Iterable[str] = DEFAULT_TRACKING_PARAMS
     netloc = f"[{host}]" if ":" in host else host
     if port is not None and port != _DEFAULT_PORTS[scheme]:
         netloc = f"{netloc}:{port}"
-    path = _component(parts.path) or "/"
+    path = resolve(parts.path) or "/"
     query = _query(parts.query, _tracking_matcher(tuple(tracking_params)))
     return f"{scheme}://{netloc}{path}" + (f"?{query}" if query else "")
 
@@ -66,29 +64,6 @@ def _host(host: str, url: str) -> str:
     return host
 
 
-def _component(text: str) -> str:
-    """Percent-encoding normalised: unreserved decoded, other escapes upper-case, rest encoded."""
-    out: list[str] = []
-    raw = text.encode("utf-8", "surrogateescape")
-    i, n = 0, len(raw)
-    while i < n:
-        byte = raw[i]
-        if byte == 0x25:  # "%"
-            hexpair = raw[i + 1:i + 3]
-            if len(hexpair) == 2 and _PCT.fullmatch("%" + hexpair.decode("latin-1")):
-                value = int(hexpair, 16)
-                out.append(chr(value) if value in _UNRESERVED else f"%{value:02X}")
-                i += 3
-                continue
-            out.append("%25")  # a lone "%" is data, written the one valid way
-        elif byte in _LITERAL:
-            out.append(chr(byte))
-        else:
-            out.append(f"%{byte:02X}")
-        i += 1
-    return "".join(out)
-
-
 @lru_cache(maxsize=256)
 def _tracking_matcher(patterns: tuple[str, ...]) -> tuple[frozenset[str], tuple[str, ...]]:
     """Exact names and `prefix*` wildcards, lower-cased (seed 004 compares names lower-cased)."""
@@ -103,7 +78,7 @@ def _query(query: str, matcher: tuple[frozenset[str], tuple[str, ...]]) -> str:
     for piece in query.split("&"):
         if not piece:
             continue
-        piece = _component(piece)
+        piece = normalise_escapes(piece)
         name = piece.split("=", 1)[0]
         plain = _PCT.sub(lambda m: chr(int(m.group(1), 16)), name).lower()
         if plain in exact or (prefixes and plain.startswith(prefixes)):

@@ -109,7 +109,7 @@ def test_a_held_request_whose_client_went_away_never_reaches_the_site(start_prox
     proxy = start_proxy(sets=per_site(site, pacing__rate=0.5, pacing__burst=2))
     assert proxy.get(site.url("/first")).status_code == 200  # robots.txt + this: the burst
     with socket.create_connection(("127.0.0.1", proxy.port)) as client:
-        client.sendall(f"GET {site.url('/gone')} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        client.sendall(f"GET {site.url('/gone')} HTTP/1.1\r\nHost: 127.0.0.1:{site.port}\r\n\r\n".encode())
         time.sleep(0.5)  # held: the next token is 2 s away
     line = proxy.wait_audit(lambda r: r["url"].endswith("/gone"), timeout=5)
     assert line and line[0]["outcome"] == "paused" and "client went away" in line[0]["reason"]

@@ -1,0 +1,14 @@
+"""A side fetch (robots.txt) for port 0 is refused, never sent to the default port (issue 11 item 8)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from etiquette_addons.side_fetch import SideFetchError, UpstreamPath, fetch
+
+
+def test_port_zero_is_not_the_default_port() -> None:
+    with pytest.raises(SideFetchError, match="port 0"):
+        asyncio.run(fetch("http://127.0.0.1:0/robots.txt", path=UpstreamPath(), headers={},
+                          timeout=5, max_bytes=1000))
