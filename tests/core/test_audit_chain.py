@@ -166,3 +166,22 @@ def test_an_empty_file_is_intact(tmp_path):
     path.write_bytes(b"")
     v = verify_file(str(path))
     assert v.intact and v.chained == 0 and v.head == ZERO
+
+
+def test_report_says_whether_the_chain_holds(log10):
+    import io
+
+    from etiquette_proxy.report import run_report
+
+    out = io.StringIO()
+    assert run_report(str(log10), out=out, err=io.StringIO(), show_progress=False) == 0
+    assert "audit log chain intact: 10 chained line(s), head " in " ".join(out.getvalue().split())
+    lines = lines_of(log10)
+    del lines[6]
+    log10.write_bytes(b"".join(lines))
+    out = io.StringIO()
+    run_report(str(log10), out=out, err=io.StringIO(), show_progress=False, as_json=False)
+    assert "BROKEN: chain broken at line 7: 1 line(s) removed before it" in " ".join(out.getvalue().split())
+    out = io.StringIO()
+    run_report(str(log10), out=out, err=io.StringIO(), show_progress=False, as_json=True)
+    assert json.loads(out.getvalue())["chain"]["line"] == 7

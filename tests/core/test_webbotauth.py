@@ -273,3 +273,48 @@ def test_the_draft_signed_directory_vector_byte_for_byte():
         f';keyid="{VECTOR_KEYID}";tag="http-message-signatures-directory"')
     assert fields["Signature"] == ("binding=:l6P8R67tm3kujAxbHWio7ll01qrEZ0dKD/WWlGhNYEmTnFZM8Wt0VQ9zqGfvo7T/"
                                    "UMkBxsigzChM1Gpz7gOVBg==:")
+
+
+# -- config (identity.web_bot_auth) ------------------------------------------------------------
+
+def test_config_errors_name_file_line_key_and_the_key_file(tmp_path):
+    from etiquette_proxy.config import ConfigError, load_config
+
+    ec_key = tmp_path / "ec.pem"
+    ec_key.write_bytes(_pem(ec.generate_private_key(ec.SECP256R1())))
+    text = ("identity:\n  web_bot_auth:\n"
+            f"    key_file: {tmp_path / 'missing.pem'}\n"
+            "    signature_agent: http://bot.example/keys\n"
+            "    validity: 2d\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(text, "c.yaml")
+    assert str(e.value).splitlines() == [
+        f"c.yaml:3: identity.web_bot_auth.key_file: {tmp_path / 'missing.pem'}: no such file "
+        "(expected an Ed25519 private key in PEM, as `etiquette-proxy keygen --out FILE` writes)",
+        "c.yaml:4: identity.web_bot_auth.signature_agent: 'http://bot.example/keys' is not https "
+        "(expected an https origin such as https://bot.example, where the key directory is served)",
+        "c.yaml:5: identity.web_bot_auth.validity: '2d' is above the maximum (expected at most 24h)",
+    ]
+    with pytest.raises(ConfigError, match=r"c.yaml:1: identity.web_bot_auth.key_file: .*holds a \w+ key"):
+        load_config(f"identity.web_bot_auth.key_file: {ec_key}\n"
+                    "identity.web_bot_auth.signature_agent: https://bot.example\n", "c.yaml")
+
+
+def test_config_key_file_and_signature_agent_go_together(tmp_path):
+    from etiquette_proxy.config import ConfigError, load_config
+
+    key = tmp_path / "k.pem"
+    write_new_key(str(key))
+    with pytest.raises(ConfigError, match="c.yaml:1: identity.web_bot_auth.key_file: is set without "
+                                          "identity.web_bot_auth.signature_agent"):
+        load_config(f"identity.web_bot_auth.key_file: {key}\n", "c.yaml")
+    with pytest.raises(ConfigError, match="--set:1: identity.web_bot_auth.signature_agent: is set without"):
+        load_config("", "c.yaml", ["identity.web_bot_auth.signature_agent=https://bot.example"])
+    config = load_config("", "c.yaml", [f"identity.web_bot_auth.key_file={key}",
+                                        "identity.web_bot_auth.signature_agent=https://Bot.example/",
+                                        "identity.web_bot_auth.validity=90s"])
+    from etiquette_proxy.webbotauth import signer_from_config
+
+    signer = signer_from_config(config)
+    assert signer is not None and signer.signature_agent == "https://bot.example" and signer.validity_s == 90
+    assert signer_from_config(load_config("", "c.yaml")) is None
