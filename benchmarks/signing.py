@@ -92,7 +92,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="etiquette-bench-") as tmp:
         chained_log = AuditLog(os.path.join(tmp, "chained.jsonl"))
         plain_log = UnchainedLog(os.path.join(tmp, "plain.jsonl"))
-        chained = per_call_us(lambda i: chained_log.write(dict(records[i % 256])), n, rounds)
+        chained = per_call_us(lambda i: chained_log.write(records[i % 256]), n, rounds)
         plain = per_call_us(lambda i: plain_log.write(records[i % 256]), n, rounds)
         chained_log.close()
         plain_log.close()

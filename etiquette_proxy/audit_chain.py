@@ -30,7 +30,9 @@ _MARK = b',"chain":"'
 
 def link(prev: str, body: bytes) -> str:
     """The chain value of a line whose bytes before `,"chain":` are `body`."""
-    return hashlib.sha256(prev.encode("ascii") + body).hexdigest()
+    h = hashlib.sha256(prev.encode("ascii"))
+    h.update(body)
+    return h.hexdigest()
 
 
 def split_line(line: bytes) -> tuple[bytes, str, int | None] | None:
