@@ -10,6 +10,7 @@ from typing import Any
 from etiquette_addons.dashboard import Dashboard
 from etiquette_addons.gone_memory import GoneMemory
 from etiquette_addons.health import HealthWatch
+from etiquette_addons.identity import RequestSigning
 from etiquette_addons.pacing import Pacing
 from etiquette_addons.refusals import RefusalTrimmer
 from etiquette_addons.revalidation import Revalidation
@@ -120,6 +121,7 @@ def members(rt: Runtime) -> list[Any]:
         RunawayWatch(rt),  # SPEC §7: URL-space traps (requests going upstream), retired sites
         pacing,  # SPEC §5: hold for the site's turn (request), learn from its answer (responseheaders)
         RefusalTrimmer(rt),  # SPEC §7: page-only headers off refusals (responseheaders)
-        HealthWatch(rt, robots=robots),  # SPEC §8: last request hook (the request leaves now)
+        HealthWatch(rt, robots=robots),  # SPEC §8: the request leaves now (its send time)
+        RequestSigning(rt),  # SPEC §9: signed last, after every header the proxy adds
         Trail(rt),  # decision header and audit line: last, after every decision is made
     ]

@@ -1,4 +1,4 @@
-"""The `etiquette-proxy` command (SPEC §3): run, check-config, ca, report."""
+"""The `etiquette-proxy` command (SPEC §3): run, check-config, ca, report, keygen, verify-log."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from etiquette_proxy.config import Config, ConfigError, load_config_file
 
-COMMANDS = ("run", "check-config", "ca", "report")
+COMMANDS = ("run", "check-config", "ca", "report", "keygen", "verify-log")
 
 log = logging.getLogger("etiquette_proxy.cli")
 
@@ -47,6 +47,21 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--since", metavar="DURATION", help="only lines from the last DURATION (e.g. 30m, 24h, 7d)")
     report.add_argument("--site", metavar="S", help="only this site (host:port, or host for every port)")
     report.add_argument("--json", action="store_true", help="print JSON instead of the table")
+
+    keygen = sub.add_parser("keygen", help="write an Ed25519 key for Web Bot Auth and print its key directory")
+    common(keygen)
+    keygen.add_argument("--out", metavar="FILE", required=True, help="where to write the private key (mode 0600)")
+    keygen.add_argument("--directory", action="store_true",
+                        help="print a signed directory response (body and headers) to serve instead")
+    keygen.add_argument("--signature-agent", metavar="URL",
+                        help="https origin serving the directory (default identity.web_bot_auth.signature_agent)")
+    keygen.add_argument("--validity", metavar="DURATION", default="7d",
+                        help="how long the directory response signature holds (default 7d)")
+
+    verify = sub.add_parser("verify-log", help="check the audit log's hash chain; exit 1 naming the first bad line")
+    common(verify)
+    verify.add_argument("audit_log", metavar="AUDIT_LOG", nargs="?",
+                        help="audit log to check (default <state-dir>/audit.jsonl)")
     return parser
 
 
@@ -77,6 +92,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return print_ca(config)
     if args.command == "report":
         return report(config, args)
+    if args.command == "keygen":
+        return keygen(config, args)
+    if args.command == "verify-log":
+        return verify_log(config, args)
     return run(config, args.config, overrides)
 
 
@@ -90,8 +109,18 @@ def check_config(path: str, overrides: Sequence[str] = ()) -> int:
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2
+    _warn_key_file(config)
     print(f"{path}: ok")
     return 0
+
+
+def _warn_key_file(config: Config) -> None:
+    from etiquette_proxy.webbotauth import key_file_warning
+
+    path = config.identity.web_bot_auth.key_file
+    warning = key_file_warning(os.path.expanduser(path)) if path else None
+    if warning:
+        print(f"warning: identity.web_bot_auth.key_file: {warning}", file=sys.stderr)
 
 
 def _listen_problem(config: Config, source: str) -> str | None:
@@ -119,6 +148,84 @@ def print_ca(config: Config) -> int:
     return 0
 
 
+def _audit_path(config: Config, given: str | None, command: str) -> str | None:
+    """The audit log a command reads: given, configured, or <state-dir>/audit.jsonl."""
+    if given is not None:
+        return given
+    configured = config.audit.log
+    if configured == "-":
+        print(f"etiquette-proxy {command}: the audit log goes to stdout in this config; name a file",
+              file=sys.stderr)
+        return None
+    return os.path.expanduser(configured) if configured else os.path.join(state_dir(config), "audit.jsonl")
+
+
+def keygen(config: Config, args: argparse.Namespace) -> int:
+    """SPEC §3, §9: a new Ed25519 key (0600) and the JSON of its key directory."""
+    import json
+    import time
+
+    from etiquette_proxy.units import parse_duration
+    from etiquette_proxy.webbotauth import (
+        directory_body,
+        https_origin,
+        jwk_thumbprint,
+        public_bytes,
+        signed_directory,
+        write_new_key,
+    )
+
+    agent = None
+    if args.directory:  # check everything before a key is written
+        agent = args.signature_agent or config.identity.web_bot_auth.signature_agent
+        if not agent:
+            print("etiquette-proxy keygen: --directory needs --signature-agent URL (or "
+                  "identity.web_bot_auth.signature_agent): the signature covers the directory's host",
+                  file=sys.stderr)
+            return 2
+        try:
+            agent = https_origin(agent)
+            validity = int(parse_duration(args.validity))
+        except ValueError as e:
+            print(f"etiquette-proxy keygen: {e}", file=sys.stderr)
+            return 2
+    try:
+        key = write_new_key(args.out)
+    except FileExistsError:
+        print(f"etiquette-proxy keygen: {args.out} exists; keygen never overwrites a key (expected a new path)",
+              file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"etiquette-proxy keygen: cannot write {args.out}: {e.strerror}", file=sys.stderr)
+        return 2
+    if agent is None:
+        print(directory_body([key]))
+    else:
+        created = int(time.time())
+        body, headers = signed_directory(key, agent, created, created + validity)
+        print(json.dumps({"status": 200, "headers": dict(headers), "body": body}, indent=1))
+    print(f"etiquette-proxy keygen: wrote {args.out} (mode 0600), keyid {jwk_thumbprint(public_bytes(key))}; "
+          "serve the directory at https://<your origin>/.well-known/http-message-signatures-directory "
+          "as application/http-message-signatures-directory+json", file=sys.stderr)
+    return 0
+
+
+def verify_log(config: Config, args: argparse.Namespace) -> int:
+    """SPEC §3, §11: 0 when the chain holds, 1 naming the first bad line, 2 when unreadable."""
+    from etiquette_proxy.audit_chain import verify_file
+
+    path = _audit_path(config, args.audit_log, "verify-log")
+    if path is None:
+        return 2
+    try:
+        verdict = verify_file(path)
+    except OSError as e:
+        print(f"etiquette-proxy verify-log: cannot read {path}: {e.strerror}", file=sys.stderr)
+        return 2
+    print(f"{path}: {verdict.summary()}")
+    return 0 if verdict.intact else 1
+
+
 def report(config: Config, args: argparse.Namespace) -> int:
     from etiquette_proxy.report import run_report
     from etiquette_proxy.units import parse_duration
@@ -130,14 +237,9 @@ def report(config: Config, args: argparse.Namespace) -> int:
         except ValueError as e:
             print(f"etiquette-proxy report: --since: {e}", file=sys.stderr)
             return 2
-    path = args.audit_log
+    path = _audit_path(config, args.audit_log, "report")
     if path is None:
-        configured = config.audit.log
-        if configured == "-":
-            print("etiquette-proxy report: the audit log goes to stdout in this config; name a file",
-                  file=sys.stderr)
-            return 2
-        path = os.path.expanduser(configured) if configured else os.path.join(state_dir(config), "audit.jsonl")
+        return 2
     return run_report(path, since_s=since, site=args.site, as_json=args.json)
 
 

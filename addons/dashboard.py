@@ -46,7 +46,11 @@ class Dashboard:
         return fields
 
     def snapshot(self) -> dict[str, Any]:
-        return self.board.snapshot(self.rt.site_status)
+        signer = self.rt.upstream.signer
+        identity = signer.describe() if signer is not None else None
+        if identity is not None and self.rt.observe:
+            identity["signing"] = False  # observe mode changes nothing on the wire (SPEC §3)
+        return self.board.snapshot(self.rt.site_status, identity)
 
     def request(self, flow: http.HTTPFlow) -> None:
         if skip(flow) or not is_dashboard(flow):

@@ -452,7 +452,8 @@ class HealthWatch:
             self.rt.record(audit_record(
                 ts=wall(), outcome=outcome, method="GET", url=url, site=site, status=status,
                 upstream_status=status, waited_s=0.0, rate=self.rt.rate_for(site), reason=reason,
-                client_ua=ua, canary=True, marker_found=found, **extra,
+                client_ua=ua, canary=True, marker_found=found,
+                signed=self.rt.signed_keyid() if status is not None else None, **extra,
             ))
         except Exception:  # noqa: BLE001
             log.exception("health: could not write the canary line for %s", url)

@@ -190,5 +190,5 @@ class RobotsGate:
         self.rt.record(audit_record(
             ts=wall(), outcome=outcome, method="GET", url=url, site=site, status=status,
             upstream_status=status, waited_s=0.0, rate=self.rt.rate_for(site), reason=reason,
-            client_ua=ua, robots_fetch=True,
+            client_ua=ua, robots_fetch=True, signed=self.rt.signed_keyid() if status is not None else None,
         ))

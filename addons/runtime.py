@@ -96,6 +96,11 @@ class Runtime:
             except Exception:  # noqa: BLE001 - a listener must never lose the audit line
                 log.exception("audit listener %r failed", listener)
 
+    def signed_keyid(self) -> str | None:
+        """The keyid the proxy's own requests are signed with (SPEC §9), None when not signing."""
+        signer = self.upstream.signer
+        return signer.keyid if signer is not None else None
+
     def rate_for(self, site: str) -> float | None:
         return self.rate_of(site) or float(self.config.get("pacing.rate", site))
 

@@ -17,6 +17,7 @@ from etiquette_proxy.audit import AuditLog
 from etiquette_proxy.config import ConfigError, load_config_file
 from etiquette_proxy.state import DiskState
 from etiquette_proxy.store import ValidatorStore
+from etiquette_proxy.webbotauth import key_file_warning, signer_from_config
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ class Settings:
 
     def _open(self, config) -> None:  # type: ignore[no-untyped-def]
         rt = self.rt
+        signer = self._signer(config)  # first: a bad key changes nothing
         if rt.audit is not None:
             rt.audit.close()
         rt.state.close()
@@ -81,7 +83,7 @@ class Settings:
         audit_path = config.audit.log or os.path.join(rt.state_dir, "audit.jsonl")
         rt.audit = AuditLog(audit_path if audit_path == "-" else os.path.expanduser(audit_path))
         rt.upstream = UpstreamPath(ca_file=config.upstream.ca_file, insecure=config.upstream.insecure,
-                                   proxy=config.upstream.proxy)
+                                   proxy=config.upstream.proxy, signer=signer)
         # MITMPROXY-NOTES: the eager strategy opens TCP+TLS to the site even for requests we
         # answer locally; lazy means a refused request never touches the site.
         changes: dict[str, object] = {"connection_strategy": "lazy", "confdir": rt.state_dir}
@@ -96,6 +98,21 @@ class Settings:
         if current != changes:
             ctx.options.update(**changes)
         log.info("etiquette-proxy: mode %s, state in %s, audit log %s", config.mode, rt.state_dir, audit_path)
+
+    @staticmethod
+    def _signer(config):  # type: ignore[no-untyped-def]
+        """SPEC §9: the Web Bot Auth signer, or None; a key that cannot be used stops start-up."""
+        try:
+            signer = signer_from_config(config)
+        except ValueError as e:  # KeyFileError names the file, never the key
+            raise exceptions.OptionsError(f"identity.web_bot_auth: {e}") from None
+        if signer is not None:
+            warning = key_file_warning(os.path.expanduser(config.identity.web_bot_auth.key_file))
+            if warning:
+                log.warning("identity.web_bot_auth.key_file: %s", warning)
+            log.info("Web Bot Auth: signing every request with keyid %s (Signature-Agent %s)",
+                     signer.keyid, signer.signature_agent)
+        return signer
 
     def running(self) -> None:
         if not ctx.options.etiquette_ready_line:

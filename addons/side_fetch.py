@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 
 import h11
 
+from etiquette_proxy.webbotauth import RequestSigner, signing_authority
+
 try:
     import certifi
 
@@ -32,6 +34,8 @@ class UpstreamPath:
     ca_file: str | None = None
     insecure: bool = False
     proxy: str | None = None  # http://host:port
+    # Web Bot Auth (SPEC §9): side requests are signed like crawl traffic.
+    signer: RequestSigner | None = None
 
     def ssl_context(self) -> ssl.SSLContext:
         if self.insecure:
@@ -117,6 +121,8 @@ async def _fetch(url: str, path: UpstreamPath, headers: dict[str, str], max_byte
         conn = h11.Connection(our_role=h11.CLIENT)
         request_headers = [("Host", authority), ("Accept-Encoding", "gzip, identity"), ("Connection", "close")]
         request_headers += [(k, v) for k, v in headers.items() if k.lower() not in ("host", "connection", "accept-encoding")]
+        if path.signer is not None:  # last, after every other header (SPEC §9)
+            request_headers += path.signer.sign(signing_authority(authority, scheme)).headers
         writer.write(conn.send(h11.Request(method="GET", target=target, headers=request_headers)))
         writer.write(conn.send(h11.EndOfMessage()))
         await writer.drain()

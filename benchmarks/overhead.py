@@ -15,7 +15,9 @@ throughput and p50/p99 latency, the latency c adds, and the audit outcomes of c 
 requests really went through the chain). Targets (issue 8): c/b throughput >= 0.90 and p99
 added latency <= 2 ms at 16 connections.
 
-    python benchmarks/overhead.py [--rounds 5] [--duration 5] [--connections 16]
+With --sign, (c) also signs every request (Web Bot Auth, SPEC §9) with a fresh key.
+
+    python benchmarks/overhead.py [--rounds 5] [--duration 5] [--connections 16] [--sign]
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ def main() -> int:
     ap.add_argument("--connections", type=int, default=16, help="wrk connections (default 16)")
     ap.add_argument("--paths", type=int, default=64, help="distinct pages requested in rotation (default 64)")
     ap.add_argument("--threads", type=int, default=2, help="wrk threads (default 2)")
+    ap.add_argument("--sign", action="store_true", help="(c) signs every request (Web Bot Auth)")
     args = ap.parse_args()
     if not 1 <= args.rounds <= 50 or not 0.5 <= args.duration <= 120:
         ap.error("rounds in 1..50, duration in 0.5..120 s")
@@ -73,10 +76,18 @@ def main() -> int:
         site = start_site()
         mitm = start_mitmdump(Path(tmp) / "mitm")
         state = Path(tmp) / "state"
-        ety = start_etiquette(state, FAST_PACING)
+        sets = list(FAST_PACING)
+        if args.sign:
+            from etiquette_proxy.webbotauth import write_new_key
+
+            key = Path(tmp) / "bot.pem"
+            write_new_key(str(key))
+            sets += [f"identity.web_bot_auth.key_file={key}",
+                     "identity.web_bot_auth.signature_agent=https://crawler.example"]
+        ety = start_etiquette(state, sets)
         with started(site, mitm, ety):
             print(f"site {site.url} (pid {site.pid}); mitmdump {mitm.url} (pid {mitm.pid}); "
-                  f"etiquette-proxy {ety.url} (pid {ety.pid}), sets: {' '.join(FAST_PACING)}")
+                  f"etiquette-proxy {ety.url} (pid {ety.pid}), sets: {' '.join(sets)}")
             proxied = ["proxy.lua", [site.url, paths]]
             print(f"wrk: -t{th} -c{conns} -d{dur:g}s, {paths} pages in rotation")
 

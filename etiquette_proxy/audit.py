@@ -3,6 +3,10 @@
 Each line is written with a single `os.write` on an O_APPEND descriptor, so a kill -9 can
 lose at most the line in flight and never interleaves two lines. On open, a torn last line
 left by an earlier crash is closed with a newline so it stays the only broken line.
+
+Every line is chained to the one before it (SPEC §11, etiquette_proxy/audit_chain.py): it
+ends `,"seq":N,"chain":"<64 hex>"}`, and a restart goes on from the file's last chained line.
+One process writes one file: two writers appending to the same file would break the chain.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import threading
 from datetime import UTC, datetime
 from typing import Any
 
+from etiquette_proxy.audit_chain import ZERO, last_link, link
 from etiquette_proxy.clock import Clock, wall
 
 OUTCOMES = (
@@ -79,6 +84,7 @@ class AuditLog:
         self.path = path
         self.clock = clock
         self._lock = threading.Lock()
+        self.head, self.seq = ZERO, 0  # the chain so far: last line's chain value and seq
         if path == "-":
             self._fd = sys.stdout.fileno()
             self._owned = False
@@ -87,6 +93,7 @@ class AuditLog:
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             self._owned = True
             self._close_torn_line()
+            self.head, self.seq = last_link(path)
 
     def _close_torn_line(self) -> None:
         size = os.fstat(self._fd).st_size
@@ -98,18 +105,26 @@ class AuditLog:
                 os.write(self._fd, b"\n")
 
     def write(self, record: dict[str, Any]) -> None:
-        """Append one record as one line, in one write."""
-        line = _ENCODER.encode(record) + "\n"
-        data = line.encode("utf-8", errors="replace")
+        """Append one record as one chained line, in one write."""
+        if "chain" in record or "seq" in record:  # the chain's own keys come last, from here
+            record = {k: v for k, v in record.items() if k not in ("chain", "seq")}
+        text = _ENCODER.encode(record)
+        head = text[:-1] + "," if len(text) > 2 else "{"
         with self._lock:
             if self._fd < 0:
                 return
+            seq = self.seq + 1
+            # The bytes hashed are exactly the bytes written (errors="replace" included).
+            body = f'{head}"seq":{seq}'.encode("utf-8", errors="replace")
+            value = link(self.head, body)
+            data = body + b',"chain":"' + value.encode("ascii") + b'"}\n'
             if not self._owned:
                 sys.stdout.flush()
             view = memoryview(data)
             while view:
                 n = os.write(self._fd, view)
                 view = view[n:]
+            self.head, self.seq = value, seq
 
     def close(self) -> None:
         """Flush to disk and close (SIGTERM: the log is complete on exit)."""

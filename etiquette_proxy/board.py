@@ -70,6 +70,8 @@ class SiteTally:
     received_429: int = 0
     last_ts: str = ""
     last_rate: float | None = None
+    signed: Counter[str] = field(default_factory=Counter)  # SPEC §9: keyid -> requests signed with it
+    not_signed: int = 0  # requests the client signed itself (or that could not be signed)
     health: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=240))
 
     def as_dict(self) -> dict[str, Any]:
@@ -84,6 +86,8 @@ class SiteTally:
             "saved": {"revalidation": self.saved_revalidation, "trimming": self.saved_trimming},
             "last_ts": self.last_ts,
             "last_rate": self.last_rate,
+            "signed": dict(self.signed),
+            "not_signed": self.not_signed,
         }
 
 
@@ -117,6 +121,11 @@ class SiteBoard:
         if upstream == 429 or (outcome == "throttled" and upstream is not None):
             tally.received_429 += 1
         size = _int(record.get("bytes"))
+        keyid = record.get("signed")
+        if isinstance(keyid, str):
+            tally.signed[keyid] += 1
+        elif record.get("not_signed"):
+            tally.not_signed += 1
         if record.get("robots_fetch"):
             tally.robots_fetches += 1
             tally.bytes_sent += size
@@ -138,8 +147,10 @@ class SiteBoard:
             tally.health.append((at, score))
         self.recent.append({k: record.get(k) for k in RECENT_KEYS if record.get(k) is not None})
 
-    def snapshot(self, providers: Iterable[StatusProvider] = ()) -> dict[str, Any]:
-        """Everything the dashboard shows, JSON-able: sites (tallies + live fields), recent."""
+    def snapshot(self, providers: Iterable[StatusProvider] = (),
+                 identity: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Everything the dashboard shows, JSON-able: sites (tallies + live fields), recent, and
+        `identity` (SPEC §9: whether requests are signed, with which keyid; never the key)."""
         providers = list(providers)
         sites = []
         for site in sorted(self.sites):
@@ -161,6 +172,7 @@ class SiteBoard:
             "generated_at": self._clock(),
             "started_at": self.started,
             "records": self.records,
+            "identity": dict(identity) if identity is not None else {"signing": False},
             "sites": sites,
             "recent": list(reversed(self.recent)),
         }

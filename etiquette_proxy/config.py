@@ -139,6 +139,33 @@ def canary_list(value: Any) -> tuple[dict[str, str], ...]:
     return tuple(out)
 
 
+def key_file(value: Any) -> str:
+    """`identity.web_bot_auth.key_file`: an Ed25519 private key this user can read (SPEC §9).
+
+    Read at load time so `check-config` and start-up name the file's problem with its line."""
+    import os
+
+    from etiquette_proxy.webbotauth import read_signing_key
+
+    path = text(value)
+    read_signing_key(os.path.expanduser(path))  # KeyFileError is a ValueError with "(expected …)"
+    return path
+
+
+def https_origin(value: Any) -> str:
+    from etiquette_proxy.webbotauth import https_origin as parse
+
+    return parse(value)
+
+
+def signature_validity(value: Any) -> float:
+    """`identity.web_bot_auth.validity`: whole seconds, 1 s to 24 h (the draft's cap)."""
+    seconds = duration_max(86400, "24h")(value)
+    if seconds < 1:
+        raise ValueError(f"{value!r} is under a second (expected a duration from 1s to 24h)")
+    return float(int(seconds))
+
+
 # -- the schema ------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -162,6 +189,9 @@ SCHEMA: dict[str, Key] = {
     "upstream.proxy": Key(optional(text), None),
     "upstream.timeout": Key(positive_duration, 30.0),
     "identity.user_agent": Key(optional(text), None),
+    "identity.web_bot_auth.key_file": Key(optional(key_file), None),
+    "identity.web_bot_auth.signature_agent": Key(optional(https_origin), None),
+    "identity.web_bot_auth.validity": Key(signature_validity, 300.0),
     "purposes": Key(str_list, ()),
     "robots.user_agent": Key(optional(text), None, per_site=True),
     "robots.ttl": Key(duration_max(86400, "24h"), 86400.0, per_site=True),
@@ -223,6 +253,20 @@ _RELATIONS: list[tuple[tuple[str, str], Callable[[Any, Any], bool], str]] = [
     (("revisit.min_interval", "revisit.max_interval"), lambda a, b: a <= b,
      "must be <= revisit.max_interval (expected floor below cap)"),
 ]
+
+
+# Keys that only mean something together: one set without the other is an error.
+_TOGETHER = (("identity.web_bot_auth.key_file", "identity.web_bot_auth.signature_agent",
+              "the key signs; Signature-Agent tells sites where its public key is"),)
+
+
+def _check_together(pairs: Iterable[tuple[str, str, str]], values: Mapping[str, Any],
+                    where: Callable[[str], tuple[str, int, str]], problems: list[ConfigProblem]) -> None:
+    for a, b, why in pairs:
+        for given, missing in ((a, b), (b, a)):
+            if values[given] is not None and values[missing] is None:
+                file, line, shown = where(given)
+                problems.append(ConfigProblem(file, line, shown, f"is set without {missing} (expected both: {why})"))
 
 
 # -- problems ---------------------------------------------------------------------------------
@@ -450,6 +494,7 @@ def load_config(text: str, file: str = "<config>", overrides: Iterable[str] = ()
 
     merged = {k: key.default for k, key in SCHEMA.items()} | values
     _check_relations(merged, lambda k: lines.get(k, (file, 1, k)), values, problems)
+    _check_together(_TOGETHER, merged, lambda k: lines.get(k, (file, 1, k)), problems)
     for site, site_values in sites.items():
         def where(k: str, s: str = site) -> tuple[str, int, str]:
             return (file, 1, f'sites."{s}".{k}')

@@ -269,6 +269,14 @@ def _other_cell(entry: Mapping[str, Any]) -> str:
     return "<br>".join(f'<span class="small">{_e(k)}: {_e(v)}</span>' for k, v in sorted(extra.items()))
 
 
+def _identity_line(identity: Mapping[str, Any]) -> str:
+    """SPEC §9: whether requests are signed (Web Bot Auth) and with which keyid."""
+    if identity.get("signing"):
+        return (f'<div id="identity">Requests signed (Web Bot Auth) with keyid <code>{_e(identity.get("keyid"))}'
+                f'</code>, Signature-Agent {_e(identity.get("signature_agent"))}</div>')
+    return '<div id="identity" class="dim">Requests are not signed (no identity.web_bot_auth key).</div>'
+
+
 def render_html(snap: Mapping[str, Any]) -> str:
     """The dashboard page: one row per site, then the most recent decisions."""
     sites = snap.get("sites", [])
@@ -307,7 +315,8 @@ def render_html(snap: Mapping[str, Any]) -> str:
         f"{_plural(snap.get('records', 0), 'decision')} "
         f"in {_e(uptime)}; updated {updated}, refreshes every {REFRESH_S} s. "
         'Also <a href="/api/sites">/api/sites</a> and <a href="/metrics">/metrics</a>.</div>'
-        '<h2>Sites</h2><table id="sites"><tr><th>site</th><th>health</th><th>pace</th><th>pause / breaker</th>'
+        + _identity_line(snap.get("identity") or {})
+        + '<h2>Sites</h2><table id="sites"><tr><th>site</th><th>health</th><th>pace</th><th>pause / breaker</th>'
         "<th>robots.txt</th><th>outcomes</th><th>bytes saved</th><th>other</th></tr>"
         + "".join(rows)
         + '</table><h2>Recent decisions</h2><table id="recent"><tr><th>time (UTC)</th><th>site</th>'

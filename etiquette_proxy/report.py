@@ -44,12 +44,14 @@ from email.utils import parsedate_to_datetime
 from typing import IO, Any
 
 from etiquette_proxy.audit import OUTCOMES, REQUIRED_KEYS, rfc3339_ms
+from etiquette_proxy.audit_chain import ChainCheck, ChainVerdict
 
 # Keys the proxy writes today or the SPEC documents; anything else is counted as unknown.
 KNOWN_KEYS = frozenset(REQUIRED_KEYS) | {
     "retry_after", "pause_s", "injected", "changed", "header_bytes", "header_bytes_sent",
     "health", "would", "would_reason", "bytes", "robots", "robots_fetch", "crawl_delay",
     "trimmed", "trap", "retired", "revived", "warning",
+    "seq", "chain", "signed", "not_signed", "would_sign",  # SPEC §11 chain, SPEC §9 identity
 }
 SAVED_BY_STORE = ("revalidated", "served-stored")
 TOLERANCE_S = 0.05  # timestamps are to the millisecond; scheduling jitter on top
@@ -238,6 +240,8 @@ class Report:
         self.skipped = Skipped()
         self.lines = 0
         self.used = 0
+        self._chain = ChainCheck()  # SPEC §11: whether the log was edited, over every line
+        self.chain: ChainVerdict | None = None
 
     def _wanted(self, site: str) -> bool:
         f = self.site_filter
@@ -247,6 +251,7 @@ class Report:
 
     def feed(self, line: bytes, last: bool = False) -> None:
         """One line of the log; `last` marks a final line without its newline."""
+        self._chain.feed(line)
         self.lines += 1
         if not line.strip():
             self.lines -= 1
@@ -349,6 +354,7 @@ class Report:
     def finish(self) -> None:
         for c in self.sites.values():
             c.finish()
+        self.chain = self._chain.finish()
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -359,6 +365,9 @@ class Report:
                         "truncated_last": self.skipped.truncated_last,
                         "unknown_keys": dict(self.skipped.unknown_keys)},
             "sites": [self.sites[s].as_dict() for s in sorted(self.sites)],
+            "chain": None if self.chain is None else {
+                "intact": self.chain.intact, "line": self.chain.line, "problem": self.chain.problem,
+                "chained": self.chain.chained, "head": self.chain.head, "torn": self.chain.torn},
             "rubric": [{"what": what, "points_each": each, "at_most": most} for _, what, each, most in RUBRIC],
             "grades": {letter: floor for floor, letter in GRADES},
         }
@@ -438,6 +447,9 @@ def render_text(report: Report, source: str) -> str:
            f"{_n(report.lines)} lines, {_n(report.used)} used, {len(sites)} site(s)"]
     if first:
         out.append(f"from {first[:19].replace('T', ' ')} to {last[:19].replace('T', ' ')} UTC")
+    if report.chain is not None:  # SPEC §11: does the log still read as it was written?
+        verdict = report.chain.summary() if report.chain.intact else "BROKEN: " + report.chain.summary()
+        out += _wrap("audit log", verdict + " (etiquette-proxy verify-log)")
     out.append("")
     header = (f"{'site':<24} {'requests':>8} {'fetched':>8} {'reval':>6} {'stopped':>8} {'429s':>5} "
               f"{'honoured':>8}  grade")

@@ -18,3 +18,13 @@ def test_decisions_benchmark_runs_at_tiny_size() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "whole decision" in proc.stdout
     assert "per-request core decision" in proc.stdout
+
+
+def test_signing_benchmark_runs_at_tiny_size() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "signing.py"), "--requests", "10", "--rounds", "1"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Web Bot Auth signature, fresh" in proc.stdout
+    assert "signing + chaining < 60 µs per request" in proc.stdout

@@ -21,4 +21,6 @@ def test_record_writes_the_line_then_feeds_every_listener_even_past_a_broken_one
     rt.record({"site": "a:1", "outcome": "fetched"})
     rt.audit.close()
     assert seen == [{"site": "a:1", "outcome": "fetched"}]
-    assert json.loads((tmp_path / "audit.jsonl").read_text()) == {"site": "a:1", "outcome": "fetched"}
+    line = json.loads((tmp_path / "audit.jsonl").read_text())
+    assert line.pop("seq") == 1 and len(line.pop("chain")) == 64  # SPEC §11: chained
+    assert line == {"site": "a:1", "outcome": "fetched"}

@@ -176,3 +176,21 @@ def test_metrics_parse_with_prometheus_own_parser(board):
 
 def test_render_html_with_no_sites():
     assert "No requests yet" in render_html({"sites": [], "recent": []})
+
+
+def test_identity_and_signed_requests_per_site_in_the_snapshot():
+    from etiquette_proxy.board import SiteBoard
+    from etiquette_proxy.dashboard import render_html
+
+    board = SiteBoard()
+    board.add({"site": "a:80", "outcome": "fetched", "signed": "KEYID"})
+    board.add({"site": "a:80", "outcome": "fetched", "signed": "KEYID", "robots_fetch": True})
+    board.add({"site": "a:80", "outcome": "fetched", "not_signed": "the client sent its own Signature fields"})
+    snap = board.snapshot(identity={"signing": True, "keyid": "KEYID", "signature_agent": "https://bot.example"})
+    assert snap["identity"]["keyid"] == "KEYID"
+    site = snap["sites"][0]
+    assert site["signed"] == {"KEYID": 2} and site["not_signed"] == 1
+    assert "with keyid <code>KEYID</code>" in render_html(snap)
+    unsigned = board.snapshot()
+    assert unsigned["identity"] == {"signing": False}
+    assert "Requests are not signed" in render_html(unsigned)
