@@ -13,6 +13,7 @@ forbids nothing; unknown labels are ignored. Pure: no I/O.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -159,3 +160,49 @@ def refusal(said: Iterable[Said], purposes: Sequence[str], matches: object) -> P
 def _clip(text: str, n: int = 40) -> str:
     text = "".join(c if c.isprintable() else "?" for c in text[:n])
     return text + ("…" if len(text) >= n else "")
+
+
+HEADERS = ("content-usage", "content-signal")
+
+
+def header_refusal(headers: Iterable[tuple[str, str]], purposes: Sequence[str]
+                   ) -> tuple[PurposeRefusal | None, list[str], list[str]]:
+    """What a response's `Content-Usage` / `Content-Signal` headers say: a no to one of
+    `purposes` (the header applies to this resource: no path), what was said, and problems."""
+    said: list[Said] = []
+    problems: list[str] = []
+    for name, value in headers:
+        source = name.lower()
+        if source not in HEADERS:
+            continue
+        line, found = parse_header(source, value)
+        problems.extend(f"{source} header: {p}" for p in found[:3])
+        if line is not None:
+            said.append(line)
+    no = refusal(said, purposes, lambda _p: True) if purposes else None
+    return no, [f"{s.source} {s.text}" for s in said], problems
+
+
+class SaidNoMemory:
+    """URLs whose response said no to a declared purpose: the next request for one is refused
+    locally (SPEC §4). Bounded, least recently told first out."""
+
+    def __init__(self, limit: int = 50_000):
+        self.limit = limit
+        self._urls: OrderedDict[str, PurposeRefusal] = OrderedDict()
+
+    def remember(self, url: str, no: PurposeRefusal) -> None:
+        """Keep what the site said for `url`."""
+        self._urls[url] = no
+        self._urls.move_to_end(url)
+        while len(self._urls) > self.limit:
+            self._urls.popitem(last=False)
+
+    def forget(self, url: str) -> None:
+        """The site no longer says no (a later response without the signal)."""
+        self._urls.pop(url, None)
+
+    def refusal(self, url: str, purposes: Sequence[str]) -> PurposeRefusal | None:
+        """What the site said about `url` when that says no to one of `purposes`."""
+        no = self._urls.get(url)
+        return no if no is not None and no.purpose in purposes else None
