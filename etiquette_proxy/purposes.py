@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 PURPOSES = ("search", "ai-input", "ai-train")
 ALIASES = {"train-ai": "ai-train"}  # aipref vocabulary -> the Content Signals name
@@ -124,11 +125,15 @@ def parse_header(source: str, value: str) -> tuple[Said | None, list[str]]:
             parsed = http_sf.parse(value.encode("latin-1", "replace"), tltype="dictionary")
         except Exception as e:  # noqa: BLE001 - a site's junk header is logged, never raised
             return None, [f"not a structured-field dictionary ({e})"]
+        if not isinstance(parsed, dict):
+            return None, ["not a structured-field dictionary"]
         items = []
-        for label, (item, _params) in list(parsed.items())[:MAX_PAIRS]:
+        member: Any
+        for label, member in list(parsed.items())[:MAX_PAIRS]:
+            item = member[0] if isinstance(member, tuple) else member
             if isinstance(item, bool):  # `train-ai=?0` is a boolean false
                 item = "y" if item else "n"
-            items.append(f"{label}={item}")
+            items.append(f"{label}={item!s}")
         value = ", ".join(items)
     return parse_value(source, value)
 

@@ -142,7 +142,8 @@ def test_purposes_config_accepts_the_vocabulary_and_names_a_bad_entry():
     assert load_config("purposes: [search, train-ai]\n").purposes == ("search", "ai-train")
     with pytest.raises(ConfigError) as e:
         load_config("mode: enforce\npurposes: [search, ai-trian]\n", file="e.yaml")
-    assert "e.yaml:2: purposes: 'ai-trian' is not a purpose (expected one of: search, ai-input, ai-train" in str(e.value)
+    assert ("e.yaml:2: purposes: 'ai-trian' is not a purpose (expected one of: search, ai-input, ai-train"
+            in str(e.value))
 
 
 def test_parse_value_keeps_use_and_reports_problems():
