@@ -272,7 +272,14 @@ def prepare(text: str) -> Prepared:
     previous: str | None = None  # protego's previous_rule_field
     kept = 0
     changed = False
+    lowered = text.lower()
+    signals = "content-" in lowered
+    if not signals and "agent" not in lowered:
+        return Prepared(text, {}, (), ())
     for line in text.splitlines():
+        if not signals and "agent" not in line.lower():  # only User-agent lines change then
+            out.append(line)
+            continue
         directive = line.split("#", 1)[0].strip()
         parsed = _extract_directive(directive) if directive else None
         if parsed is None:
@@ -466,8 +473,9 @@ class RobotsPolicy:
                                note=f"more than {settings.max_redirects} redirects: treated as unavailable (RFC 9309 §2.3.1.2), no rules")
         if status is not None and 200 <= status < 300:
             text, notes = decode_body(fetch.body, settings.max_bytes)
-            prepared = prepare(text)
-            if prepared.problems:
+            # The signal lines, read once per fetch for the dashboard and the log.
+            prepared = prepare(text) if "content-" in text.lower() else None
+            if prepared is not None and prepared.problems:
                 # Malformed signal lines refuse nothing; said once per fetch, not per request.
                 notes.append(f"{len(prepared.problems)} malformed signal(s) ignored, first: {prepared.problems[0]}")
             # interned: "robots.txt 200" is one string for every origin, not one each
@@ -475,7 +483,7 @@ class RobotsPolicy:
             if notes:
                 log.warning("robots.txt of %s: %s", origin, "; ".join(notes))
             return RobotsEntry(origin, "rules", status, text, now, now, now + settings.ttl, note=note,
-                               signals=prepared.shown)
+                               signals=prepared.shown if prepared is not None else ())
         if status is not None and 400 <= status < 500:
             # RFC 9309 §2.3.1.3: "unavailable" means the crawler may access any resource.
             # Often an operator's mistake (a blanket 4xx rule that swallowed robots.txt): say so.
