@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import replace
 from urllib.parse import urljoin
 
 from etiquette_addons.notes import notes_of, skip
@@ -20,7 +19,6 @@ from mitmproxy import http
 
 from etiquette_proxy.audit import audit_record
 from etiquette_proxy.clock import wall
-from etiquette_proxy.purposes import PurposeRefusal, SaidNoMemory, header_refusal
 from etiquette_proxy.robots import FetchResult, RobotsEntry, RobotsPolicy, RobotsSettings, product_token
 
 log = logging.getLogger(__name__)
@@ -38,8 +36,6 @@ class RobotsGate:
         # Set by the pacing addon: robots.txt fetches count against the site's budget (SPEC §4).
         self.before_fetch = None
         self._settings: dict[str, tuple[object, RobotsSettings]] = {}
-        # URLs whose response header said no to a declared purpose (SPEC §4).
-        self.said_no = SaidNoMemory()
         runtime.site_status.append(self.status)
 
     def status(self, site: str) -> dict[str, object]:
@@ -74,15 +70,9 @@ class RobotsGate:
 
         token = product_token(settings.user_agent or client_ua)
         purposes: tuple[str, ...] = self.rt.config.purposes
-        verdict = self.policy.verdict(entry, request.path, token, purposes)
-        if verdict.allowed and purposes:
-            # A response header said no for this very URL earlier: refused like the robots.txt line.
-            no = self.said_no.refusal(request.url, purposes)
-            if no is not None:
-                verdict = replace(verdict, allowed=False, reason=f"{no.said} (response header)", status=403,
-                                  purpose=no)
+        verdict = self.policy.verdict(entry, request.path, token, purposes, request.url)
         if verdict.purpose is not None:
-            notes.extra["purposes"] = _purposes_key(purposes, verdict.purpose, verdict.reason)
+            notes.extra["purposes"] = verdict.purpose.audit(purposes)
         if verdict.allowed:
             delay = self.policy.crawl_delay(entry, token, settings)
             if delay is not None:
@@ -108,16 +98,13 @@ class RobotsGate:
         if notes.local or notes.facts.get("internal"):
             return
         purposes: tuple[str, ...] = self.rt.config.purposes
-        no, said, problems = header_refusal(response.headers.items(), purposes)
+        no, said, problems = self.policy.heard(flow.request.url, response.headers.items(), purposes)
         if problems:
             log.info("%s: %s", flow.request.url, "; ".join(problems))
         if said:
             notes.extra["signals"] = said
         if no is not None:
-            notes.extra["purposes"] = _purposes_key(purposes, no, f"{no.said} (response header)")
-            self.said_no.remember(flow.request.url, no)
-        elif purposes:
-            self.said_no.forget(flow.request.url)
+            notes.extra["purposes"] = no.audit(purposes)
 
     def settings_for(self, site: str) -> RobotsSettings:
         """The site's robots.* settings, read from the config once per site and config."""
@@ -227,7 +214,3 @@ class RobotsGate:
             client_ua=ua, robots_fetch=True,
         ))
 
-
-def _purposes_key(declared: tuple[str, ...], no: PurposeRefusal, said: str) -> dict[str, object]:
-    """The audit key `purposes` (SPEC §4): what the crawler declared and what the site said no to."""
-    return {"declared": list(declared), "refused": no.purpose, "said": said}

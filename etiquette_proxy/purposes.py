@@ -73,6 +73,10 @@ class PurposeRefusal:
     purpose: str
     said: str  # "content-signal ai-train=no"
 
+    def audit(self, declared: Sequence[str]) -> dict[str, object]:
+        """The audit key `purposes` (SPEC §4): what the crawler declared, what the site refused."""
+        return {"declared": list(declared), "refused": self.purpose, "said": self.said}
+
 
 def parse_value(source: str, value: str) -> tuple[Said | None, list[str]]:
     """One Content-Signal / Content-Usage value; the problems found (never raises)."""

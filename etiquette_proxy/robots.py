@@ -10,6 +10,7 @@ import logging
 import re
 import sys
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 from urllib.parse import quote, urlsplit
@@ -21,7 +22,15 @@ from protego._protego import _SITE_WIDE_DIRECTIVES, _USER_AGENT_DIRECTIVE, _extr
 from protego._utils import _quote_path, _quote_pattern
 
 from etiquette_proxy.clock import Clock, wall
-from etiquette_proxy.purposes import MAX_LINES, PurposeRefusal, Said, parse_value, refusal
+from etiquette_proxy.purposes import (
+    MAX_LINES,
+    PurposeRefusal,
+    Said,
+    SaidNoMemory,
+    header_refusal,
+    parse_value,
+    refusal,
+)
 
 log = logging.getLogger(__name__)
 
@@ -338,11 +347,13 @@ class _Rules:
         self.text = text    # what was compiled: the entry's own string, until a new fetch
         self.token = token  # the first token asked: usually the only one
         self.more: dict[str, _Rules] | None = None  # further tokens (several crawlers)
-        groups = prepared.said
-        own = groups.get(token) if token != "*" else None
-        self.said: tuple[Said, ...] = groups.get("", ()) + (own if own is not None else groups.get("*", ()))
         parser = Protego.parse(prepared.text)
         rule_set = parser._user_agents.get(token) if token != "*" else None
+        # Signals follow the same group as the rules: the crawler's own group if it has one
+        # (its signals, maybe none), else `*`'s; lines before any group apply to all.
+        groups = prepared.said
+        said = groups.get(token, ()) if rule_set is not None else groups.get("*", ())
+        self.said: tuple[Said, ...] = groups.get("", ()) + said
         if rule_set is None:
             rule_set = parser._user_agents.get("*")
         self.literal: tuple[tuple[str, ...], int] | None = None
@@ -452,6 +463,8 @@ class RobotsPolicy:
 
     def __init__(self, clock: Clock = wall):
         self.clock = clock
+        # URLs whose response header said no to a declared purpose (SPEC §4).
+        self.said_no = SaidNoMemory()
         # origin -> its compiled rules, least recently used first (PARSED_LIMIT, PARSED_BUDGET).
         self._parsed: OrderedDict[str, _Rules] = OrderedDict()
         self._parsed_bytes = 0
@@ -508,9 +521,10 @@ class RobotsPolicy:
                            note=f"robots.txt unreachable ({what})")
 
     def verdict(self, entry: RobotsEntry, url: str, token: str,
-                purposes: tuple[str, ...] = ()) -> RobotsVerdict:
+                purposes: tuple[str, ...] = (), full_url: str | None = None) -> RobotsVerdict:
         """Whether `url` (path and query, or absolute) may be requested by `token` for
-        `purposes` (the crawler's declared uses; none: signals refuse nothing)."""
+        `purposes` (the crawler's declared uses; none: signals refuse nothing). `full_url`:
+        the URL a response header's no was remembered under."""
         if entry.kind == "unreachable":
             wait = max(1.0, entry.expires_at - self.clock())
             return RobotsVerdict(False, entry.note, status=503, retry_after_s=wait)
@@ -535,7 +549,24 @@ class RobotsPolicy:
             said_no = refusal(group.said, purposes, lambda p: _matches(p, quoted))
             if said_no is not None:
                 return RobotsVerdict(False, said_no.said, status=403, purpose=said_no)
+        if purposes and full_url is not None:
+            # A response header said no for this very URL earlier: refused like the line.
+            said_no = self.said_no.refusal(full_url, purposes)
+            if said_no is not None:
+                return RobotsVerdict(False, said_no.said, status=403, purpose=said_no)
         return RobotsVerdict(True, "allowed by robots.txt")
+
+    def heard(self, full_url: str, headers: Iterable[tuple[str, str]],
+              purposes: tuple[str, ...]) -> tuple[PurposeRefusal | None, list[str], list[str]]:
+        """What a response's Content-Usage / Content-Signal headers said: a no to a declared
+        purpose (remembered for `full_url`), the signals as shown, and the problems found."""
+        no, said, problems = header_refusal(headers, purposes)
+        if no is not None:
+            no = replace(no, said=f"{no.said} (response header)")
+            self.said_no.remember(full_url, no)
+        elif purposes and said:
+            self.said_no.forget(full_url)  # the site says otherwise now
+        return no, said, problems
 
     def signals(self, entry: RobotsEntry, token: str) -> tuple[Said, ...]:
         """The Content-Signal / Content-Usage lines that apply to `token` on this origin."""

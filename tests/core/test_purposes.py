@@ -47,6 +47,23 @@ def test_signals_follow_group_selection_and_lines_outside_groups_apply_to_all(cl
     assert verdict(clock, body, "/p", ("ai-train",), "ownbot")[0].allowed  # its own group says yes
     assert not verdict(clock, body, "/p", ("ai-train",), "otherbot")[0].allowed
     assert verdict(clock, body, "/p", ("ai-input",), "ownbot")[0].reason == "content-signal ai-input=no"
+    # A crawler with a group of its own and no signal in it gets none of `*`'s.
+    rules_only = b"User-agent: *\nContent-Signal: ai-train=no\n\nUser-agent: ownbot\nDisallow: /x\n"
+    assert verdict(clock, rules_only, "/p", ("ai-train",), "ownbot")[0].allowed
+    assert not verdict(clock, rules_only, "/p", ("ai-train",), "otherbot")[0].allowed
+
+
+def test_a_header_no_is_remembered_for_that_url_only(clock):
+    policy = RobotsPolicy(clock)
+    entry = policy.after_fetch("http://s.example:80", FetchResult(200, b"User-agent: *\nDisallow:\n"), None, S)
+    no, said, _ = policy.heard("http://s.example/a", [("Content-Usage", "train-ai=n")], ("ai-train",))
+    assert no is not None and no.said == "content-usage train-ai=n (response header)" and said
+    v = policy.verdict(entry, "/a", "bot", ("ai-train",), "http://s.example/a")
+    assert not v.allowed and v.purpose == no and v.purpose.audit(("ai-train",))["refused"] == "ai-train"
+    assert policy.verdict(entry, "/b", "bot", ("ai-train",), "http://s.example/b").allowed
+    assert policy.verdict(entry, "/a", "bot", ("search",), "http://s.example/a").allowed
+    policy.heard("http://s.example/a", [("Content-Usage", "train-ai=y")], ("ai-train",))  # changed its mind
+    assert policy.verdict(entry, "/a", "bot", ("ai-train",), "http://s.example/a").allowed
 
 
 def test_content_usage_longest_path_wins_and_n_wins_ties(clock):
