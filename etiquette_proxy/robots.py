@@ -253,7 +253,8 @@ def literal(path: str) -> str:
     %xx escapes upper-cased, nothing decoded (RFC 9309 §2.2.2; `%62` is not `b` to Google)."""
     if "%" in path:
         path = _ESCAPE.sub(lambda m: m.group(0).upper(), path)
-    return path if path.isascii() else quote(path, safe=_ASCII)
+    # surrogatepass: a path decoded with surrogateescape (raw non-UTF-8 bytes) never raises here
+    return path if path.isascii() else quote(path.encode("utf-8", "surrogatepass"), safe=_ASCII)
 
 
 _ESCAPE = re.compile("%[0-9a-fA-F]{2}")
@@ -533,6 +534,10 @@ class RobotsPolicy:
         # /robots.txt itself is matched like any path (Google's matcher; the gate answers a
         # client's own robots.txt request from the cache before asking).
         group = self._group(entry, token)
+        if not url.isascii():
+            # RFC 9309 §2.2.2: octets outside ASCII are %-encoded before comparison (this also
+            # keeps raw non-UTF-8 bytes, decoded as surrogates, from reaching protego's quote)
+            url = literal(url)
         quoted = _quote_path(url)
         found = group.first_match(quoted)
         if found >= 0 and group.disallows >> found & 1:
