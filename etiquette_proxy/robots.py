@@ -267,7 +267,8 @@ class Prepared:
 
     text: str
     said: dict[str, tuple[Said, ...]]  # group name -> its signal lines ("" key: outside any group)
-    problems: tuple[str, ...]  # malformed signal lines, for one log line per fetch
+    problems: tuple[str, ...]  # the first malformed signal lines, for one log line per fetch
+    bad: int  # problems found in all
     shown: tuple[str, ...]  # every signal line kept, "<agents> <source> <value>", for the dashboard
 
 
@@ -280,12 +281,12 @@ def prepare(text: str) -> Prepared:
     agents: list[str] = []  # the current group's names
     in_group = False  # a User-agent line was seen: signals before the first apply to all
     previous: str | None = None  # protego's previous_rule_field
-    kept = 0
+    kept = bad = 0
     changed = False
     lowered = text.lower()
     signals = "content-" in lowered
     if not signals and "agent" not in lowered:
-        return Prepared(text, {}, (), ())
+        return Prepared(text, {}, (), 0, ())
     for line in text.splitlines():
         if not signals and "agent" not in line.lower():  # only User-agent lines change then
             out.append(line)
@@ -304,26 +305,30 @@ def prepare(text: str) -> Prepared:
             if name and name not in agents:
                 agents.append(name)
             in_group = True
-            if value != name:
+            if value.lower() != name:
                 line, changed = f"User-agent: {name}", True
         elif field in ("content-signal", "content-usage"):
             # The value was cut at "#" above: aipref's value ends at CR, LF or "#".
             line_said, found = parse_value(field, value)
             if line_said is not None and line_said.path:  # matched like a rule's pattern
                 line_said = replace(line_said, path=_quote_pattern(line_said.path))
-            problems.extend(f"{field} line {len(out) + 1}: {p}" for p in found[:3])
+            bad += len(found)
+            if len(problems) < 20:
+                problems.extend(f"{field} line {len(out) + 1}: {p}" for p in found[:3])
             if line_said is not None and kept < MAX_LINES and (agents or not in_group):
                 kept += 1
                 for name in agents if in_group else [""]:
                     said.setdefault(name, []).append(line_said)
                 shown.append(f"{' '.join(agents) if in_group else '(all)'} {field} {line_said.text}")
-            elif line_said is not None and kept >= MAX_LINES:
+            elif line_said is not None and kept == MAX_LINES:
+                kept += 1  # said once
+                bad += 1
                 problems.append(f"more than {MAX_LINES} signal lines: the rest ignored")
         out.append(line)
         if field not in _SITE_WIDE_DIRECTIVES:
             previous = field
-    return Prepared("\n".join(out) if changed else text, {k: tuple(v) for k, v in said.items()}, tuple(problems[:20]),
-                    tuple(shown[:20]))
+    return Prepared("\n".join(out) if changed else text, {k: tuple(v) for k, v in said.items()},
+                    tuple(problems[:20]), bad, tuple(shown[:20]))
 
 
 # -- compiled rules ---------------------------------------------------------------------------
@@ -491,7 +496,7 @@ class RobotsPolicy:
             prepared = prepare(text) if "content-" in text.lower() else None
             if prepared is not None and prepared.problems:
                 # Malformed signal lines refuse nothing; said once per fetch, not per request.
-                notes.append(f"{len(prepared.problems)} malformed signal(s) ignored, first: {prepared.problems[0]}")
+                notes.append(f"{prepared.bad} malformed signal(s) ignored, first: {prepared.problems[0]}")
             # interned: "robots.txt 200" is one string for every origin, not one each
             note = sys.intern(f"robots.txt {status}" + (f" ({'; '.join(notes)})" if notes else ""))
             if notes:
