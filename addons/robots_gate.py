@@ -70,7 +70,10 @@ class RobotsGate:
             return
 
         token = product_token(settings.user_agent or client_ua)
-        verdict = self.policy.verdict_for_target(entry, request.path, token)
+        purposes: tuple[str, ...] = self.rt.config.purposes
+        verdict = self.policy.verdict_for_target(entry, request.path, token, purposes, request.url)
+        if verdict.purpose is not None:
+            notes.extra["purposes"] = verdict.purpose.audit(purposes)
         if verdict.allowed:
             delay = self.policy.crawl_delay(entry, token, settings)
             if delay is not None:
@@ -84,6 +87,25 @@ class RobotsGate:
             notes.would_do("disallowed", verdict.reason)
             return
         answer_locally(flow, verdict.status, "disallowed", verdict.reason, verdict.retry_after_s)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        """`Content-Usage` / `Content-Signal` response headers: a no to a declared purpose is
+        logged on this line (the page was already fetched) and refuses the next request."""
+        response = flow.response
+        if response is None or ("content-usage" not in response.headers
+                                and "content-signal" not in response.headers):
+            return
+        notes = notes_of(flow)
+        if notes.local or notes.facts.get("internal"):
+            return
+        purposes: tuple[str, ...] = self.rt.config.purposes
+        no, said, problems = self.policy.heard(flow.request.url, response.headers.items(), purposes)
+        if problems:
+            log.info("%s: %s", flow.request.url, "; ".join(problems))
+        if said:
+            notes.extra["signals"] = said
+        if no is not None:
+            notes.extra["purposes"] = no.audit(purposes)
 
     def settings_for(self, site: str) -> RobotsSettings:
         """The site's robots.* settings, read from the config once per site and config."""
@@ -192,3 +214,4 @@ class RobotsGate:
             upstream_status=status, waited_s=0.0, rate=self.rt.rate_for(site), reason=reason,
             client_ua=ua, robots_fetch=True, signed=self.rt.signed_keyid() if status is not None else None,
         ))
+

@@ -3,7 +3,9 @@
 Times, per request, what the addons ask the core (the same calls, in the same order):
 - robots:  the gate's robots settings for the site (RobotsGate.settings_for) + product_token
            + RobotsPolicy.verdict_for_target + crawl_delay
-           (a cached robots.txt with a few groups, paths allowed and disallowed);
+           (a cached robots.txt with a few groups, paths allowed and disallowed); shown apart, not
+           in the whole: the same with Content-Signal / Content-Usage lines and `purposes: [search]`
+           declared, and with %-escaped paths (the rules compared as written too);
 - budget:  Budgets.get(site).reserve() and on_response() (etiquette_proxy/budgets.py; pacing
            out of the way) — skipped, saying so, until that module is on this branch;
 - store:   urlkey.normalise + ValidatorStore.get + validators.inject_headers, on a store of
@@ -91,10 +93,19 @@ def report(name: str, times: list[float]) -> float:
 
 # -- components: each returns fn(i) or None with a reason -----------------------------------------
 
-def robots_component(config) -> Callable[[int], object]:  # type: ignore[no-untyped-def]
+SIGNALS_TXT = ROBOTS_TXT.replace(b"Crawl-delay: 1\n", b"Crawl-delay: 1\nContent-Signal: search=yes, ai-train=no\n"
+                                 b"Content-Usage: /private/ search=n\n")
+
+
+def robots_component(config, robots_txt: bytes = ROBOTS_TXT,  # type: ignore[no-untyped-def]
+                     purposes: tuple[str, ...] | None = None, escaped: bool = False) -> Callable[[int], object]:
     policy = RobotsPolicy()
-    entry = policy.after_fetch(ORIGIN, FetchResult(200, ROBOTS_TXT), None, RobotsSettings())
+    entry = policy.after_fetch(ORIGIN, FetchResult(200, robots_txt), None, RobotsSettings())
     paths = [f"/page/{i}?q={i}" for i in range(50)] + ["/private/x", "/cgi-bin/a", "/private/open/y"]
+    if escaped:
+        paths = [p.replace("page", "p%61ge") for p in paths]
+    declared = tuple(getattr(config, "purposes", ())) if purposes is None else purposes
+    extra = (declared,) if declared else ()  # the verdict takes purposes where it knows them
 
     def settings_for(site: str) -> RobotsSettings:
         return RobotsSettings.from_config(config, site)
@@ -111,7 +122,7 @@ def robots_component(config) -> Callable[[int], object]:  # type: ignore[no-unty
     def decide(i: int) -> object:
         settings = settings_for(SITE)
         token = product_token(settings.user_agent or UA)
-        verdict = policy.verdict_for_target(entry, paths[i % len(paths)], token)  # as the gate asks
+        verdict = policy.verdict_for_target(entry, paths[i % len(paths)], token, *extra)  # as the gate asks
         if verdict.allowed:
             policy.crawl_delay(entry, token, settings)
         return verdict
@@ -234,6 +245,14 @@ def main() -> int:
         print(f"whole decision ({' + '.join(built)}):")
         med = report("all", total)
         print(f"  (sum of component medians {sum(medians.values()):.2f} µs)")
+        print("robots variants (not in the whole):")
+        for name, make_variant in (
+                ("robots+sig", lambda: robots_component(config, SIGNALS_TXT, ("search",))),
+                ("robots+%xx", lambda: robots_component(config, escaped=True))):
+            try:
+                report(name, measure(make_variant(), args.iterations, args.max_seconds))
+            except TypeError as e:  # a core without purposes
+                print(f"  {name:<10} SKIPPED: {e}")
     print("targets:")
     print(check("per-request core decision < 100 µs median", med < 100, f"{med:.1f} µs"))
     return 0

@@ -12,7 +12,8 @@ Field names the dashboard knows how to draw (anything else is shown as `key: val
 - `rate`, `ceiling` (requests/s), `paused_s` (pause time left), `pause_reason`,
   `breaker_open` (bool), `breaker_s` (time left), `held`, `in_flight`
 - `health`: {"score", "band", "reasons"}; `health_history`: [[epoch_s, score], ...]
-- `robots`: [{"origin", "status", "note", "age_s", "stale", "expires_in_s"}]
+- `robots`: [{"origin", "status", "note", "age_s", "stale", "expires_in_s", "signals"}];
+  `signals`: the Content-Signal / Content-Usage lines in force, "<group> <source> <value>"
 - `traps`: [{"path", "param", "distinct"}], `retired` (bool)
 - `restraints`: ["source: reason", ...] (what features asked of pacing, runtime.restraints)
 """

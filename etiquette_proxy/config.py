@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from etiquette_proxy.purposes import parse_purposes
 from etiquette_proxy.units import parse_duration, parse_rate, parse_size
 
 Parser = Callable[[Any], Any]
@@ -192,7 +193,7 @@ SCHEMA: dict[str, Key] = {
     "identity.web_bot_auth.key_file": Key(optional(key_file), None),
     "identity.web_bot_auth.signature_agent": Key(optional(https_origin), None),
     "identity.web_bot_auth.validity": Key(signature_validity, 300.0),
-    "purposes": Key(str_list, ()),
+    "purposes": Key(parse_purposes, ()),
     "robots.user_agent": Key(optional(text), None, per_site=True),
     "robots.ttl": Key(duration_max(86400, "24h"), 86400.0, per_site=True),
     "robots.timeout": Key(positive_duration, 10.0, per_site=True),

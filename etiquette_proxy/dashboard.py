@@ -239,6 +239,8 @@ def _robots_cell(entry: Mapping[str, Any]) -> str:
             line = f'<span class="dim">{_e(scheme)}</span> ' + line
         if r.get("note"):
             line += f'<div class="small dim">{_e(r["note"])}</div>'
+        for said in r.get("signals") or ():  # Content-Signal / Content-Usage lines (SPEC §4)
+            line += f'<div class="small">{_e(str(said))}</div>'
         out.append(line)
     return "".join(f"<div>{x}</div>" for x in out)
 

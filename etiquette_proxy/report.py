@@ -50,7 +50,7 @@ from etiquette_proxy.audit_chain import ChainCheck, ChainVerdict
 KNOWN_KEYS = frozenset(REQUIRED_KEYS) | {
     "retry_after", "pause_s", "injected", "changed", "header_bytes", "header_bytes_sent",
     "health", "would", "would_reason", "bytes", "robots", "robots_fetch", "crawl_delay",
-    "trimmed", "trap", "retired", "revived", "warning",
+    "trimmed", "trap", "retired", "revived", "warning", "purposes", "signals",
     "seq", "chain", "signed", "not_signed", "would_sign",  # SPEC §11 chain, SPEC §9 identity
 }
 SAVED_BY_STORE = ("revalidated", "served-stored")
@@ -106,6 +106,7 @@ class SiteConduct:
     would: Counter[str] = field(default_factory=Counter)
     requests: int = 0
     robots_fetches: int = 0
+    for_purpose: int = 0  # requests refused (or that observe mode would refuse) for a declared purpose
     reached: int = 0  # lines that reached the site (upstream_status set), robots fetches included
     received_429: int = 0
     honoured: int = 0
@@ -186,7 +187,8 @@ class SiteConduct:
             "site": self.site, "grade": self.grade, "points": self.points,
             "penalties": [{"points": p, "why": why} for p, why in self.penalties()],
             "requests": self.requests, "outcomes": dict(self.outcomes), "would": dict(self.would),
-            "robots": {"violations": self.violations, "stopped": self.stopped, "fetches": self.robots_fetches},
+            "robots": {"violations": self.violations, "stopped": self.stopped, "fetches": self.robots_fetches,
+                       "refused_for_purpose": self.for_purpose},
             "429": {"received": self.received_429, "honoured": self.honoured, "too_soon": self.too_soon,
                     "too_soon_examples": [{"gap_s": round(g, 3), "asked_s": round(w, 3)}
                                           for g, w in self.too_soon_examples],
@@ -326,6 +328,8 @@ class Report:
             return
         c.requests += 1
         c.outcomes[outcome] += 1
+        if isinstance(record.get("purposes"), dict) and "disallowed" in (outcome, record.get("would")):
+            c.for_purpose += 1
         would = record.get("would")
         if would:
             c.would[str(would)] += 1
@@ -467,6 +471,8 @@ def render_text(report: Report, source: str) -> str:
         out += _wrap("outcomes", counts or "none")
         robots = (f"{_n(c.stopped)} disallowed attempt(s) stopped by the proxy, "
                   f"{_n(c.violations)} reached the site; {_n(c.robots_fetches)} robots.txt fetch(es)")
+        if c.for_purpose:
+            robots += f"; {_n(c.for_purpose)} refused for a declared purpose (content signals)"
         out += _wrap("robots", robots)
         if c.received_429:
             text = f"{_n(c.received_429)} received: {_n(c.honoured)} honoured, {_n(c.too_soon)} too soon"

@@ -10,14 +10,27 @@ import logging
 import re
 import sys
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
-from urllib.parse import urlparse
+from urllib.parse import quote, urlsplit
 
 from protego import Protego, RequestRate
-from protego._utils import _quote_path  # the very normalisation protego matches URLs with
+from protego._protego import _SITE_WIDE_DIRECTIVES, _USER_AGENT_DIRECTIVE, _extract_directive
+
+# the very normalisation protego matches URLs and patterns with
+from protego._utils import _quote_path, _quote_pattern
 
 from etiquette_proxy.clock import Clock, wall
+from etiquette_proxy.purposes import (
+    MAX_LINES,
+    PurposeRefusal,
+    Said,
+    SaidNoMemory,
+    header_refusal,
+    parse_value,
+    refusal,
+)
 from etiquette_proxy.target import robots_forms
 
 log = logging.getLogger(__name__)
@@ -75,6 +88,8 @@ class RobotsEntry:
     failures: int = 0  # consecutive 5xx / network failures, for the backoff
     note: str = ""  # why this state, for logs and the dashboard
     stale: bool = False  # rules from an earlier good copy kept while unreachable
+    # Content-Signal / Content-Usage lines as the dashboard shows them ("* content-signal ...")
+    signals: tuple[str, ...] = ()
 
     def to_state(self) -> dict[str, Any]:
         return asdict(self)
@@ -89,6 +104,7 @@ class RobotsEntry:
             "age_s": round(max(0.0, now - self.fetched_at), 1),
             "expires_in_s": round(self.expires_at - now, 1),
             "stale": self.stale,
+            "signals": list(self.signals),
         }
 
     @classmethod
@@ -96,6 +112,9 @@ class RobotsEntry:
         """Rebuild from stored state; ValueError when it is not a robots entry."""
         try:
             entry = cls(**state)
+            if not isinstance(entry.signals, (list, tuple)):
+                raise ValueError("signals")
+            entry = replace(entry, signals=tuple(str(s) for s in entry.signals))
             if entry.kind not in ("rules", "allow_all", "unreachable"):
                 raise ValueError(entry.kind)
             float(entry.expires_at) + float(entry.fetched_at) + float(entry.checked_at)
@@ -114,6 +133,7 @@ class RobotsVerdict:
     reason: str
     status: int = 200  # what a refusal answers with: 403 disallowed, 503 unreachable
     retry_after_s: float | None = None
+    purpose: PurposeRefusal | None = None  # refused because the site said no to this purpose
 
 
 # -- product tokens (RFC 9309 §2.2.1) ---------------------------------------------------------
@@ -165,6 +185,12 @@ _NOISE = re.compile("[\ufffd\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 # -- decoding ---------------------------------------------------------------------------------
 
+_BOM = b"\xef\xbb\xbf"
+_DISALLOW_KEYS = ("disallow", "dissallow", "dissalow", "disalow", "diasllow", "disallaw")
+# Noise at the start of a line, before its key (start of text or after CR / LF).
+_LEADING_NOISE = re.compile("(?<![^\r\n])[\ufffd\x00-\x08\x0b\x0c\x0e-\x1f\x7f]+([^\r\n]*)")
+
+
 def decode_body(body: bytes, max_bytes: int) -> tuple[str, list[str]]:
     """Text protego can parse, plus notes on what was odd about the bytes."""
     notes: list[str] = []
@@ -175,8 +201,12 @@ def decode_body(body: bytes, max_bytes: int) -> tuple[str, list[str]]:
         cut = max(body.rfind(b"\n"), body.rfind(b"\r"))
         body = body[: cut + 1] if cut >= 0 else b""
         notes.append(f"longer than {max_bytes} bytes: parsed the first {len(body)}")
-    if body.startswith(b"\xef\xbb\xbf"):
-        body = body[3:]
+    # Google's parser skips a UTF-8 BOM, or as much of one as the file starts with
+    # (\xEF, \xEF\xBB): the conformance suite's BOM cases.
+    bom = 0
+    while bom < 3 and body[bom:bom + 1] == _BOM[bom:bom + 1]:
+        bom += 1
+    body = body[bom:]
     nuls = body.count(b"\x00")
     if nuls:
         notes.append(f"{nuls} NUL bytes removed")
@@ -184,10 +214,122 @@ def decode_body(body: bytes, max_bytes: int) -> tuple[str, list[str]]:
     text = body.decode("utf-8", errors="replace")
     if "\ufffd" in text:
         notes.append("not valid UTF-8: undecodable bytes dropped")
-    # Undecodable bytes and control characters are noise around the directives, not part of
-    # them: dropping them keeps a rule like "\xff\xfeDisallow: /x" in force.
+    # A line whose key is preceded by junk is no directive to Google's parser (the key must
+    # start with the directive's name: the suite's "\xEF\x11\xBFUser-Agent" line is ignored).
+    # Such a line becomes a comment — except a Disallow, kept in force: junk never widens access.
+    text = _LEADING_NOISE.sub(_line_with_junk, text)
+    # Undecodable bytes and control characters inside a line are noise around the directive.
     text = _NOISE.sub("", text)
     return text, notes
+
+
+def _line_with_junk(m: re.Match[str]) -> str:
+    rest = m.group(1)
+    if _NOISE.sub("", rest).lstrip().lower().startswith(_DISALLOW_KEYS):
+        return rest
+    return "#" + m.group(0)
+
+
+# -- Google's reading of a robots.txt, around protego ----------------------------------------
+
+_AGENT_CHARS = re.compile(r"[A-Za-z_-]*")
+_ASCII = "".join(map(chr, range(128)))
+
+
+def agent_name(value: str) -> str:
+    """The name a `User-agent` line's value gives its group, as Google's parser reads it.
+
+    `*` (alone or followed by a space) is the global group; otherwise the leading run of
+    `[a-zA-Z_-]` (RFC 9309 §2.2.1 product-token characters), lower-cased: `Foo Bar` is `foo`,
+    `barbot*` is `barbot`, `AB42bot` is `ab`. Crawlers match it exactly (case-insensitive).
+    """
+    if value.startswith("*") and (len(value) == 1 or value[1].isspace()):
+        return "*"
+    m = _AGENT_CHARS.match(value)
+    return m.group(0).lower() if m else ""
+
+
+def literal(path: str) -> str:
+    """A path or pattern as Google compares it: octets outside ASCII percent-encoded, existing
+    %xx escapes upper-cased, nothing decoded (RFC 9309 §2.2.2; `%62` is not `b` to Google)."""
+    if "%" in path:
+        path = _ESCAPE.sub(lambda m: m.group(0).upper(), path)
+    # surrogatepass: a path decoded with surrogateescape (raw non-UTF-8 bytes) never raises here
+    return path if path.isascii() else quote(path.encode("utf-8", "surrogatepass"), safe=_ASCII)
+
+
+_ESCAPE = re.compile("%[0-9a-fA-F]{2}")
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """One robots.txt read once: the text protego parses (User-agent values rewritten to the
+    group names Google's parser gives them) and the signal lines protego drops."""
+
+    text: str
+    said: dict[str, tuple[Said, ...]]  # group name -> its signal lines ("" key: outside any group)
+    problems: tuple[str, ...]  # the first malformed signal lines, for one log line per fetch
+    bad: int  # problems found in all
+    shown: tuple[str, ...]  # every signal line kept, "<agents> <source> <value>", for the dashboard
+
+
+def prepare(text: str) -> Prepared:
+    """Read `text` line by line the way protego groups it, for Google's group names and signals."""
+    out: list[str] = []
+    said: dict[str, list[Said]] = {}
+    problems: list[str] = []
+    shown: list[str] = []
+    agents: list[str] = []  # the current group's names
+    in_group = False  # a User-agent line was seen: signals before the first apply to all
+    previous: str | None = None  # protego's previous_rule_field
+    kept = bad = 0
+    changed = False
+    lowered = text.lower()
+    signals = "content-" in lowered
+    if not signals and "agent" not in lowered:
+        return Prepared(text, {}, (), 0, ())
+    for line in text.splitlines():
+        if not signals and "agent" not in line.lower():  # only User-agent lines change then
+            out.append(line)
+            continue
+        directive = line.split("#", 1)[0].strip()
+        parsed = _extract_directive(directive) if directive else None
+        if parsed is None:
+            out.append(line)
+            continue
+        field, value = parsed
+        if field in _USER_AGENT_DIRECTIVE:
+            # protego: a User-agent line after any other line starts a new group
+            if previous is not None and previous not in _USER_AGENT_DIRECTIVE:
+                agents = []
+            name = agent_name(value)
+            if name and name not in agents:
+                agents.append(name)
+            in_group = True
+            if value.lower() != name:
+                line, changed = f"User-agent: {name}", True
+        elif field in ("content-signal", "content-usage"):
+            # The value was cut at "#" above: aipref's value ends at CR, LF or "#".
+            line_said, found = parse_value(field, value)
+            if line_said is not None and line_said.path:  # matched like a rule's pattern
+                line_said = replace(line_said, path=_quote_pattern(line_said.path))
+            bad += len(found)
+            if len(problems) < 20:
+                problems.extend(f"{field} line {len(out) + 1}: {p}" for p in found[:3])
+            if line_said is not None and kept < MAX_LINES and (agents or not in_group):
+                kept += 1
+                for name in agents if in_group else [""]:
+                    said.setdefault(name, []).append(line_said)
+                shown.append(f"{' '.join(agents) if in_group else '(all)'} {field} {line_said.text}")
+            elif line_said is not None and kept == MAX_LINES:
+                kept += 1  # said once
+                bad += 1
+                problems.append(f"more than {MAX_LINES} signal lines: the rest ignored")
+        out.append(line)
+        if field not in _SITE_WIDE_DIRECTIVES:
+            previous = field
+    return Prepared("\n".join(out) if changed else text, {k: tuple(v) for k, v in said.items()},
+                    tuple(problems[:20]), bad, tuple(shown[:20]))
 
 
 # -- compiled rules ---------------------------------------------------------------------------
@@ -195,22 +337,33 @@ def decode_body(body: bytes, max_bytes: int) -> tuple[str, list[str]]:
 class _Rules:
     """One origin's robots.txt as it applies to one product token, compiled for matching.
 
-    Built from protego's own parse (so parsing, group selection, rule order and pattern quoting
-    are protego's), it keeps only what `can_fetch`, `crawl_delay` and `request_rate` need: the
+    Built from protego's own parse of the prepared text (so parsing, rule order and pattern
+    quoting are protego's; group selection is Google's: the group whose name equals the token,
+    else `*`), it keeps only what `can_fetch`, `crawl_delay` and `request_rate` need: the
     group's quoted patterns in protego's priority order. Matching mirrors protego 0.7's
     `_RuleSet.can_fetch` and `_URLPattern.match`; tests/core/test_robots_compiled.py compares
-    the two on thousands of generated rule sets and paths. ~0.2 KB for a short file, where a
-    whole Protego object is ~2.6 KB: every origin stays compiled, none is parsed twice.
+    the two on thousands of generated rule sets and paths. Beside them, where a rule or a path
+    carries %-escapes, the rules as Google compares them (`literal`): a request either reading
+    disallows is refused. ~0.2 KB for a short file, where a whole Protego object is ~2.6 KB.
     """
 
     __slots__ = ("text", "token", "agent", "patterns", "disallows", "prefixes", "special",
-                 "crawl_delay", "request_rate", "more")
+                 "crawl_delay", "request_rate", "more", "literal", "said")
 
-    def __init__(self, text: str, token: str, parser: Protego):
+    def __init__(self, text: str, token: str, prepared: Prepared):
         self.text = text    # what was compiled: the entry's own string, until a new fetch
         self.token = token  # the first token asked: usually the only one
         self.more: dict[str, _Rules] | None = None  # further tokens (several crawlers)
-        rule_set = parser._get_matching_rule_set(token)
+        parser = Protego.parse(prepared.text)
+        rule_set = parser._user_agents.get(token) if token != "*" else None
+        # Signals follow the same group as the rules: the crawler's own group if it has one
+        # (its signals, maybe none), else `*`'s; lines before any group apply to all.
+        groups = prepared.said
+        said = groups.get(token, ()) if rule_set is not None else groups.get("*", ())
+        self.said: tuple[Said, ...] = groups.get("", ()) + said
+        if rule_set is None:
+            rule_set = parser._user_agents.get("*")
+        self.literal: tuple[tuple[str, ...], int] | None = None
         if rule_set is None:  # no group applies: everything allowed, no delay
             self.agent: str | None = None
             self.patterns: tuple[str, ...] = ()
@@ -233,6 +386,16 @@ class _Rules:
             p for i, p in enumerate(self.patterns) if i not in special)
         self.crawl_delay = rule_set.crawl_delay
         self.request_rate = rule_set.request_rate
+        # The rules as written (protego keeps each value's pattern under it), as Google compares
+        # them: longest first, Allow first on a tie (RFC 9309 §2.2.2). Kept only where some
+        # differs from protego's reading.
+        written = {id(p): value for value, p in parser._url_patterns.items() if p is not None}
+        rules = [(literal(written.get(id(r.value), r.value._pattern)), r.field == "disallow")
+                 for r in rule_set._rules]
+        if any(p != q for (p, _), q in zip(rules, self.patterns, strict=True)):
+            rules.sort(key=lambda r: (-len(r[0]), r[1]))
+            self.literal = (tuple(sys.intern(p) for p, _ in rules),
+                            sum(1 << i for i, (_, d) in enumerate(rules) if d))
 
     def first_match(self, path: str) -> int:
         """Index of the first (highest-priority) pattern matching the quoted `path`; -1: none."""
@@ -247,10 +410,31 @@ class _Rules:
                 return i
         return -1
 
+    def literal_refusal(self, path: str) -> str | None:
+        """The pattern refusing `path` (as sent) when compared as Google does; None: allowed."""
+        patterns, disallows = self.literal or (self.patterns, self.disallows)
+        path = literal(path)
+        for i, pattern in enumerate(patterns):
+            if _matches(pattern, path):
+                return pattern if disallows >> i & 1 else None
+        return None
+
     def size(self) -> int:
         """Rough bytes held, for the cache's budget (the text is the RobotsEntry's)."""
         own = 250 + sum(90 + len(p) for p in self.patterns)
+        if self.literal is not None:
+            own += 60 + sum(60 + len(p) for p in self.literal[0])
+        own += sum(s.size() for s in self.said)
         return own + sum(50 + r.size() for r in (self.more or {}).values())
+
+
+def _path_of(url: str) -> str:
+    """Path and query of `url` as sent (absolute or origin form), without the fragment."""
+    url = url.partition("#")[0]
+    if url.startswith("/") and not url.startswith("//"):
+        return url
+    parts = urlsplit(url)
+    return (parts.path or "/") + (f"?{parts.query}" if "?" in url else "")
 
 
 def _matches(pattern: str, path: str) -> bool:
@@ -286,6 +470,8 @@ class RobotsPolicy:
 
     def __init__(self, clock: Clock = wall):
         self.clock = clock
+        # URLs whose response header said no to a declared purpose (SPEC §4).
+        self.said_no = SaidNoMemory()
         # origin -> its compiled rules, least recently used first (PARSED_LIMIT, PARSED_BUDGET).
         self._parsed: OrderedDict[str, _Rules] = OrderedDict()
         self._parsed_bytes = 0
@@ -307,11 +493,17 @@ class RobotsPolicy:
                                note=f"more than {settings.max_redirects} redirects: treated as unavailable (RFC 9309 §2.3.1.2), no rules")
         if status is not None and 200 <= status < 300:
             text, notes = decode_body(fetch.body, settings.max_bytes)
+            # The signal lines, read once per fetch for the dashboard and the log.
+            prepared = prepare(text) if "content-" in text.lower() else None
+            if prepared is not None and prepared.problems:
+                # Malformed signal lines refuse nothing; said once per fetch, not per request.
+                notes.append(f"{prepared.bad} malformed signal(s) ignored, first: {prepared.problems[0]}")
             # interned: "robots.txt 200" is one string for every origin, not one each
             note = sys.intern(f"robots.txt {status}" + (f" ({'; '.join(notes)})" if notes else ""))
             if notes:
                 log.warning("robots.txt of %s: %s", origin, "; ".join(notes))
-            return RobotsEntry(origin, "rules", status, text, now, now, now + settings.ttl, note=note)
+            return RobotsEntry(origin, "rules", status, text, now, now, now + settings.ttl, note=note,
+                               signals=prepared.shown if prepared is not None else ())
         if status is not None and 400 <= status < 500:
             # RFC 9309 §2.3.1.3: "unavailable" means the crawler may access any resource.
             # Often an operator's mistake (a blanket 4xx rule that swallowed robots.txt): say so.
@@ -335,23 +527,61 @@ class RobotsPolicy:
         return RobotsEntry(origin, "unreachable", status, "", now, now, now + backoff, failures=failures,
                            note=f"robots.txt unreachable ({what})")
 
-    def verdict(self, entry: RobotsEntry, url: str, token: str) -> RobotsVerdict:
-        """Whether `url` (path and query, or absolute) may be requested by `token`."""
+    def verdict(self, entry: RobotsEntry, url: str, token: str,
+                purposes: tuple[str, ...] = (), full_url: str | None = None) -> RobotsVerdict:
+        """Whether `url` (path and query, or absolute) may be requested by `token` for
+        `purposes` (the crawler's declared uses; none: signals refuse nothing). `full_url`:
+        the URL a response header's no was remembered under."""
         if entry.kind == "unreachable":
             wait = max(1.0, entry.expires_at - self.clock())
             return RobotsVerdict(False, entry.note, status=503, retry_after_s=wait)
         if entry.kind == "allow_all":
             return RobotsVerdict(True, entry.note)
-        # protego's can_fetch: robots.txt itself is always allowed; no group, no rules.
-        if "/robots.txt" in url and urlparse(url).path == "/robots.txt":
-            return RobotsVerdict(True, "allowed by robots.txt")
+        # /robots.txt itself is matched like any path (Google's matcher; the gate answers a
+        # client's own robots.txt request from the cache before asking).
         group = self._group(entry, token)
-        found = group.first_match(_quote_path(url))
-        if found < 0 or not group.disallows >> found & 1:
-            return RobotsVerdict(True, "allowed by robots.txt")
-        # The first match decides (protego sorts by length, Allow first on a tie): it is the rule.
-        return RobotsVerdict(False, f"Disallow: {group.patterns[found]} (group {group.agent})",
-                             status=403)
+        if not url.isascii():
+            # RFC 9309 §2.2.2: octets outside ASCII are %-encoded before comparison (this also
+            # keeps raw non-UTF-8 bytes, decoded as surrogates, from reaching protego's quote)
+            url = literal(url)
+        quoted = _quote_path(url)
+        found = group.first_match(quoted)
+        if found >= 0 and group.disallows >> found & 1:
+            # The first match decides (protego sorts by length, Allow first on a tie): it is the rule.
+            return RobotsVerdict(False, f"Disallow: {group.patterns[found]} (group {group.agent})",
+                                 status=403)
+        if group.literal is not None or "%" in url:
+            # RFC 9309 §2.2.2 / Google: %-escapes compared as written. Either reading refusing
+            # refuses (fail closed): `Allow: /%62az` does not open /baz.
+            refused = group.literal_refusal(_path_of(url))
+            if refused is not None:
+                return RobotsVerdict(False, f"Disallow: {refused} (group {group.agent})", status=403)
+        if purposes and group.said:
+            said_no = refusal(group.said, purposes, lambda p: _matches(p, quoted))
+            if said_no is not None:
+                return RobotsVerdict(False, said_no.said, status=403, purpose=said_no)
+        if purposes and full_url is not None:
+            # A response header said no for this very URL earlier: refused like the line.
+            said_no = self.said_no.refusal(full_url, purposes)
+            if said_no is not None:
+                return RobotsVerdict(False, said_no.said, status=403, purpose=said_no)
+        return RobotsVerdict(True, "allowed by robots.txt")
+
+    def heard(self, full_url: str, headers: Iterable[tuple[str, str]],
+              purposes: tuple[str, ...]) -> tuple[PurposeRefusal | None, list[str], list[str]]:
+        """What a response's Content-Usage / Content-Signal headers said: a no to a declared
+        purpose (remembered for `full_url`), the signals as shown, and the problems found."""
+        no, said, problems = header_refusal(headers, purposes)
+        if no is not None:
+            no = replace(no, said=f"{no.said} (response header)")
+            self.said_no.remember(full_url, no)
+        elif purposes and said:
+            self.said_no.forget(full_url)  # the site says otherwise now
+        return no, said, problems
+
+    def signals(self, entry: RobotsEntry, token: str) -> tuple[Said, ...]:
+        """The Content-Signal / Content-Usage lines that apply to `token` on this origin."""
+        return self._group(entry, token).said if entry.kind == "rules" else ()
 
     def crawl_delay(self, entry: RobotsEntry, token: str, settings: RobotsSettings) -> float | None:
         """Seconds between requests the site asks for (Crawl-delay or Request-rate), capped."""
@@ -367,15 +597,17 @@ class RobotsPolicy:
             return None
         return min(max(delays), settings.max_crawl_delay)
 
-    def verdict_for_target(self, entry: RobotsEntry, target: str, token: str) -> RobotsVerdict:
+    def verdict_for_target(self, entry: RobotsEntry, target: str, token: str,
+                           purposes: tuple[str, ...] = (), full_url: str | None = None) -> RobotsVerdict:
         """`verdict` for every spelling of `target` a server may resolve (target.robots_forms):
-        the first refusal wins, so what the site will serve is what is matched (SPEC §4)."""
+        the first refusal wins, so what the site will serve is what is matched (SPEC §4) — by
+        the rules and by the purposes the site said no to alike."""
         forms = robots_forms(target)
-        verdict = self.verdict(entry, forms[0], token)
+        verdict = self.verdict(entry, forms[0], token, purposes, full_url)
         for form in forms[1:]:
             if not verdict.allowed:
                 break
-            resolved = self.verdict(entry, form, token)
+            resolved = self.verdict(entry, form, token, purposes, full_url)
             if not resolved.allowed:
                 verdict = replace(resolved, reason=f"{resolved.reason}; {target[:200]!r} resolves to {form[:200]!r}")
         return verdict
@@ -397,13 +629,13 @@ class RobotsPolicy:
                 self._parsed_bytes -= rules.size()
                 more = rules.more = {}
                 self._parsed_bytes += rules.size()
-            found = more[token] = _Rules(entry.text, token, Protego.parse(entry.text))
+            found = more[token] = _Rules(entry.text, token, prepare(entry.text))
             self._parsed_bytes += 50 + found.size()
             self._evict()
             return found
         if rules is not None:
             self._parsed_bytes -= rules.size()
-        rules = parsed[entry.origin] = _Rules(entry.text, token, Protego.parse(entry.text))
+        rules = parsed[entry.origin] = _Rules(entry.text, token, prepare(entry.text))
         parsed.move_to_end(entry.origin)
         self._parsed_bytes += rules.size()
         self._evict()

@@ -1,0 +1,132 @@
+"""Content signals end to end (SPEC §4): the real proxy, local sites, the site's own log.
+
+One proxy per `purposes` setting (none, [ai-train], [search], observe [ai-train]), started once
+for the module; every site is a fresh local server whose request log is the truth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.e2e.proxy import FAST_PACING, Proxy
+from tests.e2e.sites import Answer, Site
+
+SIGNAL = b"User-Agent: *\nContent-Signal: search=yes, ai-train=no\nAllow: /\n"
+USAGE = (b"User-agent: *\nContent-Usage: train-ai=y\nContent-Usage: /drafts/ train-ai=n  # not for models\n"
+         b"Disallow: /private/\n")
+SETTINGS = {"none": [], "train": ["purposes=[ai-train]"], "search": ["purposes=[search]"],
+            "observe": ["purposes=[train-ai]", "mode=observe"]}
+
+
+@pytest.fixture(scope="module")
+def proxies(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Proxy]]:
+    started: dict[str, Proxy] = {}
+    try:
+        for name, sets in SETTINGS.items():
+            started[name] = Proxy(tmp_path_factory.mktemp(f"purposes-{name}") / "state", sets=[*FAST_PACING, *sets])
+        yield started
+    finally:
+        for p in started.values():
+            p.stop()
+
+
+@pytest.fixture
+def site() -> Iterator:
+    made: list[Site] = []
+
+    def make(robots: bytes, **routes: Answer) -> Site:
+        s = Site()
+        s.route("/robots.txt", Answer(200, robots, {"Content-Type": "text/plain"}))
+        for path, answer in routes.items():
+            s.route("/" + path, answer)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def line_for(proxy: Proxy, url: str) -> dict:
+    lines = proxy.wait_audit(lambda r: r["url"] == url and not r.get("robots_fetch"))
+    assert lines, f"no audit line for {url}"
+    return lines[-1]
+
+
+def test_ai_train_is_refused_locally_and_the_site_never_sees_it(proxies, site):
+    s = site(SIGNAL)
+    proxy = proxies["train"]
+    r = proxy.get(s.url("/article"))
+    assert r.status_code == 403 and r.headers["X-Etiquette-Decision"] == "disallowed"
+    assert "content-signal ai-train=no" in r.text
+    line = line_for(proxy, s.url("/article"))
+    assert line["outcome"] == "disallowed" and line["reason"] == "content-signal ai-train=no"
+    assert line["upstream_status"] is None
+    assert line["purposes"] == {"declared": ["ai-train"], "refused": "ai-train", "said": "content-signal ai-train=no"}
+    assert s.paths() == ["/robots.txt"]  # the site's log: only the proxy's robots.txt fetch
+
+
+def test_search_is_allowed_and_without_purposes_nothing_is_refused_but_shown(proxies, site):
+    for name in ("search", "none"):
+        s = site(SIGNAL)
+        proxy = proxies[name]
+        r = proxy.get(s.url("/article"))
+        assert r.status_code == 200 and r.headers["X-Etiquette-Decision"] == "fetched"
+        assert s.paths() == ["/robots.txt", "/article"]
+        board = proxy.get("http://etiquette.proxy/api/sites", timeout=10).json()
+        (entry,) = [e for e in board["sites"] if e["site"] == f"127.0.0.1:{s.port}"]
+        (robots,) = entry["live"]["robots"]
+        assert robots["signals"] == ["* content-signal search=yes, ai-train=no"]
+        page = proxy.get("http://etiquette.proxy/", timeout=10).text
+        assert "content-signal search=yes, ai-train=no" in page  # the dashboard's robots column
+
+
+def test_path_scoped_content_usage_refuses_one_path_and_fetches_another(proxies, site):
+    s = site(USAGE)
+    proxy = proxies["train"]
+    assert proxy.get(s.url("/drafts/next")).status_code == 403
+    assert line_for(proxy, s.url("/drafts/next"))["reason"] == "content-usage train-ai=n"
+    assert proxy.get(s.url("/published/one")).status_code == 200
+    assert proxy.get(s.url("/private/x")).status_code == 403  # the Disallow still applies
+    assert s.paths() == ["/robots.txt", "/published/one"]
+
+
+def test_a_response_header_no_is_logged_then_remembered_for_the_url(proxies, site):
+    s = site(b"User-agent: *\nDisallow:\n", page=Answer(200, b"<p>x</p>", {"Content-Usage": "train-ai=n, search=y"}))
+    proxy = proxies["train"]
+    first = proxy.get(s.url("/page"))
+    assert first.status_code == 200  # already fetched when the header arrived
+    line = line_for(proxy, s.url("/page"))
+    assert line["outcome"] == "fetched"
+    assert line["purposes"]["said"] == "content-usage train-ai=n (response header)"
+    second = proxy.get(s.url("/page"))
+    assert second.status_code == 403 and "content-usage train-ai=n" in second.text
+    assert proxy.get(s.url("/other")).status_code == 200
+    assert s.paths() == ["/robots.txt", "/page", "/other"]
+
+
+def test_observe_mode_logs_would_disallowed_and_forwards(proxies, site):
+    s = site(SIGNAL)
+    proxy = proxies["observe"]
+    assert proxy.get(s.url("/article")).status_code == 200
+    line = line_for(proxy, s.url("/article"))
+    assert line["outcome"] == "fetched" and line["would"] == "disallowed"
+    assert line["would_reason"] == "content-signal ai-train=no" and line["purposes"]["refused"] == "ai-train"
+    assert s.paths() == ["/robots.txt", "/article"]
+
+
+@pytest.mark.parametrize("junk", [
+    b"Content-Signal: ai-train\nContent-Signal: ai-tran=no\nContent-Signal: ai-train=nope\n",
+    b"Content-Signal: " + b",".join(b"x%d=no" % i for i in range(10_000)) + b"\n",
+    b"Content-Usage: \xff\xfe\x00train-ai=\x80\n",
+])
+def test_malformed_signals_never_refuse_and_never_crash(proxies, site, junk):
+    s = site(b"User-agent: *\n" + junk + b"Disallow: /private/\n")
+    proxy = proxies["train"]
+    assert proxy.get(s.url("/page")).status_code == 200
+    assert proxy.get(s.url("/private/a")).status_code == 403
+    assert s.paths() == ["/robots.txt", "/page"]
+    assert proxy.proc.poll() is None
+    assert proxy.stderr().count(f"robots.txt of http://127.0.0.1:{s.port}") == 1  # said once per fetch
