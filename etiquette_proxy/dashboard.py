@@ -91,22 +91,25 @@ def serve(
 
 _STYLE = """
 *{box-sizing:border-box}
-body{font:12px/1.3 system-ui,sans-serif;margin:0;padding:8px 12px;color:#222;background:#fafafa}
-h1{font-size:16px;margin:0;display:inline}h2{font-size:13px;margin:10px 0 4px}
+body{font:12px/1.25 system-ui,sans-serif;margin:0;padding:6px 10px;color:#222;background:#fafafa}
+h1{font-size:16px;margin:0;display:inline}h2{font-size:13px;margin:6px 0 3px}
 header{display:flex;gap:12px;align-items:baseline;flex-wrap:wrap}
-.strip{display:flex;gap:6px;flex-wrap:wrap;margin:8px 0}
-.tot{background:#fff;border:1px solid #ddd;border-radius:4px;padding:4px 8px;min-width:8em}
+.strip{display:flex;gap:6px;flex-wrap:wrap;margin:6px 0}
+.tot{background:#fff;border:1px solid #ddd;border-radius:4px;padding:2px 8px;min-width:8em}
 .tot b{display:block;font-size:15px}.tot span{color:#666;font-size:11px}
-.grid{display:grid;grid-template-columns:minmax(0,1fr) 390px;gap:12px;align-items:start}
+.grid{display:grid;grid-template-columns:minmax(0,1fr) 340px;gap:10px;align-items:start}
+.grid>section{min-width:0;overflow-x:auto}
+#recent{table-layout:fixed}#recent td{max-width:none}
+td.pause,td.outcomes{max-width:13em}
 @media (max-width:1250px){.grid{grid-template-columns:minmax(0,1fr)}}
 table{border-collapse:collapse;background:#fff;width:100%;table-layout:auto}
-td,th{border-bottom:1px solid #e4e4e4;padding:2px 5px;text-align:left;white-space:nowrap;
+td,th{border-bottom:1px solid #e4e4e4;padding:1px 4px;height:18px;text-align:left;white-space:nowrap;
 overflow:hidden;text-overflow:ellipsis;max-width:16em;vertical-align:middle}
 th{background:#f0f0f0;font-weight:600;position:sticky;top:0}
 tr.need0{background:#fdecea}tr.need1{background:#fdf0ef}tr.need2{background:#fff8e5}
 .num{text-align:right;font-variant-numeric:tabular-nums}.dim{color:#777}
 .ok{color:#1a7f37}.warn{color:#9a6700}.bad{color:#cf222e}.b{font-weight:600}
-form{display:inline}input[name=q]{width:18em;padding:2px 4px}
+form{display:inline}input[name=q]{width:18em;padding:1px 4px;font-size:12px}button{font-size:12px;padding:0 6px}
 .pages a,.pages b{margin-right:6px}
 svg.spark{vertical-align:middle}
 """
@@ -286,7 +289,7 @@ def _health_cell(entry: Mapping[str, Any]) -> str:
 
 def _pause_cell(live: Mapping[str, Any]) -> str:
     words = pause_words(live)
-    return _cell(_e(words), words, "dim" if words == "none" else "bad")
+    return _cell(_e(words), words, "pause " + ("dim" if words == "none" else "bad"))
 
 
 def _slowed_cell(live: Mapping[str, Any]) -> str:
@@ -336,7 +339,7 @@ def _outcomes_cell(entry: Mapping[str, Any]) -> str:
     title = ", ".join(f"{k} {n}" for k, n in items)
     if entry.get("robots_fetches"):
         title += f"; robots.txt fetches {entry['robots_fetches']}"
-    return _cell(" · ".join(parts) or "–", title)
+    return _cell(" · ".join(parts) or "–", title, "outcomes")
 
 
 def _saved(entry: Mapping[str, Any]) -> int:
@@ -474,8 +477,10 @@ def _recent(snap: Mapping[str, Any]) -> str:
             + "</tr>")
     if not rows:
         rows.append('<tr><td colspan="5" class="dim">No decisions yet.</td></tr>')
-    return ('<section><h2>Recent decisions</h2><table id="recent"><tr><th>UTC</th><th>site</th><th>outcome</th>'
-            '<th>status</th><th>request (hover: why)</th></tr>' + "".join(rows) + "</table></section>")
+    return ('<section><h2>Recent decisions</h2><table id="recent"><colgroup><col style="width:4.6em">'
+            '<col style="width:8.5em"><col style="width:5.6em"><col style="width:3em"><col></colgroup>'
+            '<tr><th>UTC</th><th>site</th><th>outcome</th><th>status</th><th>request (hover: why)</th></tr>'
+            + "".join(rows) + "</table></section>")
 
 
 def _pager(view: View, pages: int, shown: int, total: int) -> str:
