@@ -365,7 +365,8 @@ def _more_cell(live: Mapping[str, Any]) -> str:
     if not extra:
         return _cell("")
     text = " · ".join(f"{_e(k)}: {_e(_short(v, 24))}" for k, v in sorted(extra.items()))
-    return _cell(f'<span class="dim">{text}</span>', "; ".join(f"{k}: {_short(v, 200)}" for k, v in sorted(extra.items())))
+    title = "; ".join(f"{k}: {_short(v, 200)}" for k, v in sorted(extra.items()))
+    return _cell(f'<span class="dim">{text}</span>', title)
 
 
 def _row(entry: Mapping[str, Any]) -> str:

@@ -50,7 +50,8 @@ def fresh_clone(tmp: Path) -> Path:
     subprocess.run(["git", "-C", str(clone), "checkout", "-q", head], check=True, timeout=60)
     venv = clone / ".venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    purelib = subprocess.run([str(venv / "bin/python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+    purelib = subprocess.run([str(venv / "bin/python"), "-c",
+                              "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              capture_output=True, text=True, check=True).stdout.strip()
     # This venv's packages on the clone's path: a plain directory line (its own .pth files,
     # including this checkout's editable install, are not processed from there). Then the

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -172,7 +171,7 @@ def test_env_then_clients_with_no_flags_of_their_own(site, start_proxy, tmp_path
     assert done.stdout.splitlines()[0] == "200", done.stderr
     assert "rc=5" in done.stdout and f"dir={proxy.state_dir}" in done.stdout
     assert "/private/x.html" not in site.paths() and "/a.html" in site.paths()
-    lines = proxy.wait_audit(lambda r: r["url"].endswith(":%d/" % site.port))
+    lines = proxy.wait_audit(lambda r: r["url"].endswith(f":{site.port}/"))
     assert lines and lines[0]["outcome"] == "fetched"
     outcomes = [(r["url"].rsplit("/", 1)[-1], r["outcome"]) for r in proxy.audit() if not r.get("robots_fetch")]
     assert outcomes == [("a.html", "fetched"), ("x.html", "disallowed"), ("", "fetched")]
