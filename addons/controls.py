@@ -28,7 +28,7 @@ from etiquette_addons.trail import answer_locally
 from mitmproxy import http
 
 from etiquette_proxy.audit import audit_record
-from etiquette_proxy.clock import wall
+from etiquette_proxy.clock import Clock, wall
 from etiquette_proxy.controls import (
     ROUTE,
     TOKEN_FILE,
@@ -56,11 +56,12 @@ def _json_page(status: int, payload: dict[str, Any]) -> Page:
 
 
 class OperatorControls:
-    def __init__(self, runtime: Runtime, pacing: Any = None, health: Any = None):
+    def __init__(self, runtime: Runtime, pacing: Any = None, health: Any = None, clock: Clock = wall):
         self.rt = runtime
+        self._clock = clock
         self.pacing = pacing  # Pacing: the site's own pause and breaker, to say what stays
         self.health = health  # HealthWatch: resume and forget
-        self.pauses = OperatorPauses()
+        self.pauses = OperatorPauses(clock)
         self.token: str | None = None
         self._url_file: str | None = None
         self._url = ""
@@ -75,7 +76,7 @@ class OperatorControls:
         if self._loaded_from is self.rt.state:
             return
         self._loaded_from = self.rt.state
-        self.pauses = OperatorPauses()
+        self.pauses = OperatorPauses(self._clock)
         try:
             self.pauses.from_state(self.rt.state.get(NAMESPACE, "pauses"))
         except Exception:  # noqa: BLE001 - unreadable state must not stop the proxy
