@@ -210,6 +210,18 @@ def wrap_state_dir(given: str | None, keep: bool, configured: str) -> Iterator[t
         shutil.rmtree(path, ignore_errors=True)
 
 
+def _listening(url: str) -> bool:
+    """Something accepts connections at `url` (a proxy-url left by a kill -9 points nowhere)."""
+    import socket
+
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 8080), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
 def _ready_line(proc: subprocess.Popen[str], timeout: float) -> str:
     assert proc.stdout is not None
     with selectors.DefaultSelector() as sel:
@@ -243,6 +255,11 @@ def wrap_command(cmd: Sequence[str], run_args: Sequence[str], state_dir: str, ke
         raise CommandError("nothing to run: etiquette-proxy wrap [run options] -- CMD [ARGS...]", 2)
     if audit_log == "-":
         raise CommandError("--audit-log - is not possible with wrap (the report reads the log); name a file", 2)
+    running = read_url(state_dir)
+    if kept and running and _listening(running):
+        raise CommandError(f"a proxy already runs with state dir {state_dir} ({running}): two proxies on one "
+                           'state dir would overwrite each other\'s token; use eval "$(etiquette-proxy env)" '
+                           "to go through it, or another --state-dir")
     audit_path = os.path.abspath(os.path.expanduser(audit_log)) if audit_log else os.path.join(
         state_dir, "audit.jsonl")
     offset = os.path.getsize(audit_path) if os.path.exists(audit_path) else 0

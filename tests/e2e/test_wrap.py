@@ -212,3 +212,11 @@ def test_wrap_child_sees_the_environment_it_needs(tmp_path):
     assert bundle.read_text().startswith(ca.strip()) and bundle.read_text().count("BEGIN CERTIFICATE") > 1
     assert oct(os.stat(bundle).st_mode & 0o777) == "0o600"
     assert "ca_certificate = " + str(bundle) in Path(env["WGETRC"]).read_text()
+
+
+def test_wrap_will_not_share_a_running_proxys_state_dir(start_proxy):
+    proxy = start_proxy()
+    done = subprocess.run([ETIQUETTE, "wrap", "--state-dir", str(proxy.state_dir), "--", "true"], env=clean_env(),
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 1 and "already runs" in done.stderr and proxy.url in done.stderr
+    assert (proxy.state_dir / "proxy-url").read_text().strip() == proxy.url  # untouched
