@@ -144,7 +144,7 @@ def test_report_on_the_runs_audit_log(scenario):
     assert "1 received:" in done.stdout
     data = json.loads(report(str(proxy.audit_path), "--json", "--site", key).stdout)
     (entry,) = data["sites"]
-    assert entry["robots"] == {"violations": 0, "stopped": 2, "fetches": 1}
+    assert entry["robots"] == {"violations": 0, "stopped": 2, "fetches": 1, "unreachable": 0}
     assert entry["429"]["received"] == 1
     assert entry["429"]["honoured"] + entry["429"]["too_soon"] == 1
     assert entry["outcomes"]["fetched"] == 3 and entry["grade"] in "ABCDEF"
