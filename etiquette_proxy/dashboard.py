@@ -474,12 +474,13 @@ def _recent(snap: Mapping[str, Any]) -> str:
             + _cell(_e(r.get("site", "")), str(r.get("site", "")))
             + f'<td class="{_OUTCOME_CLASS.get(outcome, "")}">{label}</td>'
             + f'<td class="num">{_e(status if status is not None else "–")}</td>'
-            + _cell(_e(f"{r.get('method', '')} /{path}"), f"{r.get('method', '')} {url} — {r.get('reason', '')}")
+            + _cell(_e(str(r["event"]).replace("_", " ") if r.get("event") else f"{r.get('method', '')} /{path}"),
+                    f"{r.get('method', '')} {url} — {r.get('reason', '')}")
             + "</tr>")
     if not rows:
         rows.append('<tr><td colspan="5" class="dim">No decisions yet.</td></tr>')
-    return ('<section><h2>Recent decisions</h2><table id="recent"><colgroup><col style="width:4.6em">'
-            '<col style="width:8.5em"><col style="width:5.6em"><col style="width:3em"><col></colgroup>'
+    return ('<section><h2>Recent decisions</h2><table id="recent"><colgroup><col style="width:5.4em">'
+            '<col style="width:8.2em"><col style="width:5.4em"><col style="width:3.2em"><col></colgroup>'
             '<tr><th>UTC</th><th>site</th><th>outcome</th><th>status</th><th>request (hover: why)</th></tr>'
             + "".join(rows) + "</table></section>")
 
