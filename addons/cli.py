@@ -155,7 +155,8 @@ def operate(config: Config, args: argparse.Namespace) -> int:
         run_args += [f"--mode={args.mode}"] if args.mode else []
         run_args += [f"--audit-log={args.audit_log}"] if args.audit_log else []
         with commands.wrap_state_dir(args.state_dir, args.keep_state, config.state.dir) as (directory, kept):
-            return commands.wrap_command(cmd, run_args, directory, kept, args.audit_log, args.report, sys.stderr)
+            audit_log = args.audit_log or config.audit.log  # the report reads the log the proxy writes
+            return commands.wrap_command(cmd, run_args, directory, kept, audit_log, args.report, sys.stderr)
     except commands.CommandError as e:
         print(f"etiquette-proxy {args.command}: {e}", file=sys.stderr)
         return e.code
@@ -193,7 +194,10 @@ def report(config: Config, args: argparse.Namespace) -> int:
             print("etiquette-proxy report: the audit log goes to stdout in this config; name a file",
                   file=sys.stderr)
             return 2
-        path = os.path.expanduser(configured) if configured else os.path.join(state_dir(config), "audit.jsonl")
+        from etiquette_addons.commands import chosen_state_dir  # --state-dir, ETIQUETTE_STATE_DIR, config
+
+        directory = chosen_state_dir(args.state_dir, config.state.dir)
+        path = os.path.expanduser(configured) if configured else os.path.join(directory, "audit.jsonl")
     return run_report(path, since_s=since, site=args.site, as_json=args.json)
 
 
