@@ -95,9 +95,10 @@ def crawl(fleet: Fleet, proxy: Proxy, rounds: int = 2) -> None:
         for r in range(rounds):
             for site in fleet.sites:
                 kind = fleet.states[fleet.key(site)]
-                if kind in ("hostile", "degrading", "busy"):
+                if kind in ("hostile", "degrading", "busy") or (kind == "crawl-delay" and r):
                     continue
-                for n in range(3 if r == 0 else 2):
+                # Crawl-delay: 4 holds each request 4 s: one is enough to show it
+                for n in range(1 if kind == "crawl-delay" else 3 if r == 0 else 2):
                     s.get(site.url(f"/item/{n}"), timeout=30)
         for i, site in enumerate(fleet.sites):
             kind = fleet.states[fleet.key(site)]
