@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from etiquette_addons.controls import OperatorControls
 from etiquette_addons.dashboard import Dashboard
 from etiquette_addons.gone_memory import GoneMemory
 from etiquette_addons.health import HealthWatch
@@ -110,18 +111,20 @@ def members(rt: Runtime) -> list[Any]:
     """Every etiquette addon, sharing one runtime; order matters (see each hook)."""
     robots, pacing = RobotsGate(rt), Pacing(rt)
     robots.before_fetch = pacing.before_robots_fetch  # SPEC §4: robots.txt counts against the budget
+    health = HealthWatch(rt, robots=robots)
     return [
         Settings(rt),  # options, config, state, audit log; starts each flow's notes
         Dashboard(rt),  # http://etiquette.proxy/ answered here, before any gate sees it
         TargetCheck(rt),  # SPEC §4, §12: control bytes, port 0, Host vs authority -> local 400
         SiteGrouping(rt),  # SPEC §5 pacing.group_by: the site key every later addon reads
+        OperatorControls(rt, pacing, health),  # SPEC §3 `sites pause`: before robots, nothing goes out
         robots,  # RFC 9309: refuse before anything else spends the site's budget
         GoneMemory(rt),  # 404/410 remembered: answered locally before any validator work
         Revalidation(rt),  # served-stored, validator injection; 304 -> stored 200 in response
         RunawayWatch(rt),  # SPEC §7: URL-space traps (requests going upstream), retired sites
         pacing,  # SPEC §5: hold for the site's turn (request), learn from its answer (responseheaders)
         RefusalTrimmer(rt),  # SPEC §7: page-only headers off refusals (responseheaders)
-        HealthWatch(rt, robots=robots),  # SPEC §8: the request leaves now (its send time)
+        health,  # SPEC §8: the request leaves now (its send time)
         RequestSigning(rt),  # SPEC §9: signed last, after every header the proxy adds
         Trail(rt),  # decision header and audit line: last, after every decision is made
     ]

@@ -1,4 +1,5 @@
-"""The `etiquette-proxy` command (SPEC §3): run, check-config, ca, report, keygen, verify-log."""
+"""The `etiquette-proxy` command (SPEC §3): run, check-config, ca, report, wrap, env, sites,
+keygen, verify-log."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from etiquette_proxy.config import Config, ConfigError, load_config_file
 
-COMMANDS = ("run", "check-config", "ca", "report", "keygen", "verify-log")
+COMMANDS = ("run", "check-config", "ca", "report", "wrap", "env", "sites", "keygen", "verify-log")
 
 log = logging.getLogger("etiquette_proxy.cli")
 
@@ -26,12 +28,17 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--state-dir", metavar="D", help="state directory (default ~/.local/state/etiquette-proxy)")
         p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], help="override a config key")
 
+    def run_options(run: argparse.ArgumentParser) -> None:
+        run.add_argument("--audit-log", metavar="FILE",
+                         help="audit log file, or - for stdout (default <state-dir>/audit.jsonl)")
+        run.add_argument("--mode", choices=("enforce", "observe"),
+                         help="observe: forward everything, log what would be done")
+
     run = sub.add_parser("run", help="run the proxy (the default command)")
     common(run)
     run.add_argument("--listen-host", metavar="H", help="address to listen on (default 127.0.0.1)")
     run.add_argument("--listen-port", metavar="P", type=int, help="port to listen on, 0 for any free one (default 8080)")
-    run.add_argument("--audit-log", metavar="FILE", help="audit log file, or - for stdout (default <state-dir>/audit.jsonl)")
-    run.add_argument("--mode", choices=("enforce", "observe"), help="observe: forward everything, log what would be done")
+    run_options(run)
 
     check = sub.add_parser("check-config", help="validate a config file; exit 2 listing every problem")
     check.add_argument("file", metavar="FILE")
@@ -39,6 +46,28 @@ def _parser() -> argparse.ArgumentParser:
 
     ca = sub.add_parser("ca", help="print the path of the CA certificate clients must trust for HTTPS")
     common(ca)
+
+    wrap = sub.add_parser("wrap", help="run CMD through a proxy of its own; its report on stderr at the end",
+                          usage="etiquette-proxy wrap [run options] [--keep-state] [--report json|text|none] "
+                                "-- CMD [ARGS...]")
+    common(wrap)
+    run_options(wrap)
+    wrap.add_argument("--keep-state", action="store_true",
+                      help="use the state dir (default, or --state-dir) instead of a temporary one, "
+                           "so robots.txt, pauses and stored pages carry over between runs")
+    wrap.add_argument("--report", choices=("text", "json", "none"), default="text",
+                      help="the run's conduct report on stderr at the end (default text)")
+    wrap.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
+
+    env = sub.add_parser("env", help="print export lines that point a shell's clients at a running proxy")
+    common(env)
+    env.add_argument("--proxy", metavar="URL", help="the proxy's URL (default: the one running with the state dir)")
+
+    sites = sub.add_parser("sites", help="operator controls on a running proxy: list, pause, resume, forget")
+    common(sites)
+    sites.add_argument("action", nargs="?", choices=("list", "pause", "resume", "forget"), default="list")
+    sites.add_argument("site", nargs="?", metavar="SITE", help="host:port, or host for every port")
+    sites.add_argument("--for", dest="for_", metavar="DURATION", help="pause for this long (e.g. 90s, 10m, 2h)")
 
     report = sub.add_parser("report", help="summarise an audit log per site and grade the crawler's conduct")
     common(report)
@@ -88,8 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2
-    if args.command == "ca":
-        return print_ca(config)
+    if args.command in ("ca", "env", "sites", "wrap"):
+        return operate(config, args)
     if args.command == "report":
         return report(config, args)
     if args.command == "keygen":
@@ -138,26 +167,60 @@ def state_dir(config: Config) -> str:
     return os.path.abspath(os.path.expanduser(config.state.dir))
 
 
-def print_ca(config: Config) -> int:
-    from mitmproxy import certs
+def operate(config: Config, args: argparse.Namespace) -> int:
+    """`ca`, `env`, `sites`, `wrap`: commands that work with a proxy from outside it."""
+    from etiquette_addons import commands
 
-    directory = state_dir(config)
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    certs.CertStore.from_store(directory, "mitmproxy", 2048)  # creates the CA on first use
-    print(os.path.join(directory, "mitmproxy-ca-cert.pem"))
-    return 0
+    state = commands.chosen_state_dir(args.state_dir, config.state.dir)
+    try:
+        if args.command == "ca":
+            return commands.ca_command(state, sys.stderr)
+        if args.command == "env":
+            return commands.env_command(state, args.proxy)
+        if args.command == "sites":
+            return _sites(commands, state, args)
+        cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+        run_args = [f"--set={s}" for s in args.set]
+        run_args += [f"--config={args.config}"] if args.config else []
+        run_args += [f"--mode={args.mode}"] if args.mode else []
+        run_args += [f"--audit-log={args.audit_log}"] if args.audit_log else []
+        with commands.wrap_state_dir(args.state_dir, args.keep_state, config.state.dir) as (directory, kept):
+            audit_log = args.audit_log or config.audit.log  # the report reads the log the proxy writes
+            return commands.wrap_command(cmd, run_args, directory, kept, audit_log, args.report, sys.stderr)
+    except commands.CommandError as e:
+        print(f"etiquette-proxy {args.command}: {e}", file=sys.stderr)
+        return e.code
 
 
-def _audit_path(config: Config, given: str | None, command: str) -> str | None:
-    """The audit log a command reads: given, configured, or <state-dir>/audit.jsonl."""
-    if given is not None:
-        return given
+def _sites(commands: Any, state: str, args: argparse.Namespace) -> int:
+    from etiquette_proxy.units import parse_duration
+
+    for_s = None
+    if args.for_ is not None:
+        if args.action != "pause":
+            raise commands.CommandError("--for goes with pause only", 2)
+        try:
+            for_s = parse_duration(args.for_)
+        except ValueError as e:
+            raise commands.CommandError(f"--for: {e}", 2) from None
+    return int(commands.sites_command(state, args.action, args.site, for_s, sys.stdout))
+
+
+def _audit_path(config: Config, args: argparse.Namespace, command: str) -> str | None:
+    """The audit log a command reads: given, configured, or <state-dir>/audit.jsonl (the state
+    dir from --state-dir, ETIQUETTE_STATE_DIR or the config)."""
+    if args.audit_log is not None:
+        return str(args.audit_log)
     configured = config.audit.log
     if configured == "-":
         print(f"etiquette-proxy {command}: the audit log goes to stdout in this config; name a file",
               file=sys.stderr)
         return None
-    return os.path.expanduser(configured) if configured else os.path.join(state_dir(config), "audit.jsonl")
+    if configured:
+        return os.path.expanduser(configured)
+    from etiquette_addons.commands import chosen_state_dir
+
+    return os.path.join(chosen_state_dir(getattr(args, "state_dir", None), config.state.dir), "audit.jsonl")
 
 
 def keygen(config: Config, args: argparse.Namespace) -> int:
@@ -214,7 +277,7 @@ def verify_log(config: Config, args: argparse.Namespace) -> int:
     """SPEC §3, §11: 0 when the chain holds, 1 naming the first bad line, 2 when unreadable."""
     from etiquette_proxy.audit_chain import verify_file
 
-    path = _audit_path(config, args.audit_log, "verify-log")
+    path = _audit_path(config, args, "verify-log")
     if path is None:
         return 2
     try:
@@ -237,7 +300,7 @@ def report(config: Config, args: argparse.Namespace) -> int:
         except ValueError as e:
             print(f"etiquette-proxy report: --since: {e}", file=sys.stderr)
             return 2
-    path = _audit_path(config, args.audit_log, "report")
+    path = _audit_path(config, args, "report")
     if path is None:
         return 2
     return run_report(path, since_s=since, site=args.site, as_json=args.json)

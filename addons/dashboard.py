@@ -42,7 +42,8 @@ class Dashboard:
         fields: dict[str, Any] = {"rate": self.rt.rate_for(site)}
         restraints = self.rt.restraints_for(site)
         if restraints:
-            fields["restraints"] = [f"{r.source}{' (paused)' if r.paused else ''}: {r.reason}" for r in restraints]
+            fields["restraints"] = [{"source": r.source, "paused": r.paused, "reason": r.reason}
+                                    for r in restraints]
         return fields
 
     def snapshot(self) -> dict[str, Any]:

@@ -495,6 +495,16 @@ class HealthWatch:
         self._act(change, None)
         return True
 
+    def forget(self, site: str) -> bool:
+        """Operator's `sites forget`: health windows, baseline, band and parser health go."""
+        self.restore()
+        forgotten = self.book.forget(site)
+        self.rt.release(site, SOURCE)
+        self._saved_window.pop(site, None)
+        self._pending.pop(site, None)
+        self.rt.state.forget(NAMESPACE, site)
+        return forgotten
+
     def live_fields(self, site: str) -> dict[str, Any]:
         """Dashboard status provider: `health`, `health_history` and `parser` for a site."""
         fields: dict[str, Any] = {}

@@ -63,6 +63,9 @@ class Runtime:
     # POST routes on http://etiquette.proxy/ (e.g. "/report-extraction", SPEC §8); the
     # dashboard itself is read-only.
     post_routes: dict[str, PostRoute] = field(default_factory=dict)
+    # Called with the proxy's host and port once it listens, before the ready line is printed
+    # (the operator addon writes <state-dir>/proxy-url there).
+    listening: list[Callable[[str, int], None]] = field(default_factory=list)
 
     # site -> source -> restraint; written by feature addons, read by pacing.
     restraints: dict[str, dict[str, Restraint]] = field(default_factory=dict)

@@ -115,11 +115,13 @@ class Settings:
         return signer
 
     def running(self) -> None:
-        if not ctx.options.etiquette_ready_line:
-            return
         server = ctx.master.addons.get("proxyserver")
         addrs = server.listen_addrs() if server else []
         for host, port, *_ in addrs[:1]:
+            for listener in self.rt.listening:
+                listener(host, port)
+            if not ctx.options.etiquette_ready_line:
+                return
             shown = f"[{host}]" if ":" in host else host
             sys.stdout.write(f"etiquette-proxy listening on http://{shown}:{port}\n")
             sys.stdout.flush()

@@ -61,6 +61,10 @@ class SideResponse:
         return None
 
 
+# What to do about a site whose certificate the proxy does not trust (a test site, a private CA).
+TLS_HINT = "to trust the site's CA set upstream.ca_file (or upstream.insecure: true for a test site)"
+
+
 class SideFetchError(Exception):
     """No HTTP answer: refused, reset, TLS failure, timeout, malformed response."""
 
@@ -83,6 +87,8 @@ async def fetch(
         raise SideFetchError("connection refused") from None
     except ConnectionResetError:
         raise SideFetchError("connection reset") from None
+    except ssl.SSLCertVerificationError as e:
+        raise SideFetchError(f"TLS error: {e.reason or e}; {TLS_HINT}") from None
     except ssl.SSLError as e:
         raise SideFetchError(f"TLS error: {e.reason or e}") from None
     except (OSError, h11.ProtocolError, ValueError) as e:

@@ -10,6 +10,7 @@ import logging
 
 from etiquette_addons.notes import FlowNotes, notes_of
 from etiquette_addons.runtime import Runtime
+from etiquette_addons.side_fetch import TLS_HINT
 from mitmproxy import http
 
 from etiquette_proxy.audit import audit_record
@@ -85,6 +86,8 @@ class Trail:
             notes.outcome = "failed"
         if not notes.reason and flow.error is not None:
             notes.reason = flow.error.msg
+            if "certificate" in notes.reason.lower():
+                notes.reason += f"; {TLS_HINT}"
         self.write(flow, notes)
 
     def write(self, flow: http.HTTPFlow, notes: FlowNotes) -> None:

@@ -15,7 +15,8 @@ Field names the dashboard knows how to draw (anything else is shown as `key: val
 - `robots`: [{"origin", "status", "note", "age_s", "stale", "expires_in_s", "signals"}];
   `signals`: the Content-Signal / Content-Usage lines in force, "<group> <source> <value>"
 - `traps`: [{"path", "param", "distinct"}], `retired` (bool)
-- `restraints`: ["source: reason", ...] (what features asked of pacing, runtime.restraints)
+- `restraints`: [{"source", "paused", "reason"}, ...] (what features asked of pacing)
+- `operator_pause_s`: an operator's pause (`etiquette-proxy sites pause`), -1 when open-ended
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ StatusProvider = Callable[[str], Mapping[str, Any]]
 
 # Outcomes whose `bytes` the site did not send: the proxy answered from what it had stored.
 SAVED_BY_STORE = ("revalidated", "served-stored")
-RECENT_KEYS = ("ts", "site", "outcome", "status", "method", "url", "reason", "waited_s", "would")
+RECENT_KEYS = ("ts", "site", "outcome", "status", "method", "url", "reason", "waited_s", "would", "event")
+RATE_WINDOW_S = 10.0  # "requests/s now" on the dashboard: decisions in the last 10 s
 
 
 def health_score(value: Any) -> float | None:
@@ -103,13 +105,20 @@ class SiteBoard:
         self.sites: dict[str, SiteTally] = {}
         self.recent: deque[dict[str, Any]] = deque(maxlen=recent)
         self.records = 0
+        self._latest: deque[float] = deque(maxlen=100_000)  # when recent decisions came (bounded)
 
     def add(self, record: Mapping[str, Any]) -> None:
         """Count one audit record (never raises on odd values: the board is best effort)."""
         site = record.get("site")
         if not isinstance(site, str) or not site:
             return
+        if record.get("event") == "operator":  # an operator's action, not a request: recent only
+            self.recent.append({k: record.get(k) for k in RECENT_KEYS if record.get(k) is not None})
+            if record.get("action") == "pause":
+                self.sites.setdefault(site, SiteTally())  # listed (and shown paused) before any request
+            return
         self.records += 1
+        self._latest.append(self._clock())
         tally = self.sites.get(site)
         if tally is None:
             tally = self.sites[site] = SiteTally()
@@ -169,8 +178,12 @@ class SiteBoard:
                 entry["health_history"] = live.pop("health_history")
             entry["live"] = live
             sites.append(entry)
+        now = self._clock()
+        while self._latest and self._latest[0] < now - RATE_WINDOW_S:
+            self._latest.popleft()
         return {
-            "generated_at": self._clock(),
+            "generated_at": now,
+            "requests_per_s": round(len(self._latest) / RATE_WINDOW_S, 2),
             "started_at": self.started,
             "records": self.records,
             "identity": dict(identity) if identity is not None else {"signing": False},

@@ -2,7 +2,8 @@
 
 Pure: a request (method, path, body) goes in, a `Page` comes out. The HTML is rendered on
 the server from the board's snapshot and reloads itself (meta refresh), so it needs no
-JavaScript, no CDN and no build step; `GET /api/sites` is the same snapshot as JSON and
+JavaScript, no CDN and no build step; the filter box and the pages are a GET form (`?q=&page=`),
+so a reload keeps them; `GET /api/sites` is the same snapshot as JSON and
 `GET /metrics` the Prometheus text.
 
 POST routes are an extension point, not part of the dashboard: a feature registers
@@ -14,13 +15,17 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qs, urlencode
 
 HOST = "etiquette.proxy"
 REFRESH_S = 5
+PAGE_SIZE = 50  # sites per page; more than fit one screen, few enough to render fast
+RECENT_SHOWN = 25
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,9 @@ def serve(
         return text_page(405, f"etiquette.proxy is read-only: {method} is not allowed here.",
                          (("Allow", allow),))
     if path in ("/", "/index.html"):
-        page = Page(200, "text/html; charset=utf-8", render_html(snapshot()).encode())
+        query = parse_qs(target.split("?", 1)[1].split("#", 1)[0]) if "?" in target else {}
+        view = View.from_query({k: v[0] for k, v in query.items() if v})
+        page = Page(200, "text/html; charset=utf-8", render_html(snapshot(), view).encode())
     elif path == "/api/sites":
         data = json.dumps(snapshot(), indent=1, default=str, ensure_ascii=False)
         page = Page(200, "application/json", data.encode())
@@ -77,15 +84,34 @@ def serve(
 
 
 # -- HTML ---------------------------------------------------------------------------------------
+#
+# One screen for an operator: a strip of totals, then one line per site sorted by what needs
+# attention (paused, hostile, degrading, throttled first), and the latest decisions beside it.
+# Every cell is one concept on one line; what does not fit is in the cell's title (hover).
 
 _STYLE = """
-body{font:13px/1.35 system-ui,sans-serif;margin:1em;color:#222;background:#fafafa}
-h1{font-size:18px;margin:0 0 .2em}h2{font-size:15px;margin:1.2em 0 .3em}
-table{border-collapse:collapse;background:#fff}td,th{border:1px solid #ddd;padding:3px 6px;
-vertical-align:top;text-align:left}th{background:#f0f0f0;font-weight:600}
-.num{text-align:right;font-variant-numeric:tabular-nums}.dim{color:#777}.small{font-size:11px}
-.ok{color:#1a7f37}.warn{color:#9a6700}.bad{color:#cf222e}.band{font-weight:600}
-.url{max-width:34em;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
+*{box-sizing:border-box}
+body{font:12px/1.25 system-ui,sans-serif;margin:0;padding:6px 10px;color:#222;background:#fafafa}
+h1{font-size:16px;margin:0;display:inline}h2{font-size:13px;margin:6px 0 3px}
+header{display:flex;gap:12px;align-items:baseline;flex-wrap:wrap}
+.strip{display:flex;gap:6px;flex-wrap:wrap;margin:6px 0}
+.tot{background:#fff;border:1px solid #ddd;border-radius:4px;padding:2px 8px;min-width:8em}
+.tot b{display:block;font-size:15px}.tot span{color:#666;font-size:11px}
+.grid{display:grid;grid-template-columns:minmax(0,1fr) 340px;gap:10px;align-items:start}
+.grid>section{min-width:0;overflow-x:auto}
+#recent{table-layout:fixed}#recent td{max-width:none}
+td.pause,td.outcomes{max-width:13em}
+@media (max-width:1250px){.grid{grid-template-columns:minmax(0,1fr)}}
+table{border-collapse:collapse;background:#fff;width:100%;table-layout:auto}
+td,th{border-bottom:1px solid #e4e4e4;padding:1px 4px;height:18px;text-align:left;white-space:nowrap;
+overflow:hidden;text-overflow:ellipsis;max-width:16em;vertical-align:middle}
+th{background:#f0f0f0;font-weight:600;position:sticky;top:0}
+tr.need0{background:#fdecea}tr.need1{background:#fdf0ef}tr.need2{background:#fff8e5}
+.num{text-align:right;font-variant-numeric:tabular-nums}.dim{color:#777}
+.ok{color:#1a7f37}.warn{color:#9a6700}.bad{color:#cf222e}.b{font-weight:600}
+form{display:inline}input[name=q]{width:18em;padding:1px 4px;font-size:12px}button{font-size:12px;padding:0 6px}
+.pages a,.pages b{margin-right:6px}
+svg.spark{vertical-align:middle}
 """
 
 _OUTCOME_CLASS = {
@@ -93,9 +119,14 @@ _OUTCOME_CLASS = {
     "disallowed": "warn", "throttled": "bad", "paused": "bad", "gone": "dim",
     "refused": "bad", "failed": "bad",
 }
+# Outcomes that are a refusal of some kind, in the order the totals strip lists them.
+REFUSAL_KINDS = ("disallowed", "throttled", "paused", "gone", "refused", "failed")
+_OUTCOME_SHORT = {"revalidated": "reval", "served-stored": "stored", "disallowed": "disallowed"}
 
 _KNOWN_LIVE = {"rate", "ceiling", "paused_s", "pause_reason", "breaker_open", "breaker_s", "held",
-               "in_flight", "health", "robots", "traps", "retired", "restraints"}
+               "in_flight", "health", "robots", "traps", "retired", "restraints", "operator_pause_s"}
+
+NEEDS = ("paused", "hostile", "degrading", "throttled", "refusals", "ok")
 
 
 def _e(value: Any) -> str:
@@ -124,7 +155,7 @@ def human_seconds(s: float) -> str:
 
 
 def human_rate(r: Any) -> str:
-    if not isinstance(r, (int, float)):
+    if not isinstance(r, (int, float)) or isinstance(r, bool):
         return "–"
     return f"{r:g}/s" if r >= 1 else f"{r * 60:.3g}/min"
 
@@ -133,16 +164,93 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def band_of(score: float) -> str:
-    """SPEC §8 bands: 80-100 ok, 50-79 degrading, below 50 paused."""
-    return "ok" if score >= 80 else "degrading" if score >= 50 else "paused"
+    """SPEC §8 bands: 80-100 healthy, 50-79 degrading, below 50 hostile (paused)."""
+    return "healthy" if score >= 80 else "degrading" if score >= 50 else "hostile"
 
 
-def _band_class(band: str) -> str:
-    return {"ok": "ok", "degrading": "warn"}.get(band, "bad")
+_BAND_WORDS = {"ok": "healthy", "paused": "hostile"}  # older names for the same bands
 
 
-def sparkline(points: list[Any], width: int = 120, height: int = 24) -> str:
+def health_of(entry: Mapping[str, Any]) -> tuple[float | None, str | None, list[str]]:
+    """(score, band, reasons) of a site; band None when there is no score yet."""
+    live = entry.get("live", {})
+    health = live.get("health")
+    history = entry.get("health_history") or []
+    reasons: Any = []
+    score = None
+    band = None
+    if isinstance(health, Mapping):
+        score = _num(health.get("score"))
+        band = health.get("band") if isinstance(health.get("band"), str) else None
+        reasons = health.get("reasons") or []
+    if score is None and history and isinstance(history[-1], (list, tuple)) and len(history[-1]) == 2:
+        score = _num(history[-1][1])
+    if score is None:
+        band = "hostile" if band in ("hostile", "paused") else None  # a paused site has no fresh score
+    elif band is None:
+        band = band_of(score)
+    band = _BAND_WORDS.get(band or "", band)
+    if isinstance(reasons, str):
+        reasons = [reasons]
+    return score, band, [str(r) for r in reasons] if isinstance(reasons, list) else []
+
+
+def _restraints(live: Mapping[str, Any]) -> list[tuple[str, bool, str]]:
+    """(source, paused, reason) of every restraint, from dicts or `source (paused): reason` strings."""
+    out = []
+    for r in live.get("restraints") or []:
+        if isinstance(r, Mapping):
+            out.append((str(r.get("source", "?")), bool(r.get("paused")), str(r.get("reason", ""))))
+        elif isinstance(r, str):
+            source, _, reason = r.partition(": ")
+            paused = source.endswith(" (paused)")
+            out.append((source.removesuffix(" (paused)"), paused, reason))
+    return out
+
+
+def pause_words(live: Mapping[str, Any]) -> str:
+    """The site's pause state in plain words: 'none', 'paused 12 s (Retry-After: 2)',
+    'breaker tripped, 4 min left', 'paused by operator', 'paused by health: …'."""
+    operator = _num(live.get("operator_pause_s"))
+    if operator is not None:
+        return "paused by operator" + ("" if operator < 0 else f", {human_seconds(operator)} left")
+    if live.get("breaker_open"):
+        left = _num(live.get("breaker_s")) or _num(live.get("paused_s"))
+        return "breaker tripped" + (f", {human_seconds(left)} left" if left is not None else "")
+    paused = _num(live.get("paused_s"))
+    if paused is not None and paused > 0:
+        reason = str(live.get("pause_reason") or "")
+        return f"paused {human_seconds(paused)}" + (f" ({reason})" if reason else "")
+    for source, is_paused, reason in _restraints(live):
+        if is_paused:
+            return f"paused by {source}" + (f": {reason}" if reason else "")
+    return "none"
+
+
+def need_of(entry: Mapping[str, Any]) -> int:
+    """Index into NEEDS: what this site asks of the operator, most urgent first."""
+    live = entry.get("live", {})
+    if pause_words(live) != "none":
+        return 0
+    _, band, _ = health_of(entry)
+    if band == "hostile":
+        return 1
+    if band == "degrading":
+        return 2
+    outcomes = entry.get("outcomes", {})
+    if outcomes.get("throttled") or entry.get("received_429") or _num(live.get("ceiling")) is not None:
+        return 3
+    if any(outcomes.get(k) for k in ("refused", "failed", "paused")):
+        return 4
+    return 5
+
+
+def sparkline(points: list[Any], width: int = 64, height: int = 14) -> str:
     """An inline SVG polyline of health scores (0-100), oldest left."""
     scores = [float(p[1]) for p in points if isinstance(p, (list, tuple)) and len(p) == 2
               and isinstance(p[1], (int, float))]
@@ -153,7 +261,7 @@ def sparkline(points: list[Any], width: int = 120, height: int = 24) -> str:
     step = width / (len(scores) - 1)
     coords = " ".join(f"{i * step:.1f},{height - max(0.0, min(100.0, s)) / 100 * height:.1f}"
                       for i, s in enumerate(scores))
-    colour = {"ok": "#1a7f37", "degrading": "#9a6700"}.get(band_of(scores[-1]), "#cf222e")
+    colour = {"healthy": "#1a7f37", "degrading": "#9a6700"}.get(band_of(scores[-1]), "#cf222e")
     return (f'<svg class="spark" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
             f'role="img" aria-label="health history, last {scores[-1]:g}">'
             f'<line x1="0" x2="{width}" y1="{height * 0.2:.1f}" y2="{height * 0.2:.1f}" '
@@ -161,114 +269,125 @@ def sparkline(points: list[Any], width: int = 120, height: int = 24) -> str:
             f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{coords}"/></svg>')
 
 
+def _cell(text: str, title: str = "", cls: str = "") -> str:
+    attrs = (f' class="{cls}"' if cls else "") + (f' title="{_e(title)}"' if title else "")
+    return f"<td{attrs}>{text}</td>"
+
+
 def _health_cell(entry: Mapping[str, Any]) -> str:
-    live = entry.get("live", {})
-    health = live.get("health")
-    history = entry.get("health_history") or []
-    if isinstance(health, Mapping) and isinstance(health.get("score"), (int, float)):
-        score = float(health["score"])
-        band = str(health.get("band") or band_of(score))
-        reasons = health.get("reasons") or []
-    elif history:
-        score = float(history[-1][1])
-        band, reasons = band_of(score), []
-    else:
-        why = health.get("note") if isinstance(health, Mapping) else None
-        return f'<span class="dim">{_e(why or "no score yet")}</span>'
-    if isinstance(reasons, str):
-        reasons = [reasons]
-    text = (f'<span class="band {_band_class(band)}">{score:.0f} {_e(band)}</span> '
-            f'{sparkline(history)}')
-    if reasons:
-        text += f'<div class="small">{_e(", ".join(map(str, reasons)))}</div>'
-    return text
+    score, band, reasons = health_of(entry)
+    spark = sparkline(entry.get("health_history") or [])
+    if score is None:
+        live = entry.get("live", {})
+        note = live.get("health", {}).get("note") if isinstance(live.get("health"), Mapping) else None
+        word = "paused, no score" if band == "hostile" else "no score yet"
+        return _cell(f'<span class="dim">{_e(word)}</span> {spark}', str(note or (reasons[0] if reasons else "")))
+    cls = {"healthy": "ok", "degrading": "warn"}.get(band or "", "bad")
+    return _cell(f'<span class="b {cls}">{score:.0f}</span> {spark} <span class="{cls}">{_e(band)}</span>',
+                 ", ".join(reasons))
 
 
-def _pace_cell(entry: Mapping[str, Any]) -> str:
-    live = entry.get("live", {})
-    rate = live.get("rate", entry.get("last_rate"))
-    out = [f"rate {_e(human_rate(rate))}"]
-    if isinstance(live.get("ceiling"), (int, float)):
-        out.append(f"ceiling {_e(human_rate(live['ceiling']))}")
-    if live.get("retired"):
-        out.append('<span class="warn">retired</span>')
-    for key in ("held", "in_flight"):
-        if live.get(key):
-            out.append(f"{key.replace('_', ' ')} {_e(live[key])}")
-    return "<br>".join(out)
+def _pause_cell(live: Mapping[str, Any]) -> str:
+    words = pause_words(live)
+    return _cell(_e(words), words, "pause " + ("dim" if words == "none" else "bad"))
 
 
-def _state_cell(entry: Mapping[str, Any]) -> str:
-    live = entry.get("live", {})
-    out = []
-    if live.get("breaker_open"):
-        left = live.get("breaker_s", live.get("paused_s"))
-        out.append('<span class="bad">breaker open</span>'
-                   + (f" ({_e(human_seconds(left))} left)" if isinstance(left, (int, float)) else ""))
-    elif isinstance(live.get("paused_s"), (int, float)) and live["paused_s"] > 0:
-        out.append(f'<span class="bad">paused</span> ({_e(human_seconds(live["paused_s"]))} left)')
-    if live.get("pause_reason") and out:
-        out.append(f'<span class="small">{_e(live["pause_reason"])}</span>')
+def _slowed_cell(live: Mapping[str, Any]) -> str:
+    """What lowers the rate besides the site's own 429s: crawl-delay, health, trap, retired."""
+    said = [(source, reason) for source, paused, reason in _restraints(live) if not paused]
+    if live.get("retired") and not any(s == "retired" for s, _ in said):
+        said.append(("retired", "95% of the last answers were 404/410"))
     for trap in live.get("traps") or []:
         if isinstance(trap, Mapping):
-            out.append(f'<span class="warn">trap</span> {_e(trap.get("path", ""))}?'
-                       f'{_e(trap.get("param", ""))} ({_e(trap.get("distinct", "?"))} values)')
-    for restraint in live.get("restraints") or []:
-        out.append(f'<span class="small warn">{_e(restraint)}</span>')
-    return "<br>".join(out) or '<span class="ok">open</span>'
+            said.append(("trap", f"{trap.get('path', '')}?{trap.get('param', '')} "
+                                  f"({trap.get('distinct', '?')} values)"))
+    if not said:
+        return _cell('<span class="dim">–</span>')
+    return _cell(_e(", ".join(dict.fromkeys(s for s, _ in said))),
+                 "; ".join(f"{s}: {r}" if r else s for s, r in said), "warn")
 
 
-def _robots_cell(entry: Mapping[str, Any]) -> str:
-    robots = entry.get("live", {}).get("robots")
-    if not robots:
-        return '<span class="dim">–</span>'
-    out = []
-    for r in robots if isinstance(robots, list) else [robots]:
-        if not isinstance(r, Mapping):
-            continue
+def _robots_cell(live: Mapping[str, Any]) -> str:
+    robots = live.get("robots")
+    entries = [r for r in (robots if isinstance(robots, list) else [robots]) if isinstance(r, Mapping)]
+    if not entries:
+        return _cell('<span class="dim">–</span>')
+    parts, notes = [], []
+    for r in entries:
         status = str(r.get("status", "?"))
         cls = {"rules": "ok", "allow_all": "dim", "unreachable": "bad"}.get(status, "")
-        line = f'<span class="{cls}">{_e(status)}</span>'
-        if isinstance(r.get("age_s"), (int, float)):
-            line += f" {_e(human_seconds(r['age_s']))} old"
-        if r.get("stale"):
-            line += ' <span class="warn">stale</span>'
         origin = str(r.get("origin", ""))
-        scheme = origin.split("://", 1)[0] if "://" in origin else ""
-        if scheme:
-            line = f'<span class="dim">{_e(scheme)}</span> ' + line
-        if r.get("note"):
-            line += f'<div class="small dim">{_e(r["note"])}</div>'
-        for said in r.get("signals") or ():  # Content-Signal / Content-Usage lines (SPEC §4)
-            line += f'<div class="small">{_e(str(said))}</div>'
-        out.append(line)
-    return "".join(f"<div>{x}</div>" for x in out)
+        scheme = origin.split("://", 1)[0] + " " if "://" in origin and len(entries) > 1 else ""
+        text = f'{_e(scheme)}<span class="{cls}">{_e(status.replace("_", " "))}</span>'
+        age = _num(r.get("age_s"))
+        if age is not None:
+            text += f" {_e(human_seconds(age))} old"
+        if r.get("stale"):
+            text += ' <span class="warn">stale</span>'
+        signals = [str(said) for said in r.get("signals") or ()]  # Content-Signal / Content-Usage (SPEC §4)
+        if signals:
+            text += f' <span class="small">{_e("; ".join(signals))}</span>'
+        parts.append(text)
+        notes.append(f"{origin}: {r.get('note') or status}")
+        notes += [f"{k}: {v}" for k, v in r.items() if k not in ("origin", "status", "note", "age_s", "stale",
+                                                                   "expires_in_s", "signals")]
+    return _cell(" · ".join(parts), "; ".join(notes))
 
 
 def _outcomes_cell(entry: Mapping[str, Any]) -> str:
-    parts = []
-    for outcome, n in sorted(entry.get("outcomes", {}).items(), key=lambda kv: -kv[1]):
-        parts.append(f'<span class="{_OUTCOME_CLASS.get(outcome, "")}">{_e(outcome)}</span> {n}')
-    for outcome, n in sorted(entry.get("would", {}).items()):
-        parts.append(f'<span class="warn">would {_e(outcome)}</span> {n}')
-    if entry.get("received_429"):
-        parts.append(f'<span class="bad">429 received</span> {entry["received_429"]}')
+    items = sorted(entry.get("outcomes", {}).items(), key=lambda kv: -kv[1])
+    parts = [f'<span class="{_OUTCOME_CLASS.get(k, "")}">{_e(_OUTCOME_SHORT.get(k, k))}</span> {n}'
+             for k, n in items]
+    parts += [f'<span class="warn">would {_e(k)}</span> {n}' for k, n in sorted(entry.get("would", {}).items())]
+    title = ", ".join(f"{k} {n}" for k, n in items)
     if entry.get("robots_fetches"):
-        parts.append(f'<span class="dim">robots.txt fetches {entry["robots_fetches"]}</span>')
-    return "<br>".join(parts) or "–"
+        title += f"; robots.txt fetches {entry['robots_fetches']}"
+    return _cell(" · ".join(parts) or "–", title, "outcomes")
+
+
+def _saved(entry: Mapping[str, Any]) -> int:
+    saved = entry.get("saved", {})
+    return int(_num(saved.get("revalidation")) or 0) + int(_num(saved.get("trimming")) or 0)
 
 
 def _saved_cell(entry: Mapping[str, Any]) -> str:
     saved = entry.get("saved", {})
-    return (f'revalidation {_e(human_bytes(saved.get("revalidation", 0)))}<br>'
-            f'trimming {_e(human_bytes(saved.get("trimming", 0)))}<br>'
-            f'<span class="dim">site sent {_e(human_bytes(entry.get("bytes_sent", 0)))}</span>')
+    title = (f"revalidation {human_bytes(_num(saved.get('revalidation')) or 0)}, trimming "
+             f"{human_bytes(_num(saved.get('trimming')) or 0)}; site sent {human_bytes(entry.get('bytes_sent', 0))}")
+    return _cell(_e(human_bytes(_saved(entry))), title, "num")
 
 
-def _other_cell(entry: Mapping[str, Any]) -> str:
+def _short(value: Any, width: int = 40) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _more_cell(live: Mapping[str, Any]) -> str:
+    """Fields this page does not know (added by later features): shown, short, escaped."""
+    extra = {k: v for k, v in live.items() if k not in _KNOWN_LIVE and v not in (None, "", [], {})}
+    if not extra:
+        return _cell("")
+    text = " · ".join(f"{_e(k)}: {_e(_short(v, 24))}" for k, v in sorted(extra.items()))
+    title = "; ".join(f"{k}: {_short(v, 200)}" for k, v in sorted(extra.items()))
+    return _cell(f'<span class="dim">{text}</span>', title)
+
+
+def _row(entry: Mapping[str, Any]) -> str:
     live = entry.get("live", {})
-    extra = {k: v for k, v in live.items() if k not in _KNOWN_LIVE}
-    return "<br>".join(f'<span class="small">{_e(k)}: {_e(v)}</span>' for k, v in sorted(extra.items()))
+    need = need_of(entry)
+    rate = live.get("rate", entry.get("last_rate"))
+    held = f" · held {live['held']}" if _num(live.get("held")) else ""
+    ceiling = _num(live.get("ceiling"))
+    return (
+        f'<tr class="need{need}" data-site="{_e(entry.get("site", ""))}" data-need="{NEEDS[need]}">'
+        + _cell(f'<b>{_e(entry.get("site", ""))}</b>', str(entry.get("site", "")))
+        + _health_cell(entry) + _pause_cell(live)
+        + _cell(_e(human_rate(rate)) + _e(held), "", "num")
+        + _cell(_e(human_rate(ceiling)) if ceiling is not None else '<span class="dim">–</span>',
+                "set by the last 429; recovery stops below it" if ceiling is not None else "", "num")
+        + _slowed_cell(live) + _robots_cell(live)
+        + _cell(str(entry.get("requests", 0)), "", "num") + _outcomes_cell(entry) + _saved_cell(entry)
+        + _more_cell(live) + "</tr>")
 
 
 def _identity_line(identity: Mapping[str, Any]) -> str:
@@ -279,33 +398,126 @@ def _identity_line(identity: Mapping[str, Any]) -> str:
     return '<div id="identity" class="dim">Requests are not signed (no identity.web_bot_auth key).</div>'
 
 
-def render_html(snap: Mapping[str, Any]) -> str:
-    """The dashboard page: one row per site, then the most recent decisions."""
+@dataclass(frozen=True)
+class View:
+    """What the operator asked to see: a filter and a page of the sorted sites."""
+
+    q: str = ""
+    page: int = 1
+
+    @classmethod
+    def from_query(cls, query: Mapping[str, str]) -> View:
+        try:
+            page = max(1, int(query.get("page", "1")))
+        except ValueError:
+            page = 1
+        return cls(query.get("q", "")[:200].strip(), page)
+
+    def link(self, **change: Any) -> str:
+        fields = {"q": self.q, "page": self.page, **change}
+        return "?" + urlencode({k: v for k, v in fields.items() if v not in ("", 1)})
+
+
+def matches(entry: Mapping[str, Any], q: str) -> bool:
+    """The filter: every word must appear in the site, its need, band or pause words."""
+    if not q:
+        return True
+    _, band, _ = health_of(entry)
+    text = " ".join((str(entry.get("site", "")), NEEDS[need_of(entry)], band or "no score",
+                     pause_words(entry.get("live", {})))).lower()
+    return all(word in text for word in q.lower().split())
+
+
+def sorted_sites(sites: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """By need (paused, hostile, degrading, throttled, refusals, ok), then busiest, then name."""
+    return sorted(sites, key=lambda e: (need_of(e), -int(e.get("requests", 0) or 0), str(e.get("site", ""))))
+
+
+def totals(snap: Mapping[str, Any]) -> dict[str, Any]:
+    """The strip on top: requests/s now, sites by band, paused, refusals by kind, bytes saved."""
+    sites = snap.get("sites", [])
+    bands: dict[str, int] = {"healthy": 0, "degrading": 0, "hostile": 0, "no score": 0}
+    refusals = dict.fromkeys(REFUSAL_KINDS, 0)
+    paused = saved = 0
+    for entry in sites:
+        _, band, _ = health_of(entry)
+        bands[band if band in bands else "no score"] += 1
+        paused += pause_words(entry.get("live", {})) != "none"
+        for kind in REFUSAL_KINDS:
+            refusals[kind] += int(entry.get("outcomes", {}).get(kind, 0) or 0)
+        saved += _saved(entry)
+    return {"requests_per_s": _num(snap.get("requests_per_s")), "sites": len(sites), "bands": bands,
+            "paused": paused, "refusals": refusals, "saved_bytes": saved}
+
+
+def _strip(t: Mapping[str, Any]) -> str:
+    def box(value: str, label: str, cls: str = "", title: str = "") -> str:
+        return f'<div class="tot"{f" title={chr(34)}{_e(title)}{chr(34)}" if title else ""}>' \
+               f'<b class="{cls}">{value}</b><span>{label}</span></div>'
+
+    rps = t["requests_per_s"]
+    bands = t["bands"]
+    band_text = (f'<span class="ok">{bands["healthy"]}</span> / <span class="warn">{bands["degrading"]}</span>'
+                 f' / <span class="bad">{bands["hostile"]}</span> / <span class="dim">{bands["no score"]}</span>')
+    refusals = t["refusals"]
+    shown = [f"{k} {n}" for k, n in refusals.items() if n]
+    return ('<div class="strip" id="totals">'
+            + box(f"{rps:.1f}" if rps is not None else "–", "requests/s now (last 10 s)")
+            + box(str(t["sites"]), "sites")
+            + box(band_text, "healthy / degrading / hostile / no score")
+            + box(str(t["paused"]), "sites paused", "bad" if t["paused"] else "")
+            + box(str(sum(refusals.values())), "refusals: " + (", ".join(shown) or "none"),
+                  "warn" if shown else "", ", ".join(shown))
+            + box(_e(human_bytes(t["saved_bytes"])), "bytes saved (304s, trimming)")
+            + "</div>")
+
+
+def _recent(snap: Mapping[str, Any]) -> str:
+    rows = []
+    for r in list(snap.get("recent", []))[:RECENT_SHOWN]:
+        outcome = str(r.get("outcome", ""))
+        label = _e(outcome) + (f' <span class="warn">(would {_e(r["would"])})</span>' if r.get("would") else "")
+        url = str(r.get("url", ""))
+        path = url.split("://", 1)[-1].split("/", 1)[-1] if "://" in url else url
+        status = r.get("status")
+        rows.append(
+            f'<tr><td class="dim">{_e(str(r.get("ts", ""))[11:19])}</td>'
+            + _cell(_e(r.get("site", "")), str(r.get("site", "")))
+            + f'<td class="{_OUTCOME_CLASS.get(outcome, "")}">{label}</td>'
+            + f'<td class="num">{_e(status if status is not None else "–")}</td>'
+            + _cell(_e(str(r["event"]).replace("_", " ") if r.get("event") else f"{r.get('method', '')} /{path}"),
+                    f"{r.get('method', '')} {url} — {r.get('reason', '')}")
+            + "</tr>")
+    if not rows:
+        rows.append('<tr><td colspan="5" class="dim">No decisions yet.</td></tr>')
+    return ('<section><h2>Recent decisions</h2><table id="recent"><colgroup><col style="width:5.4em">'
+            '<col style="width:8.2em"><col style="width:5.4em"><col style="width:3.2em"><col></colgroup>'
+            '<tr><th>UTC</th><th>site</th><th>outcome</th><th>status</th><th>request (hover: why)</th></tr>'
+            + "".join(rows) + "</table></section>")
+
+
+def _pager(view: View, pages: int, shown: int, total: int) -> str:
+    if pages <= 1:
+        return f'<span class="dim">{_plural(shown, "site")}{f" of {total}" if shown != total else ""}</span>'
+    links = [f"<b>{n}</b>" if n == view.page else f'<a href="{_e(view.link(page=n))}">{n}</a>'
+             for n in range(1, pages + 1)]
+    return f'<span class="pages">page {" ".join(links)}</span><span class="dim">{shown} sites match</span>'
+
+
+def render_html(snap: Mapping[str, Any], view: View | None = None) -> str:
+    """The dashboard page: totals, the sites most in need first (paged), recent decisions."""
+    view = view or View()
     sites = snap.get("sites", [])
     now = float(snap.get("generated_at", time.time()))
-    rows = []
-    for entry in sites:
-        rows.append(
-            f'<tr data-site="{_e(entry["site"])}"><td><b>{_e(entry["site"])}</b>'
-            f'<div class="small dim">{_plural(entry.get("requests", 0), "request")}</div></td>'
-            f"<td>{_health_cell(entry)}</td><td>{_pace_cell(entry)}</td><td>{_state_cell(entry)}</td>"
-            f"<td>{_robots_cell(entry)}</td><td>{_outcomes_cell(entry)}</td>"
-            f"<td>{_saved_cell(entry)}</td><td>{_other_cell(entry)}</td></tr>")
+    chosen = sorted_sites([e for e in sites if matches(e, view.q)])
+    pages = max(1, math.ceil(len(chosen) / PAGE_SIZE))
+    page = min(view.page, pages)
+    rows = [_row(e) for e in chosen[(page - 1) * PAGE_SIZE: page * PAGE_SIZE]]
     if not rows:
-        rows.append('<tr><td colspan="8" class="dim">No requests yet: point a client at this '
-                    "proxy and its sites appear here.</td></tr>")
-    recent = []
-    for r in snap.get("recent", []):
-        outcome = str(r.get("outcome", ""))
-        label = outcome + (f' <span class="warn">(would {_e(r["would"])})</span>' if r.get("would") else "")
-        recent.append(
-            f'<tr><td class="small">{_e(str(r.get("ts", ""))[11:23])}</td><td>{_e(r.get("site", ""))}</td>'
-            f'<td class="{_OUTCOME_CLASS.get(outcome, "")}">{label}</td>'
-            f'<td class="num">{_e(r.get("status", "") if r.get("status") is not None else "–")}</td>'
-            f'<td class="url" title="{_e(r.get("url", ""))}">{_e(r.get("method", ""))} {_e(r.get("url", ""))}</td>'
-            f'<td class="small">{_e(r.get("reason", ""))}</td></tr>')
-    if not recent:
-        recent.append('<tr><td colspan="6" class="dim">No decisions yet.</td></tr>')
+        rows.append('<tr><td colspan="12" class="dim">'
+                    + ("No site matches the filter." if sites else
+                       "No requests yet: point a client at this proxy and its sites appear here.")
+                    + "</td></tr>")
     updated = time.strftime("%H:%M:%S", time.localtime(now))
     uptime = human_seconds(now - float(snap.get("started_at", now)))
     return (
@@ -313,16 +525,19 @@ def render_html(snap: Mapping[str, Any]) -> str:
         f'<meta http-equiv="refresh" content="{REFRESH_S}">'
         '<meta name="viewport" content="width=device-width">'
         f"<title>etiquette-proxy: {_plural(len(sites), 'site')}</title><style>{_STYLE}</style></head><body>"
-        f"<h1>etiquette-proxy</h1><div class=dim>{_plural(len(sites), 'site')}, "
-        f"{_plural(snap.get('records', 0), 'decision')} "
-        f"in {_e(uptime)}; updated {updated}, refreshes every {REFRESH_S} s. "
-        'Also <a href="/api/sites">/api/sites</a> and <a href="/metrics">/metrics</a>.</div>'
+        f"<header><h1>etiquette-proxy</h1><span class=dim>{_plural(snap.get('records', 0), 'decision')} "
+        f"in {_e(uptime)}; updated {updated}, every {REFRESH_S} s · "
+        '<a href="/api/sites">/api/sites</a> · <a href="/metrics">/metrics</a></span></header>'
+        + _strip(totals(snap))
         + _identity_line(snap.get("identity") or {})
-        + '<h2>Sites</h2><table id="sites"><tr><th>site</th><th>health</th><th>pace</th><th>pause / breaker</th>'
-        "<th>robots.txt</th><th>outcomes</th><th>bytes saved</th><th>other</th></tr>"
+        + '<div class="grid"><section><h2>Sites <span class="dim">(most in need first)</span> '
+        f'<form method="get"><input name="q" value="{_e(view.q)}" placeholder="filter: site, paused, hostile…" '
+        'aria-label="filter sites"> <button>filter</button></form> '
+        + _pager(View(view.q, page), pages, len(chosen), len(sites)) + "</h2>"
+        + '<table id="sites"><tr><th>site</th><th>health</th><th>pause</th><th>rate</th><th>ceiling</th>'
+        "<th>slowed by</th><th>robots.txt</th><th>requests</th><th>outcomes</th><th>saved</th><th>more</th></tr>"
         + "".join(rows)
-        + '</table><h2>Recent decisions</h2><table id="recent"><tr><th>time (UTC)</th><th>site</th>'
-        "<th>outcome</th><th>status</th><th>request</th><th>reason</th></tr>"
-        + "".join(recent)
-        + "</table></body></html>"
+        + "</table></section>"
+        + _recent(snap)
+        + "</div></body></html>"
     )

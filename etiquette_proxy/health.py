@@ -650,6 +650,11 @@ class HealthBook:
         """True when `site` has parser health (asking never creates one)."""
         return site in self._parsers
 
+    def forget(self, site: str) -> bool:
+        """Drop everything learned about `site` (operator `sites forget`); True if anything was."""
+        known = self._sites.pop(site, None) is not None
+        return self._parsers.pop(site, None) is not None or known
+
     def scored_sites(self) -> list[str]:
         """Sites with a SiteHealth, in no particular order."""
         return list(self._sites)

@@ -46,13 +46,19 @@ from typing import IO, Any
 from etiquette_proxy.audit import OUTCOMES, REQUIRED_KEYS, rfc3339_ms
 from etiquette_proxy.audit_chain import ChainCheck, ChainVerdict
 
-# Keys the proxy writes today or the SPEC documents; anything else is counted as unknown.
+# Keys the proxy writes (every addon's notes.extra and audit_record call) or the SPEC documents;
+# anything else is counted as unknown.
 KNOWN_KEYS = frozenset(REQUIRED_KEYS) | {
     "retry_after", "pause_s", "injected", "changed", "header_bytes", "header_bytes_sent",
-    "health", "would", "would_reason", "bytes", "robots", "robots_fetch", "crawl_delay",
-    "trimmed", "trap", "retired", "revived", "warning", "purposes", "signals",
+    "health", "would", "would_reason", "would_wait_s", "bytes", "robots", "robots_fetch", "crawl_delay",
+    "trimmed", "trap", "retired", "revived", "warning", "health_signal", "ceiling", "breaker",
+    "ratelimit", "gone_status", "header_notes", "alert", "band_change", "event", "canary",
+    "marker_found", "action", "purposes", "signals",
     "seq", "chain", "signed", "not_signed", "would_sign",  # SPEC §11 chain, SPEC §9 identity
 }
+# A robots.txt that could not be fetched disallows everything (RFC 9309 §2.3.1.4): those 503s
+# are the proxy waiting for robots.txt, not a crawler trying a disallowed path.
+UNREACHABLE = "robots.txt unreachable"
 SAVED_BY_STORE = ("revalidated", "served-stored")
 TOLERANCE_S = 0.05  # timestamps are to the millisecond; scheduling jitter on top
 NO_HINT_WAIT_S = 1.0  # a 429 without Retry-After: at least the proxy's smallest backoff
@@ -107,6 +113,8 @@ class SiteConduct:
     requests: int = 0
     robots_fetches: int = 0
     for_purpose: int = 0  # requests refused (or that observe mode would refuse) for a declared purpose
+    robots_unreachable: int = 0  # answered 503 while robots.txt could not be fetched
+    events: Counter[str] = field(default_factory=Counter)  # operator actions, health alerts
     reached: int = 0  # lines that reached the site (upstream_status set), robots fetches included
     received_429: int = 0
     honoured: int = 0
@@ -133,7 +141,13 @@ class SiteConduct:
 
     @property
     def stopped(self) -> int:
-        return self.outcomes.get("disallowed", 0)
+        """Disallowed attempts the proxy stopped (robots.txt-unreachable 503s not included)."""
+        return self.outcomes.get("disallowed", 0) - self.robots_unreachable
+
+    @property
+    def graded(self) -> bool:
+        """A site the proxy never reached saw nothing to judge: no grade."""
+        return self.reached > 0
 
     @property
     def rechecks(self) -> int:
@@ -174,7 +188,7 @@ class SiteConduct:
 
     @property
     def grade(self) -> str:
-        return grade_of(self.points)
+        return grade_of(self.points) if self.graded else "–"
 
     def finish(self) -> None:
         """A 429 with no later request to the site was honoured (nothing more was asked)."""
@@ -184,11 +198,13 @@ class SiteConduct:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "site": self.site, "grade": self.grade, "points": self.points,
+            "site": self.site, "grade": self.grade if self.graded else None,
+            "points": self.points if self.graded else None,
             "penalties": [{"points": p, "why": why} for p, why in self.penalties()],
             "requests": self.requests, "outcomes": dict(self.outcomes), "would": dict(self.would),
             "robots": {"violations": self.violations, "stopped": self.stopped, "fetches": self.robots_fetches,
-                       "refused_for_purpose": self.for_purpose},
+                       "refused_for_purpose": self.for_purpose, "unreachable": self.robots_unreachable},
+            "events": dict(self.events),
             "429": {"received": self.received_429, "honoured": self.honoured, "too_soon": self.too_soon,
                     "too_soon_examples": [{"gap_s": round(g, 3), "asked_s": round(w, 3)}
                                           for g, w in self.too_soon_examples],
@@ -291,6 +307,10 @@ class Report:
         if c is None:
             c = self.sites[site] = SiteConduct(site, first_ts=ts)
         c.last_ts = ts
+        event = record.get("event")
+        if event:  # an operator action or a health alert: not a request
+            c.events[str(event)] += 1
+            return
         upstream = record.get("upstream_status")
         size = record.get("bytes")
         size = size if type(size) is int and size > 0 else 0
@@ -330,8 +350,12 @@ class Report:
         c.outcomes[outcome] += 1
         if isinstance(record.get("purposes"), dict) and "disallowed" in (outcome, record.get("would")):
             c.for_purpose += 1
+        if outcome == "disallowed" and str(record.get("reason", "")).startswith(UNREACHABLE):
+            c.robots_unreachable += 1
         would = record.get("would")
-        if would:
+        if would == "disallowed" and str(record.get("would_reason", "")).startswith(UNREACHABLE):
+            c.would["robots.txt unreachable"] += 1
+        elif would:
             c.would[str(would)] += 1
         if outcome in SAVED_BY_STORE:
             c.saved_revalidation += size
@@ -460,11 +484,14 @@ def render_text(report: Report, source: str) -> str:
     out += [header, "-" * len(header)]
     for c in sites:
         honoured = f"{c.honoured}/{c.received_429}" if c.received_429 else "–"
+        grade = f"{c.grade} {c.points:>3}" if c.graded else "–"
         out.append(f"{_clip(c.site, 24):<24} {_n(c.requests):>8} {_n(c.outcomes['fetched']):>8} "
                    f"{_pct(c.revalidated_share):>6} {_n(c.stopped):>8} {_n(c.received_429):>5} "
-                   f"{honoured:>8}  {c.grade} {c.points:>3}")
+                   f"{honoured:>8}  {grade}")
     for c in sites:
-        out += ["", _clip(f"{c.site}  grade {c.grade} ({c.points} points)", WIDTH)]
+        title = (f"{c.site}  grade {c.grade} ({c.points} points)" if c.graded
+                 else f"{c.site}  no grade: the proxy never reached this site")
+        out += ["", _clip(title, WIDTH)]
         counts = ", ".join(f"{k} {_n(v)}" for k, v in c.outcomes.most_common())
         if c.would:
             counts += "; observe mode would: " + ", ".join(f"{k} {_n(v)}" for k, v in c.would.most_common())
@@ -473,6 +500,8 @@ def render_text(report: Report, source: str) -> str:
                   f"{_n(c.violations)} reached the site; {_n(c.robots_fetches)} robots.txt fetch(es)")
         if c.for_purpose:
             robots += f"; {_n(c.for_purpose)} refused for a declared purpose (content signals)"
+        if c.robots_unreachable:
+            robots += f"; {_n(c.robots_unreachable)} answered 503 while robots.txt was unreachable"
         out += _wrap("robots", robots)
         if c.received_429:
             text = f"{_n(c.received_429)} received: {_n(c.honoured)} honoured, {_n(c.too_soon)} too soon"
@@ -490,7 +519,9 @@ def render_text(report: Report, source: str) -> str:
                      f"revalidation, {_bytes(c.saved_trimming)} by trimming")
         if c.health_min is not None:
             out += _wrap("health", f"{c.health_min:g}–{c.health_max:g}")
-        for points, why in c.penalties():
+        if c.events:
+            out += _wrap("events", ", ".join(f"{k} {_n(v)}" for k, v in c.events.most_common()))
+        for points, why in c.penalties() if c.graded else ():
             out += _wrap("points", f"-{points} {why}")
     out += ["", "grades: A >= 90, B >= 80, C >= 70, D >= 60, E >= 50, F < 50 (README: grades)"]
     return "\n".join(out) + "\n"
@@ -502,8 +533,9 @@ def render_json(report: Report) -> str:
 
 def run_report(path: str, since_s: float | None = None, site: str | None = None, as_json: bool = False,
                out: IO[str] | None = None, err: IO[str] | None = None, now: float | None = None,
-               show_progress: bool | None = None) -> int:
-    """The `report` command: 0, or 2 when the log cannot be read."""
+               show_progress: bool | None = None, offset: int = 0) -> int:
+    """The `report` command: 0, or 2 when the log cannot be read; `offset`: read from there
+    (`wrap` reports only its own run of a log kept across runs)."""
     import sys
 
     out = out or sys.stdout
@@ -517,6 +549,8 @@ def run_report(path: str, since_s: float | None = None, site: str | None = None,
         return 2
     with stream:
         total = os.fstat(stream.fileno()).st_size
+        if 0 < offset <= total:
+            stream.seek(offset)
         if show_progress is None:
             show_progress = err.isatty() or total > 64 * 1024 * 1024
         progress = _progress_printer(err, path) if show_progress else None

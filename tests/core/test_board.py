@@ -142,7 +142,7 @@ def test_html_shows_sites_live_fields_and_escapes(board):
 
     html = pages(board, [provider])("GET", "/").body.decode()
     assert 'data-site="shop.test:443"' in html and "<svg" in html
-    assert "breaker open" in html and "4 min left" in html and "ceiling 1.6/s" in html
+    assert "breaker tripped, 4 min left" in html and "1.6/s" in html
     assert "rules</span> 60 min old" in html and "trap" in html and "day" in html
     assert "&lt;script&gt;" in html and "<script>" not in html  # unknown fields shown, escaped
     assert 'http-equiv="refresh"' in html

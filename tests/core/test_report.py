@@ -97,7 +97,7 @@ def test_wait_asked(record, expected):
 
 
 def test_robots_attempts_stopped_do_not_count_against_but_observed_violations_do():
-    enforce = run(line("disallowed", 0, 403, None), line("disallowed", 1, 403, None)).sites[SITE]
+    enforce = run(line("fetched", 0), line("disallowed", 1, 403, None), line("disallowed", 2, 403, None)).sites[SITE]
     assert enforce.stopped == 2 and enforce.violations == 0 and enforce.grade == "A"
     observe = run(*(line("fetched", i, would="disallowed") for i in range(2))).sites[SITE]
     assert observe.violations == 2 and observe.points == 70 and observe.grade == "C"
@@ -203,3 +203,41 @@ def test_missing_file_is_exit_2(tmp_path):
 
 def test_render_text_on_an_empty_report():
     assert "0 site(s)" in render_text(run(), "empty.jsonl")
+
+
+def _local(outcome: str, at: float, status: int, reason: str, **extra: object) -> bytes:
+    record = audit_record(ts=T0 + at, outcome=outcome, method="GET", url=f"http://{SITE}/p", site=SITE,
+                          status=status, upstream_status=None, waited_s=0.0, rate=1.0, reason=reason,
+                          client_ua="bot/1", **extra)
+    return (json.dumps(record) + "\n").encode()
+
+
+def test_a_site_never_reached_has_no_grade():
+    report = run(_local("disallowed", 0, 403, "Disallow: /"), _local("paused", 1, 503, "breaker open"))
+    conduct = report.sites[SITE]
+    assert not conduct.graded and conduct.grade == "–" and conduct.as_dict()["grade"] is None
+    text = render_text(report, "audit.jsonl")
+    assert "no grade: the proxy never reached this site" in text and " A 100" not in text
+
+
+def test_robots_unreachable_503s_are_not_disallowed_attempts():
+    report = run(line("fetched", 0),
+                 _local("disallowed", 1, 503, "robots.txt unreachable (TLS error: CERTIFICATE_VERIFY_FAILED)"),
+                 _local("disallowed", 2, 403, "Disallow: /private/"))
+    conduct = report.sites[SITE]
+    assert conduct.robots_unreachable == 1 and conduct.stopped == 1
+    assert "1 answered 503 while robots.txt was unreachable" in " ".join(render_text(report, "a").split())
+
+
+def test_keys_the_proxy_writes_are_not_unknown():
+    keys = ("health_signal", "ceiling", "breaker", "ratelimit", "gone_status", "header_notes", "alert",
+            "band_change", "event", "canary", "marker_found", "would_wait_s")
+    report = run(line("fetched", 0, **dict.fromkeys(keys, 1)))
+    assert report.skipped.unknown_keys == {} and report.skipped.warnings() == []
+
+
+def test_operator_and_alert_events_are_not_requests():
+    report = run(line("fetched", 0), _local("paused", 1, 503, "operator pause shop.test", event="operator"),
+                 _local("paused", 2, 503, "health 40", event="health_alert"))
+    conduct = report.sites[SITE]
+    assert conduct.requests == 1 and conduct.events == {"operator": 1, "health_alert": 1}

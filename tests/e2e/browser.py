@@ -54,3 +54,27 @@ def screenshot(proxy_port: int, profile: Path, out: Path, url: str = "http://eti
     done = run_chromium(proxy_port, profile, url, f"--screenshot={out}", f"--window-size={size}")
     assert done.returncode == 0 and out.exists(), done.stderr[-2000:]
     return out
+
+
+_MEASURE = """<script>
+const rows = [...document.querySelectorAll('tr[data-site]')].map(r => {
+  const b = r.getBoundingClientRect(); return [r.dataset.site, b.top, b.bottom]; });
+const out = document.createElement('pre'); out.id = 'layout';
+out.textContent = JSON.stringify({height: innerHeight, width: innerWidth,
+  scrollWidth: document.documentElement.scrollWidth, rows});
+document.body.appendChild(out);
+</script>"""
+
+
+def layout(page_html: str, work: Path, size: str = "1400,900") -> dict:
+    """Where Chromium lays out each site row of a dashboard page: {height, width, rows: [[site,
+    top, bottom]]}. The page is measured as served, plus a measuring script added at the end."""
+    import json
+
+    work.mkdir(parents=True, exist_ok=True)
+    page = work / "page.html"
+    page.write_text(page_html.replace("</body>", _MEASURE + "</body>"))
+    done = run_chromium(9, work / "profile", page.as_uri(), "--dump-dom", f"--window-size={size}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    text = done.stdout.split('<pre id="layout">', 1)[1].split("</pre>", 1)[0]
+    return json.loads(text.replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">"))

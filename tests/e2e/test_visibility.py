@@ -119,7 +119,8 @@ def test_dashboard_in_a_real_browser(scenario):
     assert f'data-site="{key}"' in dom
     row = dom.split(f'data-site="{key}"', 1)[1].split("</tr>", 1)[0]
     assert "fetched</span> 3" in row and "disallowed</span> 2" in row
-    assert "429 received</span> 1" in row and "robots.txt fetches 1" in row
+    assert "throttled</span> 1" in row and "robots.txt fetches 1" in row  # one 429, counted once
+    assert "429 received" not in row
     assert "rules</span>" in row  # robots.txt status, with its age
     assert "/limited" in dom.split('id="recent"', 1)[1]
     png = screenshot(proxy.port, tmp / "chromium-shot", tmp / "dashboard.png")
@@ -143,7 +144,8 @@ def test_report_on_the_runs_audit_log(scenario):
     assert "1 received:" in done.stdout
     data = json.loads(report(str(proxy.audit_path), "--json", "--site", key).stdout)
     (entry,) = data["sites"]
-    assert entry["robots"] == {"violations": 0, "stopped": 2, "fetches": 1, "refused_for_purpose": 0}
+    assert entry["robots"] == {"violations": 0, "stopped": 2, "fetches": 1, "refused_for_purpose": 0,
+                               "unreachable": 0}
     assert entry["429"]["received"] == 1
     assert entry["429"]["honoured"] + entry["429"]["too_soon"] == 1
     assert entry["outcomes"]["fetched"] == 3 and entry["grade"] in "ABCDEF"

@@ -1,0 +1,221 @@
+"""Operator controls (SPEC §3 `etiquette-proxy sites`): pause, resume, forget a site.
+
+The command line POSTs `{"action", "site", "for_s"}` to `http://etiquette.proxy/operator`
+through the proxy itself (see etiquette_proxy/controls.py for the guard and the files that let
+it find the proxy). Each action is one audit line with `event: operator`.
+
+- pause: the site's requests are answered locally 503 `paused` (this addon's request hook,
+  right after the dashboard: before robots.txt, so not even a robots fetch goes out) until
+  resumed or `for_s` runs out; kept in the state store, so a restart keeps it.
+- resume: lifts the operator's pause and a health pause (SPEC §8: "a human decision"). A pause
+  or breaker the site asked for itself (429, Retry-After) stays: SPEC §5, not one request
+  inside a pause the site asked for.
+- forget: lifts the operator's pause and drops what health learned (windows, baseline, band);
+  the 429 contract stays for the same reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from typing import Any
+
+from etiquette_addons.notes import notes_of, skip
+from etiquette_addons.runtime import Runtime
+from etiquette_addons.trail import answer_locally
+from mitmproxy import http
+
+from etiquette_proxy.audit import audit_record
+from etiquette_proxy.clock import Clock, wall
+from etiquette_proxy.controls import (
+    ROUTE,
+    TOKEN_FILE,
+    URL_FILE,
+    Action,
+    GuardError,
+    OperatorPauses,
+    check_post,
+    new_token,
+    parse_action,
+    reachable_url,
+    site_matches,
+    write_private,
+)
+from etiquette_proxy.dashboard import Page, human_seconds
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "operator"
+PAUSED_RETRY_S = 60  # Retry-After for an open-ended operator pause
+
+
+def _json_page(status: int, payload: dict[str, Any]) -> Page:
+    return Page(status, "application/json", (json.dumps(payload) + "\n").encode(), (("Cache-Control", "no-store"),))
+
+
+class OperatorControls:
+    def __init__(self, runtime: Runtime, pacing: Any = None, health: Any = None, clock: Clock = wall):
+        self.rt = runtime
+        self._clock = clock
+        self.pacing = pacing  # Pacing: the site's own pause and breaker, to say what stays
+        self.health = health  # HealthWatch: resume and forget
+        self.pauses = OperatorPauses(clock)
+        self.token: str | None = None
+        self._url_file: str | None = None
+        self._url = ""
+        self._loaded_from: object = None
+        runtime.post_routes[ROUTE] = self.post
+        runtime.listening.append(self.announce)
+        runtime.site_status.append(self.status)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def _restore(self) -> None:
+        if self._loaded_from is self.rt.state:
+            return
+        self._loaded_from = self.rt.state
+        self.pauses = OperatorPauses(self._clock)
+        try:
+            self.pauses.from_state(self.rt.state.get(NAMESPACE, "pauses"))
+        except Exception:  # noqa: BLE001 - unreadable state must not stop the proxy
+            log.exception("operator: stored pauses unreadable; starting without")
+
+    def _save(self) -> None:
+        try:
+            self.rt.state.put(NAMESPACE, "pauses", self.pauses.to_state())
+        except Exception:  # noqa: BLE001
+            log.exception("operator: could not persist pauses")
+
+    def announce(self, host: str, port: int) -> None:
+        """Listening: write the token and the URL into the state dir (0600), for the CLI."""
+        self._restore()
+        directory = self.rt.state_dir
+        if not directory:
+            return
+        self.token = new_token()
+        self._url = reachable_url(host, port)
+        try:
+            write_private(os.path.join(directory, TOKEN_FILE), self.token + "\n")
+            self._url_file = os.path.join(directory, URL_FILE)
+            write_private(self._url_file, self._url + "\n")
+        except OSError as e:
+            log.warning("operator: could not write %s: %s (`etiquette-proxy sites` will not find this proxy)",
+                        directory, e)
+
+    def done(self) -> None:
+        """Stopping: the URL goes, unless another proxy has written its own since."""
+        if self._url_file is None:
+            return
+        try:
+            with open(self._url_file, encoding="ascii") as f:
+                mine = f.read().strip() == self._url
+            if mine:
+                os.unlink(self._url_file)
+        except OSError:
+            pass
+
+    # -- the gate ---------------------------------------------------------------------------
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        if skip(flow):
+            return
+        self._restore()
+        notes = notes_of(flow)
+        left = self.pauses.left_s(notes.site)
+        if left is None:
+            return
+        if self.rt.observe:
+            notes.would_do("paused", "paused by the operator")
+            return
+        if math.isinf(left):
+            answer_locally(flow, 503, "paused", "paused by the operator (etiquette-proxy sites resume to lift)",
+                           PAUSED_RETRY_S)
+        else:
+            answer_locally(flow, 503, "paused", f"paused by the operator for {human_seconds(left)} more",
+                           max(1, math.ceil(left)))
+
+    def status(self, site: str) -> dict[str, Any]:
+        """Dashboard fields: `operator_pause_s` (-1 when open-ended)."""
+        left = self.pauses.left_s(site)
+        if left is None:
+            return {}
+        return {"operator_pause_s": -1 if math.isinf(left) else round(left, 1)}
+
+    # -- the endpoint -----------------------------------------------------------------------
+
+    def post(self, body: bytes, headers: Any) -> Page:
+        try:
+            check_post(headers, self.token or "")
+            action = parse_action(body)
+        except GuardError as e:
+            return _json_page(e.status, {"error": str(e)})
+        except ValueError as e:
+            return _json_page(400, {"error": str(e)})
+        try:
+            result = self.act(action)
+        except Exception as e:  # noqa: BLE001 - a failed action never takes the proxy down
+            log.exception("operator: %s %s failed", action.action, action.site)
+            return _json_page(500, {"error": f"internal error: {type(e).__name__}"})
+        return _json_page(200, result)
+
+    def act(self, action: Action) -> dict[str, Any]:
+        """Do one action; the audit line and the answer say what changed and what stays."""
+        self._restore()
+        site = action.site
+        done: list[str] = []
+        if action.action == "pause":
+            self.pauses.pause(site, action.for_s)
+            done.append("paused" + (f" for {human_seconds(action.for_s)}" if action.for_s else " until resumed"))
+        else:
+            if self.pauses.resume(site):
+                done.append("operator pause lifted")
+            for known in self._health_sites(site):
+                if action.action == "resume" and self.health.resume(known, "resumed by operator"):
+                    done.append(f"{known}: health pause lifted (half rate while it is judged again)")
+                elif action.action == "forget" and self.health.forget(known):
+                    done.append(f"{known}: health history forgotten")
+        self._save()
+        stays = self._site_asked(site)
+        reason = f"operator {action.action} {site}: " + ("; ".join(done) or "nothing to do")
+        if stays:
+            reason += "; stays: " + "; ".join(stays)
+        self._audit(action, reason)
+        return {"action": action.action, "site": site, "done": done, "stays": stays, "reason": reason}
+
+    def _health_sites(self, asked: str) -> list[str]:
+        if self.health is None:
+            return []
+        return [s for s in self.health.sites() if site_matches(s, asked)]
+
+    def _site_asked(self, asked: str) -> list[str]:
+        """Pauses and breakers the site asked for itself: SPEC §5 keeps them whatever we do."""
+        if self.pacing is None or self.pacing.budgets is None:
+            return []
+        out = []
+        for site in self.pacing.budgets:
+            if not site_matches(site, asked):
+                continue
+            budget = self.pacing.budgets.get(site)
+            if budget.is_breaker_open():
+                out.append(f"{site}: breaker tripped, {human_seconds(budget.breaker_for_s())} left (SPEC §5)")
+            elif budget.paused_for_s() > 0:
+                out.append(f"{site}: paused by the site, {human_seconds(budget.paused_for_s())} left "
+                           f"({budget.pause_reason()})")
+        return out
+
+    def _audit(self, action: Action, reason: str) -> None:
+        site = action.site
+        extra: dict[str, Any] = {"event": "operator", "action": action.action}
+        if action.for_s is not None:
+            extra["pause_s"] = action.for_s
+        try:
+            self.rt.record(audit_record(
+                ts=wall(), outcome="paused" if action.action == "pause" else "fetched", method="-",
+                url=f"{ROUTE}#{action.action}", site=site, status=None, upstream_status=None, waited_s=0.0,
+                rate=self.rt.rate_for(site), reason=reason, client_ua=None, **extra,
+            ))
+        except Exception:  # noqa: BLE001
+            log.exception("operator: could not write the audit line for %s %s", action.action, action.site)
+
