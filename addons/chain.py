@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from etiquette_addons.connections import ConnectionLimits, StopGate
 from etiquette_addons.dashboard import Dashboard
 from etiquette_addons.gone_memory import GoneMemory
 from etiquette_addons.health import HealthWatch
@@ -24,8 +25,9 @@ log = logging.getLogger(__name__)
 # Hooks mitmproxy calls synchronously (errors, e.g. OptionsError, must reach it) and the
 # asynchronous ones the members use.
 SYNC_HOOKS = ("load", "configure")
-ASYNC_HOOKS = ("running", "done", "client_connected", "client_disconnected", "http_connect",
-               "requestheaders", "request", "responseheaders", "response", "error")
+ASYNC_HOOKS = ("running", "done", "client_connected", "client_disconnected", "server_connected",
+               "server_disconnected", "http_connect", "requestheaders", "request", "responseheaders",
+               "response", "error")
 
 
 class Chain:
@@ -79,6 +81,12 @@ class Chain:
     async def client_disconnected(self, client: Any) -> None:
         await self._run("client_disconnected", client)
 
+    async def server_connected(self, data: Any) -> None:
+        await self._run("server_connected", data)
+
+    async def server_disconnected(self, data: Any) -> None:
+        await self._run("server_disconnected", data)
+
     async def http_connect(self, flow: Any) -> None:
         await self._run("http_connect", flow)
 
@@ -109,6 +117,7 @@ def members(rt: Runtime) -> list[Any]:
     robots.before_fetch = pacing.before_robots_fetch  # SPEC §4: robots.txt counts against the budget
     return [
         Settings(rt),  # options, config, state, audit log; starts each flow's notes
+        StopGate(rt),  # SPEC §12: while stopping, new requests are answered, never started
         Dashboard(rt),  # http://etiquette.proxy/ answered here, before any gate sees it
         robots,  # RFC 9309: refuse before anything else spends the site's budget
         GoneMemory(rt),  # 404/410 remembered: answered locally before any validator work
@@ -116,6 +125,7 @@ def members(rt: Runtime) -> list[Any]:
         RunawayWatch(rt),  # SPEC §7: URL-space traps (requests going upstream), retired sites
         pacing,  # SPEC §5: hold for the site's turn (request), learn from its answer (responseheaders)
         RefusalTrimmer(rt),  # SPEC §7: page-only headers off refusals (responseheaders)
-        HealthWatch(rt, robots=robots),  # SPEC §8: last request hook (the request leaves now)
+        HealthWatch(rt, robots=robots),  # SPEC §8: the request leaves now
+        ConnectionLimits(rt),  # SPEC §12: timeouts from here (read_timeout), connection limits
         Trail(rt),  # decision header and audit line: last, after every decision is made
     ]

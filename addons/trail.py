@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 
-from etiquette_addons.notes import FlowNotes, notes_of
+from etiquette_addons.mitm_patches import GIVE_UP
+from etiquette_addons.notes import FORWARDED, FlowNotes, notes_of
 from etiquette_addons.runtime import Runtime
 from mitmproxy import http
 
@@ -81,6 +82,14 @@ class Trail:
         notes = notes_of(flow)
         if notes.logged:
             return
+        if not notes.outcome and _client_left_after_forwarding(flow, notes):
+            # The site got the request (and maybe answered): the line says so. `failed` is for
+            # network errors to the site (SPEC §3), which this is not.
+            notes.outcome = _site_outcome(notes.upstream_status)
+            notes.extra["client_gone"] = True
+            notes.reason = ("client disconnected before the site's answer reached it"
+                            if notes.upstream_status is not None
+                            else "client disconnected while the request was at the site")
         if not notes.outcome:
             notes.outcome = "failed"
         if not notes.reason and flow.error is not None:
@@ -94,7 +103,9 @@ class Trail:
         request = flow.request
         status = flow.response.status_code if flow.response is not None else None
         if flow.error is not None and flow.response is None and "disconnect" not in flow.error.msg.lower():
-            status = 502  # mitmproxy answers the client 502 for an upstream failure
+            # mitmproxy answers the client 502 for an upstream failure; 504 when the proxy gave
+            # up on the site itself (mitm_patches.GIVE_UP).
+            status = flow.metadata.get(GIVE_UP, (502,))[0]
         extra = dict(notes.extra)
         if notes.would is not None:
             extra["would"] = notes.would
@@ -118,6 +129,20 @@ class Trail:
             self.rt.record(record)
         except Exception:  # noqa: BLE001 - never let logging take a flow down
             log.exception("could not write the audit line for %s", request.url)
+
+
+def _client_left_after_forwarding(flow: http.HTTPFlow, notes: FlowNotes) -> bool:
+    """The client went away after the request was handed to a connected site connection."""
+    if flow.error is None or "client disconnected" not in flow.error.msg.lower():
+        return False
+    return bool(notes.facts.get(FORWARDED)) and flow.server_conn.timestamp_tcp_setup is not None
+
+
+def _site_outcome(upstream_status: int | None) -> str:
+    """What the site's part was: the request reached it (`fetched`), or it refused it."""
+    if upstream_status is None or upstream_status < 400:
+        return "fetched"
+    return "refused"
 
 
 def _default_reason(flow: http.HTTPFlow) -> str:

@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from etiquette_proxy.endpoint_guard import refusal_for
+
 HOST = "etiquette.proxy"
 REFRESH_S = 5
 
@@ -54,6 +56,9 @@ def serve(
     path = target.split("?", 1)[0].split("#", 1)[0] or "/"
     method = method.upper()
     post_routes = post_routes or {}
+    refusal = refusal_for(method, headers or {})  # SPEC §12: nothing a web page could forge
+    if refusal is not None and path in post_routes and method in ("POST", "OPTIONS"):
+        return text_page(refusal.status, refusal.text)
     if method == "POST" and path in post_routes:
         return post_routes[path](body, headers or {})
     if method not in ("GET", "HEAD"):

@@ -650,6 +650,10 @@ class HealthBook:
         """True when `site` has parser health (asking never creates one)."""
         return site in self._parsers
 
+    def parser_count(self) -> int:
+        """How many sites have parser health (a bound on what clients' reports may create)."""
+        return len(self._parsers)
+
     def scored_sites(self) -> list[str]:
         """Sites with a SiteHealth, in no particular order."""
         return list(self._sites)
