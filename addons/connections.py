@@ -327,7 +327,7 @@ class ConnectionLimits:
             await asyncio.sleep(SWEEP_EVERY_S)
             try:
                 limit = time.monotonic() - self.rt.config.upstream.idle_timeout
-                self._close_idle(lambda up: up.last_used <= limit, "idle site connection")
+                self._close_idle(lambda up, limit=limit: up.last_used <= limit, "idle site connection")
             except Exception:  # noqa: BLE001 - the sweeper must outlive one bad pass
                 log.exception("closing idle site connections failed")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import requests
 
 from tests.e2e.proxy import ETIQUETTE, FAST_PACING, Proxy, clean_env
-from tests.e2e.sites import Answer, Site
+from tests.e2e.sites import Answer
 
 FAST_TIMEOUTS = ["upstream.read_timeout=1s", "listen.header_timeout=1s"]
 
