@@ -234,36 +234,48 @@ def phase_kill9(work: Path, kills: int, rng: random.Random) -> dict[str, Any]:
 
 # -- slowloris at ulimit -n 1024 ---------------------------------------------------------------
 
-def phase_slowloris(work: Path, half_open: int, normal: int, header_timeout: str) -> dict[str, Any]:
+def proxy_fds(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return -1
+
+
+def phase_slowloris(work: Path, half_open: int, normal: int, header_timeout: str,
+                    normal_timeout: float = 60.0) -> dict[str, Any]:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
     site = quiet(Site())
     site.route("/robots.txt", Answer(404))
-    proxy = Proc(work / "slowloris", [*FAST, f"listen.header_timeout={header_timeout}"], nofile=1024)
+    proxy = Proc(work / f"slowloris-{header_timeout}", [*FAST, f"listen.header_timeout={header_timeout}"],
+                 nofile=1024)
     socks: list[socket.socket] = []
-    opened = 0
     try:
         for _ in range(half_open):
-            try:
-                s = socket.socket()
-                s.setblocking(False)
-                s.connect_ex(("127.0.0.1", proxy.port))
-                socks.append(s)
-                opened += 1
-            except OSError:
-                break
-        time.sleep(1.0)
-        for s in socks:
-            try:
-                s.send(b"GET " + site.url("/slowloris").encode() + b" HTTP/1.1\r\nHost: x\r\n")
-            except OSError:
-                pass
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", proxy.port))
+            socks.append(s)
+        deadline = time.monotonic() + 10
+        sent = 0
+        pending = list(socks)
+        while pending and time.monotonic() < deadline:  # a head that never ends, once connected
+            left = []
+            for s in pending:
+                try:
+                    s.send(b"GET " + site.url("/slowloris").encode() + b" HTTP/1.1\r\nHost: x\r\n")
+                    sent += 1
+                except (BlockingIOError, OSError):
+                    left.append(s)
+            pending = left
+            time.sleep(0.1)
+        peak_fds = proxy_fds(proxy.proc.pid)
         t0 = time.monotonic()
         results: list[tuple[int, str]] = []
         res_lock = threading.Lock()
 
         def one(i: int) -> None:
-            r = get(proxy.url, site.url(f"/normal/{i}"), timeout=60)
+            r = get(proxy.url, site.url(f"/normal/{i}"), timeout=normal_timeout)
             with res_lock:
                 results.append(r)
 
@@ -271,21 +283,33 @@ def phase_slowloris(work: Path, half_open: int, normal: int, header_timeout: str
         for t in threads:
             t.start()
         for t in threads:
-            t.join(90)
+            t.join(normal_timeout + 30)
         served_s = time.monotonic() - t0
+        closed = 0
+        for s in socks:
+            try:
+                s.setblocking(True)
+                s.settimeout(0.01)
+                if s.recv(1) == b"":
+                    closed += 1
+            except (TimeoutError, BlockingIOError):
+                pass
+            except OSError:
+                closed += 1
         served = sum(1 for s, _ in results if s == 200)
         err = proxy.stderr()
         return {
             "fd limit (soft = hard)": 1024,
-            "half-open connections opened": opened,
+            "half-open connections (head sent / opened)": f"{sent} / {len(socks)}",
+            "proxy descriptors open under the attack": peak_fds,
             "normal requests served 200": f"{served} of {normal}",
             "other answers": sorted({f"{s} {d}" for s, d in results if s != 200}),
             "seconds until all normal requests answered": round(served_s, 1),
+            "half-open connections closed by the proxy by then": closed,
             "normal requests at the site": len([a for a in site.arrivals if a.path.startswith("/normal/")]),
             "slowloris requests at the site": len([a for a in site.arrivals if a.path == "/slowloris"]),
             "proxy alive": proxy.alive(),
-            "stderr lines": len(err.splitlines()),
-            "stderr bytes": len(err.encode()),
+            "stderr lines / bytes": f"{len(err.splitlines())} / {len(err.encode())}",
             "tracebacks": err.count("Traceback"),
             "descriptor-exhaustion lines": err.count("out of file descriptors"),
             "ok": served == normal and proxy.alive() and err.count("Traceback") == 0,
@@ -487,9 +511,12 @@ def phase_fuzz(work: Path, requests: int, robots_bodies: int, retry_afters: int,
         site.close()
 
 
+COMPARISONS = {"slowloris-no-timeout"}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("--only", default="kill9,slowloris,stall,fuzz")
+    ap.add_argument("--only", default="kill9,slowloris,slowloris-no-timeout,stall,fuzz")
     ap.add_argument("--kills", type=int, default=12)
     ap.add_argument("--half-open", type=int, default=1100)
     ap.add_argument("--normal", type=int, default=40)
@@ -508,14 +535,20 @@ def main() -> int:
         phases = {
             "kill9": lambda: phase_kill9(work, args.kills, rng),
             "slowloris": lambda: phase_slowloris(work, args.half_open, args.normal, args.header_timeout),
+            # The same attack with the header timeout out of the way (1 h): what it buys.
+            "slowloris-no-timeout": lambda: phase_slowloris(work, args.half_open, args.normal, "1h", 20.0),
             "stall": lambda: phase_stall(work, args.stalls),
             "fuzz": lambda: phase_fuzz(work, args.fuzz_requests, args.fuzz_robots, args.fuzz_retry_after, rng),
         }
         for name in args.only.split(","):
             t0 = time.monotonic()
             result = phases[name]()
-            verdicts[name] = result.pop("ok")
-            print(f"\n-- {name} ({time.monotonic() - t0:.0f} s): {'ok' if verdicts[name] else 'BROKEN'}")
+            ok = result.pop("ok")
+            if name in COMPARISONS:
+                print(f"\n-- {name} ({time.monotonic() - t0:.0f} s): comparison, not a promise")
+            else:
+                verdicts[name] = ok
+                print(f"\n-- {name} ({time.monotonic() - t0:.0f} s): {'ok' if ok else 'BROKEN'}")
             for k, v in result.items():
                 print(f"  {k}: {v}")
             sys.stdout.flush()
