@@ -17,8 +17,9 @@ cancels the connection's task in the proxy server's connection handler
   slot back (pacing), and the trail writes the line.
 - Site connections unused for `upstream.idle_timeout` are closed, and when more than
   `upstream.max_connections` are open the least recently used idle ones are closed. mitmproxy
-  keeps one per client connection and site, so a site connection is idle when its client has no
-  flow in progress.
+  keeps one per client connection and site; a site connection is closed for idleness only when
+  its client has no flow in progress (so no request can pick it up while it closes), and over
+  the cap also when no request in progress uses it.
 - Stopping: new requests are answered 503 `paused` (StopGate); requests already at a site get up
   to DRAIN_S to finish, then are given up like a read timeout (504, logged).
 - At start the soft RLIMIT_NOFILE is raised to the hard limit; "Too many open files" is logged
@@ -53,8 +54,12 @@ STOPPING_REASON = "proxy stopping; not sent to the site"
 @dataclass
 class _Client:
     conn: connection.Client
-    in_flight: int = 0
+    flows: dict[str, http.HTTPFlow] = field(default_factory=dict)  # in progress, by flow id
     timer: asyncio.TimerHandle | None = None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.flows)
 
 
 @dataclass
@@ -157,6 +162,7 @@ class ConnectionLimits:
         self._forwarded: dict[str, tuple[http.HTTPFlow, asyncio.TimerHandle]] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._cap_warned_at = -float("inf")
+        self._closed_clients: dict[str, int] = {}  # why -> client connections closed since the last log
         mitm_patches.install()
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -216,7 +222,7 @@ class ConnectionLimits:
         if watch is None or flow.metadata.get(_COUNTED):
             return
         flow.metadata[_COUNTED] = True
-        watch.in_flight += 1
+        watch.flows[flow.id] = flow
         if watch.timer is not None:
             watch.timer.cancel()
             watch.timer = None
@@ -229,7 +235,7 @@ class ConnectionLimits:
         watch = self._clients.get(flow.client_conn.id)
         if watch is None:
             return
-        watch.in_flight = max(0, watch.in_flight - 1)
+        watch.flows.pop(flow.id, None)
         if watch.in_flight == 0:
             self._arm(watch, self.rt.config.listen.idle_timeout, "idle keep-alive connection")
 
@@ -244,8 +250,15 @@ class ConnectionLimits:
         if watch is None or watch.in_flight:
             return
         watch.timer = None
-        log.info("closing client %s: %s for %gs", _address(watch.conn.peername), why, seconds)
-        self._close(client_id, watch.conn, why)
+        if _still_writing(client_id, watch.conn):
+            # The last answer is still going out to a slow reader: not idle yet.
+            self._arm(watch, seconds, why)
+            return
+        if self._close(client_id, watch.conn, why):
+            # Counted, logged by the sweeper once a second: a slowloris of thousands of
+            # connections must not become thousands of log lines.
+            key = f"{why} for {seconds:g}s"
+            self._closed_clients[key] = self._closed_clients.get(key, 0) + 1
 
     # -- sites ----------------------------------------------------------------------------------
 
@@ -290,7 +303,12 @@ class ConnectionLimits:
         self._upstreams[data.server.id] = _Upstream(data.server, data.client.id)
         cap = self.rt.config.upstream.max_connections
         if len(self._upstreams) > cap:
-            self._close_idle(lambda _: len(self._upstreams) > cap, "over upstream.max_connections")
+            def over(_: _Upstream) -> bool:
+                return len(self._upstreams) > cap
+            # Least recently used first: connections of clients with nothing in progress, then
+            # any connection no request is using (never the one just opened).
+            self._close_idle(over, "over upstream.max_connections", keep=data.server.id)
+            self._close_idle(over, "over upstream.max_connections", keep=data.server.id, strict=False)
             if len(self._upstreams) > cap and time.monotonic() - self._cap_warned_at > 60:
                 self._cap_warned_at = time.monotonic()
                 log.warning("%d site connections open, all in use (upstream.max_connections %d)",
@@ -305,17 +323,21 @@ class ConnectionLimits:
             up.last_used = time.monotonic()
             self._upstreams.move_to_end(flow.server_conn.id)
 
-    def _idle(self, up: _Upstream) -> bool:
+    def _idle(self, up: _Upstream, strict: bool) -> bool:
+        """Strict: its client has nothing in progress, so no request can pick the connection
+        up before mitmproxy has seen it close. Otherwise: no request in progress is using it."""
         watch = self._clients.get(up.client_id)
-        return watch is None or watch.in_flight == 0
+        if watch is None or watch.in_flight == 0:
+            return True
+        return not strict and all(f.server_conn.id != up.conn.id for f in watch.flows.values())
 
-    def _close_idle(self, more: Any, why: str) -> int:
+    def _close_idle(self, more: Any, why: str, keep: str = "", strict: bool = True) -> int:
         """Close idle site connections, least recently used first, while `more(up)` says so."""
         closed = 0
         for key, up in list(self._upstreams.items()):
             if not more(up):
                 break
-            if not self._idle(up):
+            if key == keep or not self._idle(up, strict):
                 continue
             self._upstreams.pop(key, None)
             if self._close(up.client_id, up.conn, why):
@@ -325,6 +347,9 @@ class ConnectionLimits:
     async def _sweep_forever(self) -> None:
         while True:
             await asyncio.sleep(SWEEP_EVERY_S)
+            for why, n in self._closed_clients.items():
+                log.info("closed %d client connection%s: %s", n, "" if n == 1 else "s", why)
+            self._closed_clients.clear()
             try:
                 limit = time.monotonic() - self.rt.config.upstream.idle_timeout
                 self._close_idle(lambda up, limit=limit: up.last_used <= limit, "idle site connection")
@@ -336,20 +361,27 @@ class ConnectionLimits:
     @staticmethod
     def _close(client_id: str, conn: connection.Connection, why: str) -> bool:
         """Cancel `conn`'s task in the client's connection handler, as mitmproxy's watchdog does."""
-        server = ctx.master.addons.get("proxyserver") if ctx.master else None
-        handler = server.connections.get(client_id) if server is not None else None
-        io = handler.transports.get(conn) if handler is not None else None
+        io = _transport(client_id, conn)
         if io is None or io.handler is None or io.handler.done():
             return False
         io.handler.cancel(why)
         return True
 
 
-_COUNTED = "etiquette_counted"  # flow.metadata: counted in its client's in-flight flows
+def _transport(client_id: str, conn: connection.Connection) -> Any:
+    """mitmproxy's ConnectionIO (task, reader, writer) of `conn`, or None once it is gone."""
+    server = ctx.master.addons.get("proxyserver") if ctx.master else None
+    handler = server.connections.get(client_id) if server is not None else None
+    return handler.transports.get(conn) if handler is not None else None
 
 
-def _address(peer: Any) -> str:
+def _still_writing(client_id: str, conn: connection.Connection) -> bool:
+    io = _transport(client_id, conn)
+    transport = getattr(getattr(io, "writer", None), "transport", None)
     try:
-        return f"{peer[0]}:{peer[1]}"
-    except (TypeError, IndexError):
-        return str(peer)
+        return bool(transport is not None and transport.get_write_buffer_size() > 0)
+    except (AttributeError, RuntimeError):
+        return False
+
+
+_COUNTED = "etiquette_counted"  # flow.metadata: counted in its client's in-flight flows

@@ -458,7 +458,8 @@ def phase_fuzz(work: Path, requests: int, robots_bodies: int, retry_afters: int,
     site = quiet(Site())
     body_of: dict[str, bytes] = {"current": ROBOTS}
     site.route("/robots.txt", lambda _a: Answer(200, body_of["current"]))
-    proxy = Proc(work / "fuzz", [*FAST, "robots.ttl=1ms", "upstream.read_timeout=5s"])
+    # Crawl-delay is fuzzed too; capped at 1 ms so each body is judged at once, not paced.
+    proxy = Proc(work / "fuzz", [*FAST, "robots.ttl=1ms", "robots.max_crawl_delay=1ms", "upstream.read_timeout=5s"])
     statuses: dict[str, int] = {}
     sent_private = 0
     try:
@@ -527,6 +528,8 @@ def main() -> int:
     ap.add_argument("--fuzz-retry-after", type=int, default=15)
     ap.add_argument("--seed", type=int, default=11)
     args = ap.parse_args()
+    # SIGTERM unwinds like Ctrl-C: every `finally` stops the processes this script started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     header("issue 11 campaign: kill -9, slowloris, stalled/resetting sites, fuzz")
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="etiquette-campaign-"))

@@ -252,3 +252,21 @@ def test_settings_that_do_nothing_are_refused(tmp_path):
     ]
     started = run_cli("run", "--config", str(bad), "--listen-port", "0", "--state-dir", str(tmp_path / "s"))
     assert started.returncode == 2 and "listening" not in started.stdout
+
+
+def test_site_connections_are_closed_when_idle_and_over_the_cap(start_proxy, make_site):
+    a, b = make_site(), make_site()
+    for s in (a, b):
+        s.route("/robots.txt", Answer(404))
+    proxy = start_proxy(sets=[*FAST_PACING, "upstream.idle_timeout=1s", "upstream.max_connections=1"])
+    with proxy.session() as client:  # one keep-alive client connection throughout
+        assert client.get(a.url("/1"), timeout=10).status_code == 200
+        assert client.get(a.url("/2"), timeout=10).status_code == 200
+        kept = a.connections  # robots.txt fetch + one connection reused for /1 and /2
+        assert client.get(b.url("/1"), timeout=10).status_code == 200  # over the cap: a's is closed
+        assert client.get(a.url("/3"), timeout=10).status_code == 200
+        assert a.connections == kept + 1
+        before_idle = b.connections
+        time.sleep(3)  # > upstream.idle_timeout + the sweep interval
+        assert client.get(b.url("/2"), timeout=10).status_code == 200
+        assert b.connections == before_idle + 1
