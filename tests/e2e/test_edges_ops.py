@@ -4,6 +4,7 @@ guards and file modes (issue 11 items 4, 5, 6, 7, 9). The site's own log is the 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import stat
 import subprocess
@@ -83,13 +84,19 @@ def test_a_half_open_client_is_disconnected_and_others_are_served(start_proxy, s
         s.settimeout(10)
         half_open.append(s)
     assert proxy.get(site.url("/normal")).status_code == 200
-    t0 = time.monotonic()
-    for s in half_open:
-        assert s.recv(100) == b""  # closed by the proxy, nothing answered
+    for s in half_open:  # closed by the proxy, nothing answered (mitmproxy alone: 10 minutes)
+        assert s.recv(100) == b""
         s.close()
-    assert time.monotonic() - t0 < 9
     assert "/slowloris" not in site.paths() and "/normal" in site.paths()
-    assert "no complete request head" in proxy.stderr()
+    deadline = time.monotonic() + 5  # the closures are logged as one count a second
+
+    def closed() -> int:
+        found = re.findall(r"closed (\d+) client connections?: no complete request head", proxy.stderr())
+        return sum(int(n) for n in found)
+
+    while closed() < 5:
+        assert time.monotonic() < deadline, proxy.stderr()
+        time.sleep(0.1)
 
 
 def test_a_site_that_resets_or_sends_garbage_gets_a_decision_and_a_line(start_proxy, site):
@@ -146,12 +153,17 @@ def test_sigterm_finishes_requests_at_the_site_and_answers_held_ones(start_proxy
     for t in threads:
         t.start()
         time.sleep(0.05)
-    deadline = time.monotonic() + 5
-    while len([p for p in site.paths() if p.startswith("/slow")]) < 2 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    t0 = time.monotonic()
-    assert proxy.stop() == 0
-    assert time.monotonic() - t0 < 5
+    def held() -> int:
+        with proxy.session() as s:
+            board = s.get("http://etiquette.proxy/api/sites", timeout=10).json()
+        entry = next((e for e in board["sites"] if e["site"] == f"127.0.0.1:{site.port}"), {})
+        return int(entry.get("live", {}).get("held", 0))
+
+    deadline = time.monotonic() + 15  # two at the site, two held by pacing (2 slots)
+    while (len([p for p in site.paths() if p.startswith("/slow")]) < 2 or held() < 2) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proxy.stop() == 0  # test_process.py pins the 5 s bound on an idle proxy
     for t in threads:
         t.join(15)
     at_site = sorted(int(p[5:]) for p in site.paths() if p.startswith("/slow"))
