@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from etiquette_addons.mitm_patches import GIVE_UP
+from etiquette_addons.mitm_patches import ANSWERED_WITH
 from etiquette_addons.notes import FORWARDED, FlowNotes, notes_of
 from etiquette_addons.runtime import Runtime
 from mitmproxy import http
@@ -90,6 +90,10 @@ class Trail:
             notes.reason = ("client disconnected before the site's answer reached it"
                             if notes.upstream_status is not None
                             else "client disconnected while the request was at the site")
+        answered = flow.metadata.get(ANSWERED_WITH)
+        if not notes.outcome and answered is not None and answered < 500 and not notes.facts.get(FORWARDED):
+            notes.outcome = "refused"  # mitmproxy refused the client's request itself (e.g. 400)
+            notes.local = True
         if not notes.outcome:
             notes.outcome = "failed"
         if not notes.reason and flow.error is not None:
@@ -103,9 +107,9 @@ class Trail:
         request = flow.request
         status = flow.response.status_code if flow.response is not None else None
         if flow.error is not None and flow.response is None and "disconnect" not in flow.error.msg.lower():
-            # mitmproxy answers the client 502 for an upstream failure; 504 when the proxy gave
-            # up on the site itself (mitm_patches.GIVE_UP).
-            status = flow.metadata.get(GIVE_UP, (502,))[0]
+            # What mitmproxy answered (mitm_patches): 502 for a site that failed, 504 when the
+            # proxy gave up on it, 400 for a request it could not accept.
+            status = flow.metadata.get(ANSWERED_WITH, 502)
         extra = dict(notes.extra)
         if notes.would is not None:
             extra["would"] = notes.would

@@ -60,6 +60,9 @@ def test_mitm_patches_still_match_mitmproxy_11():
     assert raw.startswith(b"HTTP/1.1 502 Bad Gateway\r\nX-Etiquette-Decision: failed\r\n")
     assert b"X-Etiquette-Decision: refused\r\n" in _http1.make_error_response(400, "bad request")
     assert inspect.isgeneratorfunction(http_layer.HttpStream.handle_protocol_error)
+    assert inspect.isgeneratorfunction(http_layer.HttpStream.check_invalid)
+    assert list(inspect.signature(http_layer.HttpStream.check_invalid).parameters) == ["self", "request"]
+    assert hasattr(http_layer, "HttpErrorHook")
     assert list(inspect.signature(ResponseProtocolError).parameters) == ["stream_id", "message", "code"]
     mitm_patches.install()  # idempotent: still one header
     assert _http1.make_error_response(504, "x").count(b"X-Etiquette-Decision") == 1

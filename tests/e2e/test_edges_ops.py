@@ -119,6 +119,18 @@ def test_a_site_that_resets_or_sends_garbage_gets_a_decision_and_a_line(start_pr
         garbage.close()
 
 
+def test_a_request_mitmproxy_refuses_gets_a_decision_and_a_truthful_line(start_proxy, site):
+    proxy = start_proxy(sets=FAST_PACING)
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
+        s.sendall(f"GET {site.url('/smuggle')} HTTP/1.1\r\nHost: 127.0.0.1:{site.port}\r\n"
+                  "Content-Length: abc\r\n\r\n".encode())
+        head = s.recv(4096).split(b"\r\n\r\n", 1)[0].decode("latin-1")
+    assert head.startswith("HTTP/1.1 400 ") and "X-Etiquette-Decision: refused" in head
+    [line] = lines_for(proxy, "/smuggle")
+    assert (line["outcome"], line["status"], line["upstream_status"]) == ("refused", 400, None)
+    assert site.paths() == []
+
+
 def test_a_client_that_leaves_while_at_the_site_is_logged_as_what_the_site_got(start_proxy, site):
     site.route("/robots.txt", Answer(404))
     site.route("/slow", Answer(200, b"slow", stall_s=1.0))
