@@ -73,7 +73,7 @@ class Proc:
         if not line.startswith("etiquette-proxy listening on "):
             self.proc.kill()
             self.proc.wait(5)
-            raise RuntimeError(f"proxy did not start: {line!r}")
+            raise RuntimeError(f"proxy did not start: {line!r}\n{self.stderr()[-2000:]}")
         self.url = line.strip().rsplit(" ", 1)[-1]
         self.port = int(self.url.rsplit(":", 1)[-1])
 
