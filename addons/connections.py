@@ -23,7 +23,10 @@ cancels the connection's task in the proxy server's connection handler
 - Stopping: new requests are answered 503 `paused` (StopGate); requests already at a site get up
   to DRAIN_S to finish, then are given up like a read timeout (504, logged).
 - At start the soft RLIMIT_NOFILE is raised to the hard limit; "Too many open files" is logged
-  at most once a second, with a count of what was left out.
+  at most once a second, with a count of what was left out. Client connections are kept within
+  the limit less a reserve (a quarter, at least 64) for site connections: past it, a new
+  connection closes the oldest one that has not sent a complete request head yet, so a
+  slowloris cannot take the descriptors a normal client's site connection needs.
 """
 
 from __future__ import annotations
@@ -163,13 +166,19 @@ class ConnectionLimits:
         self._sweeper: asyncio.Task[None] | None = None
         self._cap_warned_at = -float("inf")
         self._closed_clients: dict[str, int] = {}  # why -> client connections closed since the last log
+        # Clients still owing a complete request head, oldest first: the first to go when
+        # connections would take the descriptors site connections need.
+        self._awaiting_head: OrderedDict[str, None] = OrderedDict()
+        self._fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         mitm_patches.install()
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     def running(self) -> None:
         soft, hard = raise_fd_limit()
-        log.info("open-file limit %s (hard %s)", soft, hard)
+        self._fd_limit = soft
+        log.info("open-file limit %s (hard %s); at most %d client connections", soft, hard,
+                 self.client_budget())
         install_exhaustion_filter()
         if self._sweeper is None:
             self._sweeper = asyncio.ensure_future(self._sweep_forever())
@@ -202,11 +211,26 @@ class ConnectionLimits:
 
     # -- clients --------------------------------------------------------------------------------
 
+    def client_budget(self) -> int:
+        """Client connections allowed at once: the descriptor limit less a reserve for site
+        connections, robots.txt fetches and the state files."""
+        return max(16, self._fd_limit - max(64, self._fd_limit // 4))
+
     def client_connected(self, client: connection.Client) -> None:
         watch = self._clients[client.id] = _Client(client)
         self._arm(watch, self.rt.config.listen.header_timeout, "no complete request head")
+        self._awaiting_head[client.id] = None
+        # Slowloris: past the budget, the oldest connection that has not sent a complete head
+        # makes room, so a client that sends its request at once is always served.
+        while len(self._clients) > self.client_budget() and len(self._awaiting_head) > 1:
+            oldest, _ = self._awaiting_head.popitem(last=False)
+            victim = self._clients.get(oldest)
+            if victim is not None and self._close(oldest, victim.conn, "evicted"):
+                key = "no complete request head, evicted for a new connection (descriptor limit)"
+                self._closed_clients[key] = self._closed_clients.get(key, 0) + 1
 
     def client_disconnected(self, client: connection.Client) -> None:
+        self._awaiting_head.pop(client.id, None)
         watch = self._clients.pop(client.id, None)
         if watch is not None and watch.timer is not None:
             watch.timer.cancel()
@@ -216,6 +240,7 @@ class ConnectionLimits:
         watch = self._clients.get(flow.client_conn.id)
         if watch is not None and watch.in_flight == 0:
             self._arm(watch, self.rt.config.listen.header_timeout, "no complete request head after CONNECT")
+            self._awaiting_head[watch.conn.id] = None
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         watch = self._clients.get(flow.client_conn.id)
@@ -223,6 +248,7 @@ class ConnectionLimits:
             return
         flow.metadata[_COUNTED] = True
         watch.flows[flow.id] = flow
+        self._awaiting_head.pop(watch.conn.id, None)
         if watch.timer is not None:
             watch.timer.cancel()
             watch.timer = None

@@ -99,6 +99,25 @@ def test_a_half_open_client_is_disconnected_and_others_are_served(start_proxy, s
         time.sleep(0.1)
 
 
+def test_at_the_descriptor_limit_half_open_clients_make_room_for_normal_ones(start_proxy, site):
+    # 256 descriptors: at most 192 client connections; 300 half-open ones, header_timeout at its
+    # 30 s default, so only eviction of the oldest half-open ones lets normal clients in.
+    proxy = start_proxy(sets=FAST_PACING, nofile=256)
+    half_open = []
+    try:
+        for _ in range(300):
+            s = socket.create_connection(("127.0.0.1", proxy.port))
+            s.sendall(b"GET " + site.url("/slowloris").encode() + b" HTTP/1.1\r\n")
+            half_open.append(s)
+        answers = [proxy.get(site.url(f"/normal/{i}"), timeout=20).status_code for i in range(5)]
+    finally:
+        for s in half_open:
+            s.close()
+    assert answers == [200] * 5
+    assert [p for p in site.paths() if p.startswith("/normal/")] == [f"/normal/{i}" for i in range(5)]
+    assert "Traceback" not in proxy.stderr()
+
+
 def test_a_site_that_resets_or_sends_garbage_gets_a_decision_and_a_line(start_proxy, site):
     site.route("/robots.txt", Answer(404))
     site.route("/reset", Answer(reset=True))
