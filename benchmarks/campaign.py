@@ -298,6 +298,8 @@ def phase_slowloris(work: Path, half_open: int, normal: int, header_timeout: str
                 closed += 1
         served = sum(1 for s, _ in results if s == 200)
         err = proxy.stderr()
+        if os.environ.get("CAMPAIGN_SHOW_STDERR"):
+            print(err)
         return {
             "fd limit (soft = hard)": 1024,
             "half-open connections (head sent / opened)": f"{sent} / {len(socks)}",
