@@ -58,7 +58,7 @@ class Proxy:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._stderr, env=env or clean_env(),
-                                     text=True, preexec_fn=limit)
+                                     text=True, preexec_fn=limit if nofile is not None else None)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line.startswith("etiquette-proxy listening on http://"):
