@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from etiquette_addons.connections import ConnectionLimits, StopGate
 from etiquette_addons.controls import OperatorControls
 from etiquette_addons.dashboard import Dashboard
 from etiquette_addons.gone_memory import GoneMemory
@@ -28,8 +29,9 @@ log = logging.getLogger(__name__)
 # Hooks mitmproxy calls synchronously (errors, e.g. OptionsError, must reach it) and the
 # asynchronous ones the members use.
 SYNC_HOOKS = ("load", "configure")
-ASYNC_HOOKS = ("running", "done", "client_connected", "client_disconnected", "http_connect",
-               "requestheaders", "request", "responseheaders", "response", "error")
+ASYNC_HOOKS = ("running", "done", "client_connected", "client_disconnected", "server_connected",
+               "server_disconnected", "http_connect", "requestheaders", "request", "responseheaders",
+               "response", "error")
 
 
 class Chain:
@@ -83,6 +85,12 @@ class Chain:
     async def client_disconnected(self, client: Any) -> None:
         await self._run("client_disconnected", client)
 
+    async def server_connected(self, data: Any) -> None:
+        await self._run("server_connected", data)
+
+    async def server_disconnected(self, data: Any) -> None:
+        await self._run("server_disconnected", data)
+
     async def http_connect(self, flow: Any) -> None:
         await self._run("http_connect", flow)
 
@@ -114,6 +122,7 @@ def members(rt: Runtime) -> list[Any]:
     health = HealthWatch(rt, robots=robots)
     return [
         Settings(rt),  # options, config, state, audit log; starts each flow's notes
+        StopGate(rt),  # SPEC §12: while stopping, new requests are answered, never started
         Dashboard(rt),  # http://etiquette.proxy/ answered here, before any gate sees it
         TargetCheck(rt),  # SPEC §4, §12: control bytes, port 0, Host vs authority -> local 400
         SiteGrouping(rt),  # SPEC §5 pacing.group_by: the site key every later addon reads
@@ -126,5 +135,6 @@ def members(rt: Runtime) -> list[Any]:
         RefusalTrimmer(rt),  # SPEC §7: page-only headers off refusals (responseheaders)
         health,  # SPEC §8: the request leaves now (its send time)
         RequestSigning(rt),  # SPEC §9: signed last, after every header the proxy adds
+        ConnectionLimits(rt),  # SPEC §12: timeouts from here (read_timeout), connection limits
         Trail(rt),  # decision header and audit line: last, after every decision is made
     ]

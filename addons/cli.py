@@ -159,7 +159,7 @@ def _listen_problem(config: Config, source: str) -> str | None:
     host = config.listen.host
     if not is_loopback(host) and not config.listen.proxyauth:
         return (f"{source}:1: listen.host: {host!r} is not a loopback address "
-                "(expected 127.0.0.1 or ::1, or set listen.proxyauth to user:pass)")
+                "(expected 127.0.0.1 or ::1, or set listen.proxyauth to user:password)")
     return None
 
 
@@ -312,6 +312,9 @@ def _setup_logging() -> None:
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.INFO)
+    from etiquette_addons.connections import install_exhaustion_filter
+
+    install_exhaustion_filter()  # SPEC §12: running out of descriptors, once a second at most
     for noisy in ("mitmproxy", "asyncio", "hpack", "passlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
@@ -330,6 +333,7 @@ def run(config: Config, config_path: str | None, overrides: list[str]) -> int:
 
 async def _serve(config: Config, config_path: str | None, overrides: list[str]) -> int:
     from etiquette_addons.chain import build_chain
+    from etiquette_addons.connections import ConnectionLimits
     from etiquette_addons.runtime import Runtime
     from mitmproxy import options
     from mitmproxy.tools.dump import DumpMaster
@@ -338,17 +342,29 @@ async def _serve(config: Config, config_path: str | None, overrides: list[str]) 
                            confdir=state_dir(config))
     master = DumpMaster(opts, with_termlog=False, with_dumper=False)
     runtime = Runtime()
-    master.addons.add(*build_chain(runtime))
+    chain = build_chain(runtime)
+    master.addons.add(*chain)
     # Options our addons register can only be set once they are added (MITMPROXY-NOTES).
     opts.update(etiquette_config=config_path or "", etiquette_set=overrides)
+    limits = next(m for m in chain[0].members if isinstance(m, ConnectionLimits))
 
     loop = asyncio.get_running_loop()
+    stopping: list[asyncio.Task[None]] = []
+
+    async def drain_then_shutdown() -> None:
+        # SPEC §12: held requests are answered 503 `paused` (pacing sees `stopping`), requests
+        # already at a site get DRAIN_S to finish and are logged, then mitmproxy stops.
+        try:
+            await asyncio.sleep(0.2)
+            await limits.drain()
+        finally:
+            master.shutdown()
 
     def stop() -> None:
         if runtime.stopping.is_set():
             return
-        runtime.stopping.set()  # held requests answer locally instead of being cut off
-        loop.call_later(0.2, master.shutdown)
+        runtime.stopping.set()
+        stopping.append(loop.create_task(drain_then_shutdown()))
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)

@@ -72,8 +72,12 @@ def ensure_ca(state_dir: str) -> str:
     if not os.path.exists(path):
         from mitmproxy import certs
 
+        from etiquette_proxy.file_modes import private_umask, secure_tree
+
+        private_umask()  # SPEC §12: the state dir is 0700 and its files 0600 (the CA key too)
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
         certs.CertStore.from_store(state_dir, "mitmproxy", 2048)
+        secure_tree(state_dir)
     return path
 
 

@@ -52,6 +52,9 @@ NAMESPACE = "health"
 SOURCE = "health"  # the restraint source pacing sees
 REPORT_PATH = "/report-extraction"
 MAX_REPORT_BYTES = 64 * 1024
+# SPEC §12: whatever clients report is bounded in memory. Reports are per site; a site the
+# proxy has no parser health for yet counts against this many (each is bounded on its own).
+MAX_REPORTED_SITES = 1000
 CANARY_TIMEOUT_S = 15.0
 CANARY_MAX_BYTES = 2 * 1024 * 1024  # the marker may sit anywhere in a normal page
 ALERT_TIMEOUT_S = 60.0  # an alert command still running after this is killed
@@ -543,6 +546,9 @@ class HealthWatch:
             return 400, {"error": str(e)}
         site = site_of_url(report["url"])
         self.restore()
+        if not self.book.knows_parser(site) and self.book.parser_count() >= MAX_REPORTED_SITES:
+            return 429, {"error": f"extraction reports are kept for at most {MAX_REPORTED_SITES} "
+                                  f"sites; {site} is not one of them"}
         self.book.parser(site).record(report["url"], report["ok"], report["reason"])
         self._saved_window.setdefault(site, -1)  # saved with the site's next window close
         return 202, {"recorded": True, "site": site, **{

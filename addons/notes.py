@@ -9,6 +9,8 @@ from typing import Any
 from mitmproxy import http
 
 KEY = "etiquette"
+# notes.facts key: the request passed every gate and was handed to mitmproxy for the site.
+FORWARDED = "forwarded"
 
 
 @dataclass

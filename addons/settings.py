@@ -15,6 +15,7 @@ from mitmproxy import ctx, exceptions, http
 
 from etiquette_proxy.audit import AuditLog
 from etiquette_proxy.config import ConfigError, load_config_file
+from etiquette_proxy.file_modes import private_umask, secure_tree
 from etiquette_proxy.state import DiskState
 from etiquette_proxy.store import ValidatorStore
 from etiquette_proxy.webbotauth import key_file_warning, signer_from_config
@@ -77,9 +78,11 @@ class Settings:
             rt.store.close()
         rt.config = config
         rt.state_dir = expand_dir(config.state.dir)
+        private_umask()  # SPEC §12: every file made from here on (SQLite, stored bodies) is 0600
         os.makedirs(rt.state_dir, mode=0o700, exist_ok=True)
         rt.state = DiskState(os.path.join(rt.state_dir, "state"))
         rt.store = ValidatorStore.from_config(config, os.path.join(rt.state_dir, "store"))
+        secure_tree(rt.state_dir)  # an existing dir and files made under an earlier umask
         audit_path = config.audit.log or os.path.join(rt.state_dir, "audit.jsonl")
         rt.audit = AuditLog(audit_path if audit_path == "-" else os.path.expanduser(audit_path))
         rt.upstream = UpstreamPath(ca_file=config.upstream.ca_file, insecure=config.upstream.insecure,

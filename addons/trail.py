@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 
-from etiquette_addons.notes import FlowNotes, notes_of
+from etiquette_addons.mitm_patches import ANSWERED_WITH
+from etiquette_addons.notes import FORWARDED, FlowNotes, notes_of
 from etiquette_addons.runtime import Runtime
 from etiquette_addons.side_fetch import TLS_HINT
 from mitmproxy import http
@@ -82,6 +83,18 @@ class Trail:
         notes = notes_of(flow)
         if notes.logged:
             return
+        if not notes.outcome and _client_left_after_forwarding(flow, notes):
+            # The site got the request (and maybe answered): the line says so. `failed` is for
+            # network errors to the site (SPEC §3), which this is not.
+            notes.outcome = _site_outcome(notes.upstream_status)
+            notes.extra["client_gone"] = True
+            notes.reason = ("client disconnected before the site's answer reached it"
+                            if notes.upstream_status is not None
+                            else "client disconnected while the request was at the site")
+        answered = flow.metadata.get(ANSWERED_WITH)
+        if not notes.outcome and answered is not None and answered < 500 and not notes.facts.get(FORWARDED):
+            notes.outcome = "refused"  # mitmproxy refused the client's request itself (e.g. 400)
+            notes.local = True
         if not notes.outcome:
             notes.outcome = "failed"
         if not notes.reason and flow.error is not None:
@@ -97,7 +110,9 @@ class Trail:
         request = flow.request
         status = flow.response.status_code if flow.response is not None else None
         if flow.error is not None and flow.response is None and "disconnect" not in flow.error.msg.lower():
-            status = 502  # mitmproxy answers the client 502 for an upstream failure
+            # What mitmproxy answered (mitm_patches): 502 for a site that failed, 504 when the
+            # proxy gave up on it, 400 for a request it could not accept.
+            status = flow.metadata.get(ANSWERED_WITH, 502)
         extra = dict(notes.extra)
         if notes.would is not None:
             extra["would"] = notes.would
@@ -121,6 +136,20 @@ class Trail:
             self.rt.record(record)
         except Exception:  # noqa: BLE001 - never let logging take a flow down
             log.exception("could not write the audit line for %s", request.url)
+
+
+def _client_left_after_forwarding(flow: http.HTTPFlow, notes: FlowNotes) -> bool:
+    """The client went away after the request was handed to a connected site connection."""
+    if flow.error is None or "client disconnected" not in flow.error.msg.lower():
+        return False
+    return bool(notes.facts.get(FORWARDED)) and flow.server_conn.timestamp_tcp_setup is not None
+
+
+def _site_outcome(upstream_status: int | None) -> str:
+    """What the site's part was: the request reached it (`fetched`), or it refused it."""
+    if upstream_status is None or upstream_status < 400:
+        return "fetched"
+    return "refused"
 
 
 def _default_reason(flow: http.HTTPFlow) -> str:

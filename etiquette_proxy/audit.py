@@ -90,7 +90,8 @@ class AuditLog:
             self._owned = False
         else:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            os.fchmod(self._fd, 0o600)  # SPEC §12: 0600 wherever it is, an existing file too
             self._owned = True
             self._close_torn_line()
             self.head, self.seq = last_link(path)

@@ -112,6 +112,34 @@ def positive_duration(value: Any) -> float:
     return seconds
 
 
+MIN_PROXYAUTH_PASSWORD = 12
+
+
+def proxyauth(value: Any) -> str:
+    """`listen.proxyauth` (SPEC §12): `user:password`, a real password, never mitmproxy's `any`."""
+    expected = f"expected user:password with a password of at least {MIN_PROXYAUTH_PASSWORD} characters"
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{value!r} is not text ({expected})")
+    if value.strip().lower() == "any":
+        raise ValueError(f"'any' accepts every password: an open proxy ({expected})")
+    user, sep, password = value.partition(":")
+    if not sep or not user:
+        raise ValueError(f"{'*' * len(value)} has no user name before ':' ({expected})")
+    if len(password) < MIN_PROXYAUTH_PASSWORD:
+        # The value is a secret: say how long, never echo it.
+        raise ValueError(f"{user}:<{len(password)} characters> has too short a password ({expected})")
+    return value
+
+
+def not_supported_yet(accepted: Any, what: str) -> Parser:
+    """A key whose feature is not built: only its default is accepted, so no setting does nothing."""
+    def parse(value: Any) -> Any:
+        if value != accepted:
+            raise ValueError(f"{value!r} is not supported yet: {what} (expected {accepted!r})")
+        return value
+    return parse
+
+
 def strippable_headers(value: Any) -> tuple[str, ...]:
     """`refusals.strip`: header names, none of those SPEC §7 says are never dropped."""
     from etiquette_proxy.refusals import is_essential
@@ -180,15 +208,20 @@ SCHEMA: dict[str, Key] = {
     "mode": Key(choice("enforce", "observe"), "enforce"),
     "listen.host": Key(text, "127.0.0.1"),
     "listen.port": Key(integer(0), 8080),
-    "listen.proxyauth": Key(optional(text), None),
+    "listen.proxyauth": Key(optional(proxyauth), None),
+    "listen.header_timeout": Key(positive_duration, 30.0),
+    "listen.idle_timeout": Key(positive_duration, 300.0),
     "state.dir": Key(text, "~/.local/state/etiquette-proxy"),
-    "state.backend": Key(choice("diskcache", "redis"), "diskcache"),
-    "state.url": Key(optional(text), None),
+    "state.backend": Key(not_supported_yet("diskcache", "the Redis backend (SPEC §10) is not built"), "diskcache"),
+    "state.url": Key(not_supported_yet(None, "the Redis backend (SPEC §10) is not built"), None),
     "audit.log": Key(optional(text), None),
     "upstream.ca_file": Key(optional(text), None),
     "upstream.insecure": Key(boolean, False),
     "upstream.proxy": Key(optional(text), None),
     "upstream.timeout": Key(positive_duration, 30.0),
+    "upstream.read_timeout": Key(positive_duration, 60.0),
+    "upstream.idle_timeout": Key(positive_duration, 30.0),
+    "upstream.max_connections": Key(integer(1), 1000),
     "identity.user_agent": Key(optional(text), None),
     "identity.web_bot_auth.key_file": Key(optional(key_file), None),
     "identity.web_bot_auth.signature_agent": Key(optional(https_origin), None),

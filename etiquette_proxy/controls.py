@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from etiquette_proxy.clock import Clock, wall
+from etiquette_proxy.endpoint_guard import refusal_for
 
 URL_FILE = "proxy-url"
 TOKEN_FILE = "operator-token"
@@ -42,14 +43,11 @@ class GuardError(ValueError):
 
 
 def check_post(headers: Mapping[str, str], token: str | None = None) -> None:
-    """SPEC §12: JSON and `X-Etiquette-Client: 1` (no page can send them cross-site without a
-    CORS preflight, which this endpoint never answers), plus the owner's token when one is set.
-    `headers` keys are lower case."""
-    ctype = headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    if ctype != "application/json":
-        raise GuardError(415, f"Content-Type must be application/json (got {ctype or 'none'!r})")
-    if headers.get(CLIENT_HEADER, "").strip() != "1":
-        raise GuardError(403, "X-Etiquette-Client: 1 is required")
+    """SPEC §12: the proxy's one endpoint guard (`endpoint_guard.refusal_for`: JSON and
+    `X-Etiquette-Client: 1`), plus the owner's token when one is set. `headers` keys are lower case."""
+    refused = refusal_for("POST", headers)
+    if refused is not None:
+        raise GuardError(refused.status, refused.text)
     if token is not None:
         given = headers.get(TOKEN_HEADER, "").strip()
         if not given:

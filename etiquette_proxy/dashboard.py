@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
+from etiquette_proxy.endpoint_guard import refusal_for
+
 HOST = "etiquette.proxy"
 REFRESH_S = 5
 PAGE_SIZE = 50  # sites per page; more than fit one screen, few enough to render fast
@@ -59,6 +61,9 @@ def serve(
     path = target.split("?", 1)[0].split("#", 1)[0] or "/"
     method = method.upper()
     post_routes = post_routes or {}
+    refusal = refusal_for(method, headers or {})  # SPEC §12: nothing a web page could forge
+    if refusal is not None and path in post_routes and method in ("POST", "OPTIONS"):
+        return text_page(refusal.status, refusal.text)
     if method == "POST" and path in post_routes:
         return post_routes[path](body, headers or {})
     if method not in ("GET", "HEAD"):

@@ -655,6 +655,10 @@ class HealthBook:
         known = self._sites.pop(site, None) is not None
         return self._parsers.pop(site, None) is not None or known
 
+    def parser_count(self) -> int:
+        """How many sites have parser health (a bound on what clients' reports may create)."""
+        return len(self._parsers)
+
     def scored_sites(self) -> list[str]:
         """Sites with a SiteHealth, in no particular order."""
         return list(self._sites)

@@ -95,10 +95,10 @@ def test_recent_must_be_positive():
 # -- pages ------------------------------------------------------------------------------------
 
 def pages(board: SiteBoard, providers=(), post_routes=None):
-    def get(method: str, path: str, body: bytes = b""):
+    def get(method: str, path: str, body: bytes = b"", headers=None):
         return serve(method, path, lambda: board.snapshot(providers),
                      lambda: (CONTENT_TYPE_LATEST, render_metrics(lambda: board.snapshot(providers))),
-                     post_routes, body)
+                     post_routes, body, headers)
     return get
 
 
@@ -123,7 +123,8 @@ def test_post_routes_are_an_extension_point(board):
         return text_page(202, "noted")
 
     get = pages(board, post_routes={"/report-extraction": report_extraction})
-    assert get("POST", "/report-extraction", b'{"url": "x"}').status == 202
+    client = {"content-type": "application/json", "x-etiquette-client": "1"}
+    assert get("POST", "/report-extraction", b'{"url": "x"}', client).status == 202
     assert seen == [b'{"url": "x"}']
     assert get("POST", "/").status == 405
     assert ("Allow", "GET, HEAD, POST") in get("PUT", "/report-extraction").headers

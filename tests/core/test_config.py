@@ -77,6 +77,23 @@ ERRORS = [
     ("pacing:\n  address_ttl: 0s\n", "f.yaml:2: pacing.address_ttl: '0s' must be > 0 (expected a duration such as 2s)"),
     ('sites:\n  ex.test:\n    pacing: {group_by: domain}\n', 'f.yaml:3: sites."ex.test".pacing.group_by: '),
     ("upstream:\n  insecure: yes please\n", "f.yaml:2: upstream.insecure: 'yes please' is not a boolean (expected true or false)"),
+    # SPEC §12 guards and timeouts; keys whose feature is not built (issue 11)
+    ("listen:\n  proxyauth: any\n",
+     "f.yaml:2: listen.proxyauth: 'any' accepts every password: an open proxy (expected user:password"),
+    ("listen:\n  proxyauth: 'u:'\n", "f.yaml:2: listen.proxyauth: u:<0 characters> has too short a password"),
+    ("listen:\n  proxyauth: 'u:short'\n", "u:<5 characters> has too short a password (expected user:password "
+                                        "with a password of at least 12 characters)"),
+    ("listen:\n  proxyauth: nocolon-but-long\n", "has no user name before ':'"),
+    ("listen:\n  proxyauth: ':twelve-chars-pw'\n", "has no user name before ':'"),
+    ("state:\n  backend: redis\n",
+     "f.yaml:2: state.backend: 'redis' is not supported yet: the Redis backend (SPEC §10) is not built "
+     "(expected 'diskcache')"),
+    ("state:\n  url: redis://127.0.0.1:6379/0\n",
+     "f.yaml:2: state.url: 'redis://127.0.0.1:6379/0' is not supported yet: the Redis backend (SPEC §10) "
+     "is not built (expected None)"),
+    ("listen:\n  header_timeout: 0\n", "f.yaml:2: listen.header_timeout: 0 must be > 0"),
+    ("upstream:\n  read_timeout: soon\n", "f.yaml:2: upstream.read_timeout: 'soon' is not a duration"),
+    ("upstream:\n  max_connections: 0\n", "f.yaml:2: upstream.max_connections: 0 must be >= 1"),
     ("store:\n  max_body: huge\n", "f.yaml:2: store.max_body: 'huge' is not a size"),
     ("revisit:\n  volatile_patterns: ['(']\n", "f.yaml:2: revisit.volatile_patterns: '(' is not a valid regular expression"),
     ("pacing: 3\n", "f.yaml:1: pacing: 3 is not a section (expected a mapping of keys)"),

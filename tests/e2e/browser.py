@@ -21,11 +21,11 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 
 
 def chromium() -> str:
-    """The browser binary; a missing one fails the test loudly (CI installs it, .ci/run)."""
+    """The browser binary; a missing one fails the test loudly (./run-tests installs it as root)."""
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     if not found:
         pytest.fail("chromium is not installed: the dashboard must be tested in a real browser "
-                    "(apt-get install -y chromium; .ci/run does this)", pytrace=False)
+                    "(apt-get install -y chromium; ./run-tests does this as root)", pytrace=False)
     return found
 
 

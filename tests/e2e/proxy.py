@@ -38,7 +38,7 @@ class Proxy:
     """`etiquette-proxy run --listen-port 0` in a subprocess; stopped by PID with SIGTERM."""
 
     def __init__(self, state_dir: Path, *args: str, config: str | None = None, sets: list[str] | None = None,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, nofile: int | None = None):
         self.state_dir = state_dir
         self.audit_path = state_dir / "audit.jsonl"
         cmd = [ETIQUETTE, "run", "--listen-port", "0", "--state-dir", str(state_dir)]
@@ -51,7 +51,14 @@ class Proxy:
         self.stderr_path = state_dir.parent / f"{state_dir.name}.stderr"
         state_dir.mkdir(parents=True, exist_ok=True)
         self._stderr = open(self.stderr_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._stderr, env=env or clean_env(), text=True)
+        def limit() -> None:  # `nofile`: the proxy's open-file limit, soft and hard
+            import resource
+
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._stderr, env=env or clean_env(),
+                                     text=True, preexec_fn=limit if nofile is not None else None)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line.startswith("etiquette-proxy listening on http://"):

@@ -155,7 +155,8 @@ def test_three_percent_challenges_score_healthy_and_five_requests_score_nothing(
     assert len(scores) >= 10 and min(scores) >= 80, scores
     few_lines = site_lines(tail.lines, few)
     assert len(few_lines) == 5 and not any("health" in ln for ln in few_lines)
-    r = s.post("http://etiquette.proxy/report-extraction", json={"url": few.url("/a"), "ok": True}, timeout=10)
+    r = s.post("http://etiquette.proxy/report-extraction", json={"url": few.url("/a"), "ok": True},
+               headers={"X-Etiquette-Client": "1"}, timeout=10)
     assert r.status_code == 202
     report = r.json()
     assert report["score"] is None and "not enough requests to judge" in report["reasons"][0]
@@ -186,6 +187,7 @@ def test_report_extraction_is_answered_locally_and_validated(start_proxy, site):
     s = proxy.session()
     assert s.get(site.url("/page"), timeout=10).status_code == 200
     url = "http://etiquette.proxy/report-extraction"
+    s.headers["X-Etiquette-Client"] = "1"  # SPEC §12: the proxy's own POSTs need it
     r = s.post(url, json={"url": site.url("/page"), "ok": False, "reason": "no price"}, timeout=10)
     assert r.status_code == 202 and r.headers["Content-Type"] == "application/json"
     body = r.json()
@@ -196,7 +198,7 @@ def test_report_extraction_is_answered_locally_and_validated(start_proxy, site):
     for bad, words in ((b"{not json", "not JSON"), (b"[1]", "JSON object"),
                        (json.dumps({"url": "ftp://x/y", "ok": True}).encode(), "absolute http(s) URL"),
                        (json.dumps({"url": site.url("/"), "ok": "yes"}).encode(), '"ok" must be true or false')):
-        r = s.post(url, data=bad, timeout=10)
+        r = s.post(url, data=bad, headers={"Content-Type": "application/json"}, timeout=10)
         assert r.status_code == 400 and words in r.json()["error"], (bad, r.text)
     r = s.put(url, data=b"{}", timeout=10)
     assert r.status_code == 405 and "POST" in r.headers["Allow"]

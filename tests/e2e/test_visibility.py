@@ -92,7 +92,7 @@ def test_read_only_and_unknown_paths(scenario):
     for method in ("POST", "PUT", "DELETE"):
         response = dashboard(proxy, "/", method)
         assert response.status_code == 405 and response.headers["Allow"] == "GET, HEAD"
-    assert dashboard(proxy, "/report-extraction", "POST").status_code == 400  # health: an empty body is no report
+    assert dashboard(proxy, "/report-extraction", "POST").status_code == 415  # SPEC §12: JSON only
     assert dashboard(proxy, "/nope").status_code == 404
     head = dashboard(proxy, "/", "HEAD")
     assert head.status_code == 200 and head.content == b""

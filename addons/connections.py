@@ -1,0 +1,413 @@
+"""Timeouts and limits on client and site connections, descriptors, and a draining stop (SPEC §12).
+
+mitmproxy 11 has one inactivity watchdog per client connection (10 minutes, any byte counts as
+activity, and it is off while a hook runs), so a client that trickles a request head, or a site
+that never answers a request the proxy forwarded, holds its connection, its descriptor and the
+site's concurrency slot for as long as it likes. This addon keeps its own deadlines with
+`loop.call_later` and, when one passes, does what mitmproxy's watchdog does on its own timeout:
+cancels the connection's task in the proxy server's connection handler
+(`proxyserver.connections[client.id].transports[conn].handler`).
+
+- Client: `listen.header_timeout` from connecting (or from a CONNECT) until a complete request
+  head (`requestheaders`); `listen.idle_timeout` once its last flow is answered (keep-alive).
+  While a flow is in progress (held by pacing, or at the site) the client has no deadline.
+- Site: `upstream.read_timeout` from the moment the request leaves the last gate until the
+  response head arrives. Passed: the site's connection is closed and, through mitm_patches,
+  the client gets 504 (`failed`, reason names the timeout); the error hook gives the concurrency
+  slot back (pacing), and the trail writes the line.
+- Site connections unused for `upstream.idle_timeout` are closed, and when more than
+  `upstream.max_connections` are open the least recently used idle ones are closed. mitmproxy
+  keeps one per client connection and site; a site connection is closed for idleness only when
+  its client has no flow in progress (so no request can pick it up while it closes), and over
+  the cap also when no request in progress uses it.
+- Stopping: new requests are answered 503 `paused` (StopGate); requests already at a site get up
+  to DRAIN_S to finish, then are given up like a read timeout (504, logged).
+- At start the soft RLIMIT_NOFILE is raised to the hard limit; "Too many open files" is logged
+  at most once a second, with a count of what was left out. Client connections are kept within
+  the limit less a reserve (a quarter, at least 64) for site connections: past it, a new
+  connection closes the oldest one that has not sent a complete request head yet, so a
+  slowloris cannot take the descriptors a normal client's site connection needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import resource
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from etiquette_addons import mitm_patches
+from etiquette_addons.notes import FORWARDED, notes_of, skip
+from etiquette_addons.runtime import Runtime
+from etiquette_addons.trail import answer_locally
+from mitmproxy import connection, ctx, http
+from mitmproxy.proxy import server_hooks
+
+log = logging.getLogger(__name__)
+
+DRAIN_S = 4.0  # SPEC §3: the whole stop within 5 s; mitmproxy's own shutdown takes the rest
+SWEEP_EVERY_S = 1.0
+STOPPING_REASON = "proxy stopping; not sent to the site"
+
+
+@dataclass
+class _Client:
+    conn: connection.Client
+    flows: dict[str, http.HTTPFlow] = field(default_factory=dict)  # in progress, by flow id
+    timer: asyncio.TimerHandle | None = None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.flows)
+
+
+@dataclass
+class _Upstream:
+    conn: connection.Server
+    client_id: str
+    last_used: float = field(default_factory=time.monotonic)
+
+
+def raise_fd_limit() -> tuple[int, int]:
+    """Raise the soft RLIMIT_NOFILE to the hard limit; the (soft, hard) now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as e:
+            log.warning("could not raise the open-file limit from %s to %s: %s", soft, hard, e)
+    return soft, hard
+
+
+class DescriptorExhaustion(logging.Filter):
+    """Lets one "Too many open files" record through per second; counts the rest (SPEC §12).
+
+    Out of descriptors, every accept and every connect fails at once, and each failure would
+    log a traceback: tens of thousands a second. One line a second says the same thing.
+    """
+
+    def __init__(self, every_s: float = 1.0, clock: Any = time.monotonic):
+        super().__init__()
+        self.every_s = every_s
+        self.clock = clock
+        self._last = -float("inf")
+        self.suppressed = 0
+
+    @staticmethod
+    def is_exhaustion(record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+            return True
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a record that cannot format is not ours to judge
+            return False
+        return "Too many open files" in message or "out of system resource" in message
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.is_exhaustion(record):
+            return True
+        now = self.clock()
+        if now - self._last < self.every_s:
+            self.suppressed += 1
+            return False
+        self._last = now
+        left_out = self.suppressed
+        self.suppressed = 0
+        record.msg = (f"out of file descriptors (Too many open files); {left_out} more such errors "
+                      "in the last second not shown")
+        record.args = ()
+        record.exc_info = None
+        record.exc_text = None
+        record.levelno, record.levelname = logging.ERROR, "ERROR"
+        return True
+
+
+def install_exhaustion_filter() -> DescriptorExhaustion:
+    """Put one DescriptorExhaustion on every handler of the root logger (idempotent)."""
+    root = logging.getLogger()
+    for handler in root.handlers:
+        for f in handler.filters:
+            if isinstance(f, DescriptorExhaustion):
+                return f
+    shared = DescriptorExhaustion()
+    for handler in root.handlers:
+        handler.addFilter(shared)
+    return shared
+
+
+class StopGate:
+    """Early in the chain: while the proxy stops, a new request is answered, never started."""
+
+    def __init__(self, runtime: Runtime):
+        self.rt = runtime
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        if skip(flow) or not self.rt.stopping.is_set():
+            return
+        answer_locally(flow, 503, "paused", STOPPING_REASON, 5)
+        assert flow.response is not None
+        flow.response.headers["Connection"] = "close"
+
+
+class ConnectionLimits:
+    """Late in the chain (after every gate): deadlines on connections and forwarded requests."""
+
+    def __init__(self, runtime: Runtime):
+        self.rt = runtime
+        self._clients: dict[str, _Client] = {}
+        self._upstreams: OrderedDict[str, _Upstream] = OrderedDict()  # least recently used first
+        self._forwarded: dict[str, tuple[http.HTTPFlow, asyncio.TimerHandle]] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+        self._cap_warned_at = -float("inf")
+        self._closed_clients: dict[str, int] = {}  # why -> client connections closed since the last log
+        # Clients still owing a complete request head, oldest first: the first to go when
+        # connections would take the descriptors site connections need.
+        self._awaiting_head: OrderedDict[str, None] = OrderedDict()
+        self._fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        mitm_patches.install()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def running(self) -> None:
+        soft, hard = raise_fd_limit()
+        self._fd_limit = soft
+        log.info("open-file limit %s (hard %s); at most %d client connections", soft, hard,
+                 self.client_budget())
+        install_exhaustion_filter()
+        if self._sweeper is None:
+            self._sweeper = asyncio.ensure_future(self._sweep_forever())
+
+    def done(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        for client in self._clients.values():
+            if client.timer is not None:
+                client.timer.cancel()
+        for _, timer in self._forwarded.values():
+            timer.cancel()
+
+    def in_flight_at_sites(self) -> int:
+        """Requests forwarded to a site whose response head has not arrived."""
+        return len(self._forwarded)
+
+    async def drain(self, budget_s: float = DRAIN_S) -> None:
+        """Stopping: let requests at sites finish for up to `budget_s`, then give them up (504)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + budget_s
+        while self._forwarded and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        for flow, _ in list(self._forwarded.values()):
+            self._give_up(flow, f"proxy stopping: the site had not answered within {budget_s:g}s")
+        deadline = loop.time() + 0.5  # the error hooks write their lines
+        while self._forwarded and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+
+    # -- clients --------------------------------------------------------------------------------
+
+    def client_budget(self) -> int:
+        """Client connections allowed at once: the descriptor limit less a reserve for site
+        connections, robots.txt fetches and the state files."""
+        return max(16, self._fd_limit - max(64, self._fd_limit // 4))
+
+    def client_connected(self, client: connection.Client) -> None:
+        watch = self._clients[client.id] = _Client(client)
+        self._arm(watch, self.rt.config.listen.header_timeout, "no complete request head")
+        self._awaiting_head[client.id] = None
+        # Slowloris: past the budget, the oldest connection that has not sent a complete head
+        # makes room, so a client that sends its request at once is always served.
+        while len(self._clients) > self.client_budget() and len(self._awaiting_head) > 1:
+            oldest, _ = self._awaiting_head.popitem(last=False)
+            victim = self._clients.get(oldest)
+            if victim is not None and self._close(oldest, victim.conn, "evicted"):
+                key = "no complete request head, evicted for a new connection (descriptor limit)"
+                self._closed_clients[key] = self._closed_clients.get(key, 0) + 1
+
+    def client_disconnected(self, client: connection.Client) -> None:
+        self._awaiting_head.pop(client.id, None)
+        watch = self._clients.pop(client.id, None)
+        if watch is not None and watch.timer is not None:
+            watch.timer.cancel()
+
+    def http_connect(self, flow: http.HTTPFlow) -> None:
+        # The CONNECT head is complete; the first request inside the tunnel is next.
+        watch = self._clients.get(flow.client_conn.id)
+        if watch is not None and watch.in_flight == 0:
+            self._arm(watch, self.rt.config.listen.header_timeout, "no complete request head after CONNECT")
+            self._awaiting_head[watch.conn.id] = None
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        watch = self._clients.get(flow.client_conn.id)
+        if watch is None or flow.metadata.get(_COUNTED):
+            return
+        flow.metadata[_COUNTED] = True
+        watch.flows[flow.id] = flow
+        self._awaiting_head.pop(watch.conn.id, None)
+        if watch.timer is not None:
+            watch.timer.cancel()
+            watch.timer = None
+
+    def _finished(self, flow: http.HTTPFlow) -> None:
+        self._stop_read_timer(flow)
+        self._used(flow)
+        if not flow.metadata.pop(_COUNTED, False):
+            return
+        watch = self._clients.get(flow.client_conn.id)
+        if watch is None:
+            return
+        watch.flows.pop(flow.id, None)
+        if watch.in_flight == 0:
+            self._arm(watch, self.rt.config.listen.idle_timeout, "idle keep-alive connection")
+
+    def _arm(self, watch: _Client, seconds: float, why: str) -> None:
+        if watch.timer is not None:
+            watch.timer.cancel()
+        loop = asyncio.get_running_loop()
+        watch.timer = loop.call_later(seconds, self._expire, watch.conn.id, seconds, why)
+
+    def _expire(self, client_id: str, seconds: float, why: str) -> None:
+        watch = self._clients.get(client_id)
+        if watch is None or watch.in_flight:
+            return
+        watch.timer = None
+        if _still_writing(client_id, watch.conn):
+            # The last answer is still going out to a slow reader: not idle yet.
+            self._arm(watch, seconds, why)
+            return
+        if self._close(client_id, watch.conn, why):
+            # Counted, logged by the sweeper once a second: a slowloris of thousands of
+            # connections must not become thousands of log lines.
+            key = f"{why} for {seconds:g}s"
+            self._closed_clients[key] = self._closed_clients.get(key, 0) + 1
+
+    # -- sites ----------------------------------------------------------------------------------
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        # Last gate before the trail: the request leaves for the site now.
+        if skip(flow) or flow.request.method == "CONNECT":
+            return
+        notes_of(flow).facts[FORWARDED] = True
+        seconds = self.rt.config.upstream.read_timeout
+        timer = asyncio.get_running_loop().call_later(
+            seconds, self._give_up, flow, f"the site sent no response for {seconds:g}s (upstream.read_timeout)")
+        self._forwarded[flow.id] = (flow, timer)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        self._stop_read_timer(flow)
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        self._finished(flow)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self._finished(flow)
+
+    def _stop_read_timer(self, flow: http.HTTPFlow) -> None:
+        entry = self._forwarded.pop(flow.id, None)
+        if entry is not None:
+            entry[1].cancel()
+
+    def _give_up(self, flow: http.HTTPFlow, reason: str) -> None:
+        """The site had its time: close its connection; the client gets 504 (mitm_patches)."""
+        self._forwarded.pop(flow.id, None)
+        if flow.response is not None or flow.error is not None:
+            return
+        notes = notes_of(flow)
+        notes.outcome = "failed"
+        notes.reason = reason
+        flow.metadata[mitm_patches.GIVE_UP] = (504, reason)
+        log.warning("%s: giving up on %s: %s", notes.site, flow.request.url, reason)
+        if not self._close(flow.client_conn.id, flow.server_conn, reason):
+            flow.kill()  # no connection task to cancel: at least end the flow
+
+    def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
+        self._upstreams[data.server.id] = _Upstream(data.server, data.client.id)
+        cap = self.rt.config.upstream.max_connections
+        if len(self._upstreams) > cap:
+            def over(_: _Upstream) -> bool:
+                return len(self._upstreams) > cap
+            # Least recently used first: connections of clients with nothing in progress, then
+            # any connection no request is using (never the one just opened).
+            self._close_idle(over, "over upstream.max_connections", keep=data.server.id)
+            self._close_idle(over, "over upstream.max_connections", keep=data.server.id, strict=False)
+            if len(self._upstreams) > cap and time.monotonic() - self._cap_warned_at > 60:
+                self._cap_warned_at = time.monotonic()
+                log.warning("%d site connections open, all in use (upstream.max_connections %d)",
+                            len(self._upstreams), cap)
+
+    def server_disconnected(self, data: server_hooks.ServerConnectionHookData) -> None:
+        self._upstreams.pop(data.server.id, None)
+
+    def _used(self, flow: http.HTTPFlow) -> None:
+        up = self._upstreams.get(flow.server_conn.id)
+        if up is not None:
+            up.last_used = time.monotonic()
+            self._upstreams.move_to_end(flow.server_conn.id)
+
+    def _idle(self, up: _Upstream, strict: bool) -> bool:
+        """Strict: its client has nothing in progress, so no request can pick the connection
+        up before mitmproxy has seen it close. Otherwise: no request in progress is using it."""
+        watch = self._clients.get(up.client_id)
+        if watch is None or watch.in_flight == 0:
+            return True
+        return not strict and all(f.server_conn.id != up.conn.id for f in watch.flows.values())
+
+    def _close_idle(self, more: Any, why: str, keep: str = "", strict: bool = True) -> int:
+        """Close idle site connections, least recently used first, while `more(up)` says so."""
+        closed = 0
+        for key, up in list(self._upstreams.items()):
+            if not more(up):
+                break
+            if key == keep or not self._idle(up, strict):
+                continue
+            self._upstreams.pop(key, None)
+            if self._close(up.client_id, up.conn, why):
+                closed += 1
+        return closed
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_EVERY_S)
+            for why, n in self._closed_clients.items():
+                log.info("closed %d client connection%s: %s", n, "" if n == 1 else "s", why)
+            self._closed_clients.clear()
+            try:
+                limit = time.monotonic() - self.rt.config.upstream.idle_timeout
+                self._close_idle(lambda up, limit=limit: up.last_used <= limit, "idle site connection")
+            except Exception:  # noqa: BLE001 - the sweeper must outlive one bad pass
+                log.exception("closing idle site connections failed")
+
+    # -- closing --------------------------------------------------------------------------------
+
+    @staticmethod
+    def _close(client_id: str, conn: connection.Connection, why: str) -> bool:
+        """Cancel `conn`'s task in the client's connection handler, as mitmproxy's watchdog does."""
+        io = _transport(client_id, conn)
+        if io is None or io.handler is None or io.handler.done():
+            return False
+        io.handler.cancel(why)
+        return True
+
+
+def _transport(client_id: str, conn: connection.Connection) -> Any:
+    """mitmproxy's ConnectionIO (task, reader, writer) of `conn`, or None once it is gone."""
+    server = ctx.master.addons.get("proxyserver") if ctx.master else None
+    handler = server.connections.get(client_id) if server is not None else None
+    return handler.transports.get(conn) if handler is not None else None
+
+
+def _still_writing(client_id: str, conn: connection.Connection) -> bool:
+    io = _transport(client_id, conn)
+    transport = getattr(getattr(io, "writer", None), "transport", None)
+    try:
+        return bool(transport is not None and transport.get_write_buffer_size() > 0)
+    except (AttributeError, RuntimeError):
+        return False
+
+
+_COUNTED = "etiquette_counted"  # flow.metadata: counted in its client's in-flight flows

@@ -1,0 +1,97 @@
+"""Small patches to mitmproxy 11's HTTP layer, so every answer says what was decided (SPEC §12).
+
+mitmproxy answers some requests itself, outside any addon hook: a 502 when a site resets the
+connection or sends garbage, a 400 for a request it cannot parse. Those answers are built by
+`_http1.make_error_response`; the first patch adds `X-Etiquette-Decision` to them (`failed`
+for 5xx, `refused` for a 4xx the proxy made itself).
+
+When the proxy gives up on a site itself (upstream.read_timeout, or stopping), it closes the
+site's connection and mitmproxy reports a plain 502 "server closed connection". The second
+patch records the status of the error answer in `flow.metadata[ANSWERED_WITH]` (the audit line
+says what the client got) and lets the flow say what the client should get instead: `flow.metadata[GIVE_UP] =
+(504, reason)` turns that error into a 504 with the reason, through mitmproxy's own error path
+(the error hook fires once, the client gets one answer, the stream is dropped cleanly).
+
+A third records the 400 mitmproxy sends for request headers it refuses (`check_invalid`).
+All are pinned to mitmproxy 11.0.x: `tests/addons/test_mitm_patches.py` fails if the patched
+names or their call shapes change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+from mitmproxy.net.http import status_codes
+from mitmproxy.proxy.layers import http as http_layer
+from mitmproxy.proxy.layers.http import _http1
+from mitmproxy.proxy.layers.http._events import RequestProtocolError, ResponseProtocolError
+
+DECISION_HEADER = b"X-Etiquette-Decision"
+GIVE_UP = "etiquette_give_up"  # flow.metadata key: (status, reason) instead of mitmproxy's 502
+# flow.metadata key: the status of the error answer mitmproxy sends the client for this flow
+# (400 for a request it cannot accept, 502 for a site that failed, 504 when given up), so the
+# audit line says what the client got.
+ANSWERED_WITH = "etiquette_answered_with"
+_NOT_ANSWERS = frozenset({status_codes.NO_RESPONSE, status_codes.CLIENT_CLOSED_REQUEST})
+
+_installed = False
+
+
+def decision_for_status(status: int) -> str:
+    """The decision on an answer mitmproxy made itself: its 4xx refuse, its 5xx report a failure."""
+    return "refused" if status < 500 else "failed"
+
+
+def install() -> None:
+    """Patch once per process (idempotent)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+
+    make_error_response = _http1.make_error_response
+
+    def make_error_response_with_decision(status_code: int, message: str = "") -> bytes:
+        raw: bytes = make_error_response(status_code, message)
+        status_line, sep, rest = raw.partition(b"\r\n")
+        header = DECISION_HEADER + b": " + decision_for_status(status_code).encode() + b"\r\n"
+        return status_line + sep + header + rest
+
+    _http1.make_error_response = make_error_response_with_decision
+
+    handle_protocol_error = http_layer.HttpStream.handle_protocol_error
+
+    def handle_protocol_error_given_up(self: Any, event: Any) -> Generator[Any, Any, None]:
+        give_up = self.flow.metadata.get(GIVE_UP)
+        if give_up is not None and isinstance(event, ResponseProtocolError):
+            status, reason = give_up
+            event = ResponseProtocolError(event.stream_id, reason, status)
+        if isinstance(event, (RequestProtocolError, ResponseProtocolError)) and event.code not in _NOT_ANSWERS:
+            self.flow.metadata.setdefault(ANSWERED_WITH, event.code)
+        return (yield from handle_protocol_error(self, event))
+
+    http_layer.HttpStream.handle_protocol_error = handle_protocol_error_given_up  # type: ignore[method-assign]
+
+    # Headers that could smuggle requests are refused by `check_invalid` with a 400 to the
+    # client (502 for a site's), sent after the error hook: record it before that hook runs.
+    check_invalid = http_layer.HttpStream.check_invalid
+
+    def check_invalid_recorded(self: Any, request: bool) -> Generator[Any, Any, bool]:
+        code = status_codes.BAD_REQUEST if request else status_codes.BAD_GATEWAY
+        return (yield from _before_error_hook(check_invalid(self, request), self.flow, code))
+
+    http_layer.HttpStream.check_invalid = check_invalid_recorded  # type: ignore[method-assign]
+
+
+def _before_error_hook(steps: Generator[Any, Any, Any], flow: Any, code: int) -> Generator[Any, Any, Any]:
+    """Pass a layer's commands through; note `code` as the answer before its error hook."""
+    reply = None
+    while True:
+        try:
+            command = steps.send(reply)
+        except StopIteration as done:
+            return done.value
+        if isinstance(command, http_layer.HttpErrorHook):
+            flow.metadata.setdefault(ANSWERED_WITH, code)
+        reply = yield command
