@@ -26,7 +26,11 @@ def post(proxy, body: dict, headers: dict[str, str]) -> tuple[int, dict]:
         conn.request("POST", "http://etiquette.proxy/operator", json.dumps(body).encode(),
                      {"Host": "etiquette.proxy", **headers})
         r = conn.getresponse()
-        return r.status, json.loads(r.read() or b"{}")
+        body = r.read()
+        if r.getheader("Content-Type", "").startswith("application/json"):
+            return r.status, json.loads(body or b"{}")
+        # the endpoint guard (SPEC §12) answers before the operator route, in plain text
+        return r.status, {"error": body.decode(errors="replace")}
     finally:
         conn.close()
 
