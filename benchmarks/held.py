@@ -243,6 +243,13 @@ def report(name: str, herd: Herd, arrivals: list[tuple[float, int, str]], rate: 
     print(f"-- {name}")
     print(f"  answers: {dict(sorted(codes.items()))} of {len(answers)}; sent over "
           f"{herd.sent_at - herd.started_at:.1f}s, all answered after {herd.end_at - herd.started_at:.1f}s")
+    failed = [a.reason.split(":", 1)[0] + ": " + a.reason.split("(", 1)[0].split(":", 1)[-1].strip()
+              for a in answers if a.status == 0]
+    if failed:
+        kinds: dict[str, int] = {}
+        for f in failed:
+            kinds[f] = kinds.get(f, 0) + 1
+        print(f"  no answer (client side): {dict(sorted(kinds.items(), key=lambda kv: -kv[1])[:4])}")
     print(f"  at the site: {len(pages)} requests; {reached_refused} of them answered non-200 to the client")
     if len(per_port) == 1:
         delivered = steady_rate(next(iter(per_port.values())), burst)
