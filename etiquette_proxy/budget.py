@@ -15,14 +15,18 @@ who starts next and when, and the addon does the waiting:
 SPEC §5, held requests cost nothing while they wait: a release wakes exactly the requests it
 starts or refuses (O(1) each), in arrival order, at the time the bucket and the pause say.
 `pacing.max_hold` is decided at arrival from the request's place in line and the site's rate
-and concurrency now (its expected start): a request that would wait longer is refused at once,
-and the reason says the expected wait. When the schedule slows while requests are held (a 429's
-pause and halved rate, a RateLimit hint, robots.txt or another feature lowering the rate), the
-next `release_due` re-checks the line once: whoever's expected start now lies beyond its
-max_hold is refused then, the others keep their places and start after the pause at the new
-rate (SPEC §5: not one request reaches a site inside a pause it asked for). A head whose slot
-never frees (a stalled site) is refused when its max_hold runs out. `admit(ticket)` asks the
-same line about one ticket (the polling form, for callers without wake-ups).
+now (its expected start: when the bucket, after any pause, has handed a token to everyone
+ahead): a request that would wait longer is refused at once, and the reason says the expected
+wait. When a slot frees is not predicted (it depends on the site and on the proxy's own load:
+measured through a flooded proxy, slot times ran 10x the real ones and refused lines that
+then moved fine); a head waiting on a slot is refused when its hold runs out.
+
+When the schedule slows while requests are held (a 429's pause and halved rate, a RateLimit
+hint, robots.txt or another feature lowering the rate), the next `release_due` re-checks the
+line once: whoever's expected start now lies beyond its max_hold is refused then, the others
+keep their places and start after the pause at the new rate (SPEC §5: not one request
+reaches a site inside a pause it asked for). `admit(ticket)` asks the same line about one
+ticket (the polling form, for callers without wake-ups).
 
 Observe mode (`--mode observe`): `reserve()` says what enforce mode would do (log it as
 `would`), then `admit(ticket, force=True)` starts the request at once, so the bucket still
@@ -171,7 +175,7 @@ class SiteBudget:
                  "_last_throttle_at", "_recent", "_paused_until", "_pause_reason",
                  "_breaker_until", "_breaker_reason", "_hint_rate", "_hint_until", "_restraint",
                  "_tokens", "_tokens_at", "_queue", "_in_flight", "_next_ticket", "_sent",
-                 "_head_ticket", "_latency", "_recheck")
+                 "_head_ticket", "_recheck")
 
     def __init__(self, site: str, settings: PacingSettings | None = None, clock: Clock = wall,
                  random: Callable[[], float] = _random.random):
@@ -202,7 +206,6 @@ class SiteBudget:
         self._next_ticket = 1
         self._sent: list[list[float]] = []  # [last start, rate]: rates recently sent at, oldest first
         self._head_ticket = 1     # first ticket in line (tickets count arrivals: FIFO by number)
-        self._latency = 0.0       # seconds a request holds its slot (moving average; 0: unknown)
         self._recheck = False     # the schedule slowed while requests were held
 
     @classmethod
@@ -300,12 +303,12 @@ class SiteBudget:
         if now < self._breaker_until:
             return self._breaker_refusal(ticket, now, now)
         place = len(self._queue)
-        start, by_slots = self._expected_start(place, now)
+        start = self._token_start(now, place + 1.0)
         if place == 0 and start <= now + _EPS and len(self._in_flight) < self.max_concurrency():
             return self._start(ticket, now, now)
         if start - now > self.settings.max_hold + _EPS:
             return self._refusal(ticket, now, now, start - now,
-                                 self._hold_text(place, start, now, now, by_slots))
+                                 self._hold_text(place, start, now, now))
         if self._queue is _NO_TICKETS:
             self._queue = {}
             self._head_ticket = ticket
@@ -401,13 +404,6 @@ class SiteBudget:
         now = self._clock()
         self._settle(now)
         started = self._land(ticket) if ticket is not None else None
-        if started is not None:
-            # How long a request holds its slot: what a line waiting on slots moves at. Quick to
-            # follow a faster site, slow to believe a slower one, so a burst of arrivals (which
-            # slows the proxy itself for a moment) does not refuse a line that will move fine.
-            took = max(0.0, now - started)
-            weight = 0.5 if took < self._latency else 0.05
-            self._latency = took if self._latency == 0 else self._latency + weight * (took - self._latency)
         # A response to a request that left before the last 429 was answered carries no new lesson.
         echo = started is not None and started <= self._last_throttle_at
         fields = _lowered(headers)
@@ -685,23 +681,10 @@ class SiteBudget:
         at = max(self._not_before(now), self._tokens_at)
         return self._token_time(at, self._tokens_after(self._tokens_at, self._tokens, at), need)
 
-    def _expected_start(self, place: int, now: float) -> tuple[float, bool]:
-        """When the request with `place` others ahead of it is expected to start, and whether
-        the concurrency cap (slots freeing at the site's observed latency) is what binds."""
-        start = self._token_start(now, place + 1.0)
-        cap = self.max_concurrency()
-        free = cap - len(self._in_flight)
-        if place >= free and self._latency > 0:
-            by_slots = now + (place + 1 - free) * self._latency / cap
-            if by_slots > start:
-                return by_slots, True
-        return start, False
-
     def _wait_s(self, place: int, start: float, arrival: float, now: float) -> float:
-        """A held request's expected wait; its deadline while it waits on a slot whose freeing
-        the budget cannot predict yet (no response seen: no latency)."""
-        free = self.max_concurrency() - len(self._in_flight)
-        if place >= free and self._latency == 0:
+        """A held request's expected wait; its deadline while it waits on a slot (when a slot
+        frees depends on the site and the proxy's own load: not predicted)."""
+        if place >= self.max_concurrency() - len(self._in_flight):
             return arrival + self.settings.max_hold - now
         return start - now
 
@@ -732,11 +715,11 @@ class SiteBudget:
         rate = self._effective_rate(now)
         kept: dict[int, float] = {}
         for ticket, arrival in self._queue.items():
-            start, by_slots = self._expected_start(len(kept), now)
+            start = self._token_start(now, len(kept) + 1.0)
             if start - arrival > self.settings.max_hold + _EPS:
                 decided.append(Turn("refuse", ticket, rate, waited_s=now - arrival,
                                     retry_after_s=max(1, math.ceil(start - now - _EPS)),
-                                    reason=self._hold_text(len(kept), start, arrival, now, by_slots)))
+                                    reason=self._hold_text(len(kept), start, arrival, now)))
             else:
                 kept[ticket] = arrival
         self._queue = kept or _NO_TICKETS
@@ -760,7 +743,7 @@ class SiteBudget:
             return self._refusal(ticket, arrival, now, 1.0, reason)
         start = self._token_start(now)
         return self._refusal(ticket, arrival, now, start - now,
-                             self._hold_text(0, start, arrival, now, False))
+                             self._hold_text(0, start, arrival, now))
 
     def _start(self, ticket: int, arrival: float, now: float) -> Turn:
         k = self._tokens_now(now)
@@ -812,18 +795,12 @@ class SiteBudget:
         reason = f"{self._breaker_reason or 'breaker open'} ({left:.0f}s left)"
         return self._refusal(ticket, arrival, now, left, reason)
 
-    def _hold_text(self, place: int, start: float, arrival: float, now: float,
-                   by_slots: bool) -> str:
+    def _hold_text(self, place: int, start: float, arrival: float, now: float) -> str:
         """Why a request is refused for its hold: the real expected wait, and what sets it."""
         held = f"{now - arrival:.1f}s held, " if now - arrival >= 0.05 else ""
-        if by_slots:
-            pace = (f"{self.max_concurrency()} at a time at pacing.max_concurrency,"
-                    f" ~{self._latency:.2f}s each")
-        else:
-            pace = f"at {self._effective_rate(now):.3g}/s"
         why = f"; {self._pause_reason}" if now < self._paused_until and self._pause_reason else ""
-        return (f"expected wait {start - arrival:.1f}s ({held}place {place + 1:,} in line {pace})"
-                f" > pacing.max_hold {self.settings.max_hold:g}s{why}")
+        return (f"expected wait {start - arrival:.1f}s ({held}place {place + 1:,} in line at"
+                f" {self._effective_rate(now):.3g}/s) > pacing.max_hold {self.settings.max_hold:g}s{why}")
 
 
 # -- small readers -------------------------------------------------------------------------------

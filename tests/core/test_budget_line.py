@@ -154,41 +154,6 @@ def test_a_client_gone_from_the_line_is_skipped_without_stalling_it(clock):
     assert [at - t0 for _, at in starts] == pytest.approx([0.5, 1.0, 1.5, 2.0])
 
 
-def test_a_line_waiting_on_slots_expects_the_sites_observed_latency(clock):
-    b = make(clock, rate=1000.0, burst=10, max_concurrency=2, max_hold=10.0)
-    a, c = b.reserve(), b.reserve()
-    clock.advance(1.0)
-    b.on_response(a.ticket, 200, {})  # the site takes 1 s per request
-    b.on_response(c.ticket, 200, {})
-    flying = [b.reserve(), b.reserve()]
-    assert [t.action for t in flying] == ["go", "go"]
-    held = [b.reserve() for _ in range(25)]
-    # Two slots, 1 s each: place n (1-based) starts about n / 2 s from now; 20 fit in 10 s.
-    assert [t.action for t in held] == ["wait"] * 20 + ["refuse"] * 5
-    assert held[20].reason == ("expected wait 10.5s (place 21 in line 2 at a time at"
-                               " pacing.max_concurrency, ~1.00s each) > pacing.max_hold 10s")
-    assert held[9].wait_s == pytest.approx(5.0)
-
-    def answer_after_one_second(turn: Turn) -> None:
-        clock.advance(0)  # started now; answered when the next slot is due
-        pending.append(turn.ticket)
-
-    pending: list[int] = []
-    for t in flying:
-        pending.append(t.ticket)
-    started = []
-    for _ in range(40):
-        clock.advance(0.5)
-        b.on_response(pending.pop(0), 200, {})
-        for turn in b.release_due():
-            assert turn.action == "go", turn
-            started.append(turn.ticket)
-            answer_after_one_second(turn)
-        if not b.held():
-            break
-    assert started == [t.ticket for t in held[:20]]
-
-
 def test_a_head_whose_slot_never_frees_is_refused_when_its_hold_runs_out(clock):
     b = make(clock, rate=100.0, burst=10, max_concurrency=1, max_hold=10.0)
     b.reserve()  # stalls: never answered

@@ -134,8 +134,8 @@ def test_a_held_herd_reaches_the_site_at_its_rate_in_arrival_order_and_the_rest_
     # SPEC §5: releasing one wakes one; max_hold is decided from the place in line at arrival.
     site = fresh()
     # Slots and a burst to spare: the subject is the rate and the order. A herd arriving costs the
-    # proxy CPU, which shows as latency (few slots would become the limit) and as late timers
-    # (with a burst of 1 each late release loses its lag, and the line slips past its holds).
+    # proxy CPU, which shows as slow answers (few slots would become the limit) and as late
+    # timers (with a burst of 1 each late release loses its lag, and the line slips).
     proxy = start_proxy(sets=per_site(site, pacing__rate=20, pacing__burst=5, pacing__max_hold="1500ms",
                                       pacing__max_concurrency=16))
     assert proxy.get(site.url("/warm")).status_code == 200  # robots.txt is settled before the herd
