@@ -332,14 +332,21 @@ class Pacing:
 
     def _give_back(self, flow: http.HTTPFlow, notes: FlowNotes) -> None:
         ticket = notes.facts.pop(TICKET, None)
-        if ticket is not None and self.budgets is not None:
-            self.budget(notes.site).release(ticket)
-            self._pump(notes.site)
+        if ticket is not None:
+            self._give_back_ticket(notes.site, ticket)
+
+    def _give_back_ticket(self, site: str, ticket: int) -> None:
+        if self.budgets is not None:
+            self.budget(site).release(ticket)
+            self._pump(site)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         notes = notes_of(flow)
         ticket = notes.facts.pop(TICKET, None)
-        if ticket is None or flow.response is None or notes.local:
+        if ticket is None:
+            return
+        if flow.response is None or notes.local:  # answered here after its turn: the slot passes on
+            self._give_back_ticket(notes.site, ticket)
             return
         site = notes.site
         budget = self.budget(site)
