@@ -4,9 +4,12 @@ The request hook asks the site's `SiteBudget` for a turn and waits (only this fl
 may start; the responseheaders hook tells the budget what the site answered. The budget decides,
 this addon only waits and answers:
 
-- `go`: forward; `wait`: sleep until the turn is due or the site changes (a start, a response,
-  a cancel), whichever comes first, then ask again; `refuse`: answer locally 503 + Retry-After
-  (`paused`): held too long, or the breaker is open.
+- `go`: forward; `refuse`: answer locally 503 + Retry-After (`paused`): the expected wait is
+  beyond max_hold, or the breaker is open; `wait`: park the request on a future of its own.
+  Each site has one timer, set to the time its line next moves (`SiteBudget.due`); the timer,
+  and every response, failure or cancel (a slot may be free), asks `release_due` who starts or
+  is refused now and wakes exactly those (SPEC §5: releasing one wakes one, not every held
+  request).
 - Other features' restraints (`Runtime.restraints_for`: robots.txt crawl-delay, runaway,
   health) scale and cap the budget's rate and concurrency before every decision; a `paused`
   restraint answers the site's requests locally 503 `paused`.
@@ -44,6 +47,9 @@ NAMESPACE = "pacing"
 TICKET = "pacing_ticket"
 SAVE_EVERY_S = 5.0
 PAUSED_RETRY_S = 60  # Retry-After for a feature's pause (a restraint has no end time of its own)
+# What a parked request is woken with when its turn never comes.
+GONE = "gone"          # its client went away: dropped, never sent
+STOPPING = "stopping"  # the proxy stops: answered locally 503 `paused`
 
 
 class Pacing:
@@ -51,8 +57,11 @@ class Pacing:
         self.rt = runtime
         self._config: Any = None
         self.budgets: Budgets | None = None
-        self._changed: dict[str, asyncio.Event] = {}   # site -> set when its line may move
-        self._gone: dict[int, asyncio.Event] = {}       # id(client) -> set when it disconnects
+        # Held requests, one future each: woken one by one as the site's line decides them.
+        self._parked: dict[str, dict[int, asyncio.Future[Turn | str]]] = {}  # site -> ticket ->
+        self._by_client: dict[int, list[asyncio.Future[Turn | str]]] = {}   # id(client) -> its own
+        self._timers: dict[str, asyncio.TimerHandle] = {}  # site -> when its line next moves
+        self._stop_watch: asyncio.Task[None] | None = None
         self._saved_at: dict[str, float] = {}           # site -> monotonic time of the last save
         runtime.rate_of = self.rate_of
         runtime.site_status.append(self.status)
@@ -81,6 +90,14 @@ class Pacing:
     def _reset(self) -> None:
         if self.budgets is not None:
             self.save_all()
+        # The lines belong to the old budgets: whoever waits in them asks again later.
+        for parked in self._parked.values():
+            for ticket, future in list(parked.items()):
+                _settle(future, Turn("refuse", ticket, 0.0, retry_after_s=1,
+                                     reason="pacing settings changed while held; not sent to the site"))
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
         self._config = self.rt.config
         self.budgets = Budgets(self.rt.config)
 
@@ -132,40 +149,114 @@ class Pacing:
 
     # -- waiting -------------------------------------------------------------------------------
 
-    def _notify(self, site: str) -> None:
-        """Wake everyone held for `site`: a slot or a token may be theirs now."""
-        event = self._changed.pop(site, None)
-        if event is not None:
-            event.set()
+    def _pump(self, site: str) -> None:
+        """Wake exactly the held requests whose turn the site's line decides now; set its timer.
 
-    def _site_event(self, site: str) -> asyncio.Event:
-        event = self._changed.get(site)
-        if event is None:
-            event = self._changed[site] = asyncio.Event()
-        return event
-
-    async def _sleep(self, site: str, timeout: float, *also: asyncio.Event) -> None:
-        """Until `timeout`, the site's line moves, or one of `also` is set."""
-        events = (self._site_event(site), self.rt.stopping, *also)
-        waiters = [asyncio.ensure_future(e.wait()) for e in events]
+        SPEC §5: releasing one wakes one. Called when the line's time comes (the site's one
+        timer) and whenever a slot may have freed (a response, a failure, a cancel).
+        """
+        budget = self.budget(site)
+        parked = self._parked.get(site, {})
         try:
-            await asyncio.wait(waiters, timeout=max(timeout, 0.001),
-                               return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waiters:
-                w.cancel()
+            if budget.held():
+                paused = self._restrain(site, budget)  # a feature may pause or slow the site meanwhile
+                if paused is not None and not self.rt.observe:
+                    for ticket, future in list(parked.items()):
+                        budget.cancel(ticket)
+                        _settle(future, Turn("refuse", ticket, budget.rate, reason=paused,
+                                             retry_after_s=PAUSED_RETRY_S))
+            for turn in budget.release_due():
+                future = parked.get(turn.ticket)
+                if future is not None and not future.done():
+                    future.set_result(turn)
+                elif turn.action == "go":  # nobody waits for it any more: free the slot at once
+                    budget.release(turn.ticket)
+            self._set_timer(site, budget.due())
+        except Exception as e:  # noqa: BLE001 - a held request must never be left parked forever
+            log.exception("%s: pacing could not move the line", site)
+            for future in parked.values():
+                if not future.done():
+                    future.set_exception(e)
 
-    def _gone_event(self, client: connection.Client) -> asyncio.Event:
-        event = self._gone.get(id(client))
-        if event is None:
-            event = self._gone[id(client)] = asyncio.Event()
-        return event
+    def _set_timer(self, site: str, due: float | None) -> None:
+        """One timer per site, at the time the line next has something to decide."""
+        timer = self._timers.pop(site, None)
+        if due is None:
+            if timer is not None:
+                timer.cancel()
+            return
+        loop = asyncio.get_running_loop()
+        when = loop.time() + max(0.0, due - time.time())  # the budgets run on the wall clock
+        if timer is not None:
+            if abs(timer.when() - when) < 1e-4:
+                self._timers[site] = timer
+                return
+            timer.cancel()
+        self._timers[site] = loop.call_at(when, self._fire, site)
+
+    def _fire(self, site: str) -> None:
+        self._timers.pop(site, None)
+        self._pump(site)
+
+    async def _wait_turn(self, site: str, budget: SiteBudget, turn: Turn,
+                         client: connection.Client | None) -> Turn | str:
+        """Park a held request until the line decides its turn (a `Turn`), or GONE / STOPPING."""
+        outcome: Turn | str = STOPPING
+        if not self.rt.stopping.is_set():
+            outcome = GONE
+            if client is None or _connected(client):
+                future = self._park(site, turn.ticket, client)
+                try:
+                    outcome = await future
+                finally:
+                    self._unpark(site, turn.ticket, client, future)
+                    if not isinstance(outcome, Turn):  # gone, stopping, or cancelled itself
+                        budget.cancel(turn.ticket)
+                        self._pump(site)
+                return outcome
+        budget.cancel(turn.ticket)
+        self._pump(site)
+        return outcome
+
+    def _park(self, site: str, ticket: int,
+              client: connection.Client | None) -> asyncio.Future[Turn | str]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Turn | str] = loop.create_future()
+        self._parked.setdefault(site, {})[ticket] = future
+        if client is not None:
+            self._by_client.setdefault(id(client), []).append(future)
+        if self._stop_watch is None or self._stop_watch.done() or self._stop_watch.get_loop() is not loop:
+            self._stop_watch = loop.create_task(self._release_on_stop())
+        self._pump(site)
+        return future
+
+    def _unpark(self, site: str, ticket: int, client: connection.Client | None,
+                future: asyncio.Future[Turn | str]) -> None:
+        parked = self._parked.get(site)
+        if parked is not None and parked.get(ticket) is future:
+            del parked[ticket]
+            if not parked:
+                del self._parked[site]
+        if client is not None and (mine := self._by_client.get(id(client))) is not None:
+            if future in mine:
+                mine.remove(future)
+            if not mine:
+                del self._by_client[id(client)]
+
+    async def _release_on_stop(self) -> None:
+        """MITMPROXY-NOTES: release held flows before shutting down (503 `paused`)."""
+        await self.rt.stopping.wait()
+        self._settle_all(STOPPING)
+
+    def _settle_all(self, outcome: str) -> None:
+        for parked in list(self._parked.values()):
+            for future in list(parked.values()):
+                _settle(future, outcome)
 
     def client_disconnected(self, client: connection.Client) -> None:
         # MITMPROXY-NOTES: fires at once, while the request hook of its flows may still be held.
-        event = self._gone.pop(id(client), None)
-        if event is not None:
-            event.set()
+        for future in self._by_client.pop(id(client), ()):
+            _settle(future, GONE)
 
     # -- hooks ---------------------------------------------------------------------------------
 
@@ -190,40 +281,27 @@ class Pacing:
         if self.rt.observe:
             self._observe(flow, notes, budget, turn, paused)
             return
-        if turn.action == "go":
-            notes.facts[TICKET] = turn.ticket
-            return
-        gone = self._gone_event(flow.client_conn)
-        while turn.action == "wait":
-            if self.rt.stopping.is_set():
-                budget.cancel(turn.ticket)
-                self._notify(site)
+        if turn.action == "wait":
+            held_at = time.monotonic()
+            outcome = await self._wait_turn(site, budget, turn, flow.client_conn)
+            if not isinstance(outcome, Turn):
+                notes.waited_s = time.monotonic() - held_at
+                self._unsent(flow, notes, outcome, turn)
+                return
+            turn = outcome
+            if turn.action == "go" and not _connected(flow.client_conn):
+                # Went away between its turn and now: the slot passes on, the site sees nothing.
+                budget.release(turn.ticket)
+                self._pump(site)
                 notes.waited_s = turn.waited_s
-                answer_locally(flow, 503, "paused", "proxy stopping; not sent to the site",
-                               max(1, math.ceil(turn.wait_s)))
-                assert flow.response is not None
-                flow.response.headers["Connection"] = "close"  # no keep-alive into a shutdown
+                self._unsent(flow, notes, GONE, turn)
                 return
-            if gone.is_set() or not _connected(flow.client_conn):
-                self._drop(flow, notes, budget, turn)
-                return
-            await self._sleep(site, turn.wait_s, gone)
-            paused = self._restrain(site, budget)
-            if paused is not None:
-                budget.cancel(turn.ticket)
-                self._notify(site)
-                notes.waited_s = turn.waited_s
-                answer_locally(flow, 503, "paused", paused, PAUSED_RETRY_S)
-                return
-            turn = budget.admit(turn.ticket)
         notes.waited_s = turn.waited_s
         if turn.action == "refuse":
-            self._notify(site)
             answer_locally(flow, 503, "paused", turn.reason + self._restraint_note(site),
                            turn.retry_after_s)
             return
         notes.facts[TICKET] = turn.ticket
-        self._notify(site)  # the next in line may start too (burst, free slot)
 
     def _observe(self, flow: http.HTTPFlow, notes: FlowNotes, budget: SiteBudget, turn: Turn,
                  paused: str | None) -> None:
@@ -240,25 +318,35 @@ class Pacing:
         if started.action == "go":
             notes.facts[TICKET] = started.ticket
 
-    def _drop(self, flow: http.HTTPFlow, notes: FlowNotes, budget: SiteBudget, turn: Turn) -> None:
-        """The client went away while held: its turn passes on and the site never sees it."""
-        budget.cancel(turn.ticket)
-        self._notify(notes.site)
-        notes.waited_s = turn.waited_s
+    def _unsent(self, flow: http.HTTPFlow, notes: FlowNotes, why: str, turn: Turn) -> None:
+        """A held request that will not be sent: its client went away, or the proxy stops."""
+        if why == STOPPING:
+            answer_locally(flow, 503, "paused", "proxy stopping; not sent to the site",
+                           max(1, math.ceil(turn.wait_s - notes.waited_s)))
+            assert flow.response is not None
+            flow.response.headers["Connection"] = "close"  # no keep-alive into a shutdown
+            return
         # A local answer (nobody reads it) keeps mitmproxy from forwarding the request.
         answer_locally(flow, 503, "paused",
-                       f"client went away after {turn.waited_s:.1f}s held; not sent to the site")
+                       f"client went away after {notes.waited_s:.1f}s held; not sent to the site")
 
     def _give_back(self, flow: http.HTTPFlow, notes: FlowNotes) -> None:
         ticket = notes.facts.pop(TICKET, None)
-        if ticket is not None and self.budgets is not None:
-            self.budget(notes.site).release(ticket)
-            self._notify(notes.site)
+        if ticket is not None:
+            self._give_back_ticket(notes.site, ticket)
+
+    def _give_back_ticket(self, site: str, ticket: int) -> None:
+        if self.budgets is not None:
+            self.budget(site).release(ticket)
+            self._pump(site)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         notes = notes_of(flow)
         ticket = notes.facts.pop(TICKET, None)
-        if ticket is None or flow.response is None or notes.local:
+        if ticket is None:
+            return
+        if flow.response is None or notes.local:  # answered here after its turn: the slot passes on
+            self._give_back_ticket(notes.site, ticket)
             return
         site = notes.site
         budget = self.budget(site)
@@ -275,9 +363,9 @@ class Pacing:
         except Exception:  # noqa: BLE001 - learning must never take the response down
             log.exception("%s: pacing could not read the response", site)
             budget.release(ticket)
-            self._notify(site)
+            self._pump(site)
             return
-        self._notify(site)
+        self._pump(site)
         self._record(notes, decision)
         if decision.throttled:
             self.save(site, budget)
@@ -320,20 +408,18 @@ class Pacing:
             turn = budget.admit(turn.ticket, force=True) if turn.action != "refuse" else turn
         elif paused is not None:
             budget.cancel(turn.ticket)
+            self._pump(site)
             turn = Turn("refuse", turn.ticket, turn.rate, reason=paused)
-        while turn.action == "wait":
-            if self.rt.stopping.is_set():
-                budget.cancel(turn.ticket)
-                self._notify(site)
+        if turn.action == "wait":
+            outcome = await self._wait_turn(site, budget, turn, None)
+            if not isinstance(outcome, Turn):
                 raise SideFetchError("not sent: proxy stopping")
-            await self._sleep(site, turn.wait_s)
-            turn = budget.admit(turn.ticket)
+            turn = outcome
         if turn.action != "go":
-            self._notify(site)
             raise SideFetchError(f"not sent: {turn.reason}")
         # The token is spent; the slot is given back at once (the fetch has no response hook).
         budget.release(turn.ticket)
-        self._notify(site)
+        self._pump(site)
 
     # -- persistence ---------------------------------------------------------------------------
 
@@ -355,6 +441,11 @@ class Pacing:
 
     def done(self) -> None:
         self.save_all()
+
+
+def _settle(future: asyncio.Future[Turn | str], outcome: Turn | str) -> None:
+    if not future.done():
+        future.set_result(outcome)
 
 
 def _connected(client: connection.Client) -> bool:

@@ -3,9 +3,11 @@
 Not http.server: that manages ~2k req/s, and the overhead benchmark needs a site so fast
 that the proxy is the only thing being measured (wrk direct: ~15-25k req/s here).
 
-    python benchmarks/site.py [--port 0] [--body 1024]
+    python benchmarks/site.py [--port 0] [--body 1024] [--ports N] [--log FILE]
 
-Prints `site listening on http://127.0.0.1:PORT` when ready. Routes:
+Prints `site listening on http://127.0.0.1:PORT` when ready (one line per port with `--ports`:
+N sites in one process, each its own `host:port`). `--log FILE`: the site's own request log,
+one line per request (`monotonic-seconds port target`), written when it stops. Routes:
 - /robots.txt: `User-agent: *` / `Disallow: /private/` (so the proxy has rules to check);
 - anything else: 200 text/html with a fixed ETag and Last-Modified; a request carrying the
   matching If-None-Match gets a 304 (as a real site would, so revalidation is exercised).
@@ -18,6 +20,7 @@ import argparse
 import asyncio
 import signal
 import sys
+import time
 
 ROBOTS = b"User-agent: *\nDisallow: /private/\n"
 ETAG = b'"bench-1"'
@@ -33,10 +36,12 @@ class Site(asyncio.Protocol):
     page: bytes = b""
     robots: bytes = b""
     not_modified: bytes = b""
+    log: list[str] | None = None  # with --log: every request, as it arrives
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.buf = b""
+        self.port = transport.get_extra_info("sockname")[1] if self.log is not None else 0
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
@@ -50,6 +55,8 @@ class Site(asyncio.Protocol):
             first, _, headers = head.partition(b"\r\n")
             parts = first.split(b" ")
             target = parts[1] if len(parts) > 1 else b"/"
+            if self.log is not None:
+                self.log.append(f"{time.monotonic():.6f} {self.port} {target.decode('latin-1')}")
             if target.endswith(b"/robots.txt"):
                 out.append(self.robots)
             elif b"\r\nif-none-match: " + ETAG in (b"\r\n" + headers).lower():
@@ -60,27 +67,37 @@ class Site(asyncio.Protocol):
             self.transport.write(b"".join(out))  # type: ignore[attr-defined]
 
 
-async def main(port: int, body_size: int) -> None:
+async def main(port: int, body_size: int, ports: int = 1, log: str | None = None) -> None:
     validators = b"ETag: " + ETAG + b"\r\nLast-Modified: " + LAST_MODIFIED + b"\r\n"
     body = (b"<!doctype html><title>bench</title><p>" + b"x" * body_size)[:body_size]
     Site.page = _response(b"200 OK", body, b"text/html; charset=utf-8", validators)
     Site.robots = _response(b"200 OK", ROBOTS, b"text/plain")
     Site.not_modified = b"HTTP/1.1 304 Not Modified\r\n" + validators + b"\r\n"
+    if log is not None:
+        Site.log = []
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(Site, "127.0.0.1", port, backlog=1024)
+    servers = [await loop.create_server(Site, "127.0.0.1", port if ports == 1 else 0, backlog=1024)
+               for _ in range(ports)]
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    real_port = server.sockets[0].getsockname()[1]
-    sys.stdout.write(f"site listening on http://127.0.0.1:{real_port}\n")
+    for server in servers:
+        real_port = server.sockets[0].getsockname()[1]
+        sys.stdout.write(f"site listening on http://127.0.0.1:{real_port}\n")
     sys.stdout.flush()
-    async with server:
-        await stop.wait()
+    await stop.wait()
+    for server in servers:
+        server.close()
+    if log is not None and Site.log is not None:
+        with open(log, "w") as f:
+            f.write("\n".join(Site.log) + "\n")
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--body", type=int, default=1024, help="page body size in bytes")
+    p.add_argument("--ports", type=int, default=1, help="sites to serve, one port each")
+    p.add_argument("--log", help="write the site's request log here when it stops")
     a = p.parse_args()
-    asyncio.run(main(a.port, a.body))
+    asyncio.run(main(a.port, a.body, a.ports, a.log))

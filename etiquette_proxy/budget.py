@@ -1,24 +1,32 @@
 """The per-site budget: token bucket, concurrency cap, pauses, ceiling and breaker (SPEC §5).
 
-A `SiteBudget` is a pure scheduler. It never sleeps; it answers "may this request start now,
-and if not, how long until it is worth asking again" and the addon does the waiting:
+A `SiteBudget` is a pure scheduler. It never sleeps: it keeps the site's waiting line, decides
+who starts next and when, and the addon does the waiting:
 
-    turn = budget.reserve()                      # arrival: go, wait, or refuse
-    while turn.action == "wait":
-        await <the site's asyncio.Condition>, timeout=turn.wait_s
-        if the client went away: budget.cancel(turn.ticket); return     # never contacts the site
-        turn = budget.admit(turn.ticket)
-    if turn.action == "refuse": answer 503 + Retry-After: turn.retry_after_s (outcome `paused`)
+    turn = budget.reserve()              # arrival: go, wait (in line), or refuse at once
+    if turn.action == "wait": park the request until its turn is decided
+    at budget.due(), and after every cancel / release / on_response (a slot may be free):
+        for turn in budget.release_due(): wake that one request (go, or refuse: 503 `paused`)
+    if its client went away while parked: budget.cancel(turn.ticket)  # never contacts the site
     ... forward ...
     decision = budget.on_response(turn.ticket, status, headers)       # also frees the slot
     (on a network error: budget.release(turn.ticket))
 
-The addon notifies the site's Condition after every call that returned "go", after `cancel`,
-`release` and `on_response`: waiters wake, ask `admit` again, and only the head of the line
-can start, so requests start in arrival order. Held requests are queued here, not given a
-start time at arrival, so a 429 that arrives while they wait moves all of them behind the pause
-(SPEC §5: not one request reaches a site inside a pause it asked for) instead of releasing a
-burst the moment it ends.
+SPEC §5, held requests cost nothing while they wait: a release wakes exactly the requests it
+starts or refuses (O(1) each), in arrival order, at the time the bucket and the pause say.
+`pacing.max_hold` is decided at arrival from the request's place in line and the site's rate
+now (its expected start: when the bucket, after any pause, has handed a token to everyone
+ahead): a request that would wait longer is refused at once, and the reason says the expected
+wait. When a slot frees is not predicted (it depends on the site and on the proxy's own load:
+measured through a flooded proxy, slot times ran 10x the real ones and refused lines that
+then moved fine); a head waiting on a slot is refused when its hold runs out.
+
+When the schedule slows while requests are held (a 429's pause and halved rate, a RateLimit
+hint, robots.txt or another feature lowering the rate), the next `release_due` re-checks the
+line once: whoever's expected start now lies beyond its max_hold is refused then, the others
+keep their places and start after the pause at the new rate (SPEC §5: not one request
+reaches a site inside a pause it asked for). `admit(ticket)` asks the same line about one
+ticket (the polling form, for callers without wake-ups).
 
 Observe mode (`--mode observe`): `reserve()` says what enforce mode would do (log it as
 `would`), then `admit(ticket, force=True)` starts the request at once, so the bucket still
@@ -54,10 +62,13 @@ _EPS = 1e-9
 # ceiling 0.8 x 2.5 = 2.0).
 _CEILING_MARGIN = 0.025
 _STATE_VERSION = 1
+# How late past max_hold a held request may still start when only its token is late (timers
+# on a busy proxy fire late): see SiteBudget._limit_of.
+_SLIP_S = 1.0
+_SLIP_SHARE = 0.05
 # One shared object for "never" (each `-math.inf` expression would be a new 24-byte float).
 _NEVER = -math.inf
 _NO_RESTRAINT = (1.0, math.inf, 1.0)
-_NO_PLAN_TAIL = (0.0, 0.0)
 # What an idle site's queue, in-flight set and 429 list are: shared and read-only (a write that
 # forgot to make the site its own dict raises instead of leaking tickets between sites).
 _NO_TICKETS = cast(dict[int, float], MappingProxyType({}))
@@ -164,7 +175,7 @@ class SiteBudget:
                  "_last_throttle_at", "_recent", "_paused_until", "_pause_reason",
                  "_breaker_until", "_breaker_reason", "_hint_rate", "_hint_until", "_restraint",
                  "_tokens", "_tokens_at", "_queue", "_in_flight", "_next_ticket", "_sent",
-                 "_plan", "_plan_tail")
+                 "_head_ticket", "_recheck")
 
     def __init__(self, site: str, settings: PacingSettings | None = None, clock: Clock = wall,
                  random: Callable[[], float] = _random.random):
@@ -194,8 +205,8 @@ class SiteBudget:
         self._in_flight = _NO_TICKETS  # ticket -> start
         self._next_ticket = 1
         self._sent: list[list[float]] = []  # [last start, rate]: rates recently sent at, oldest first
-        self._plan: dict[int, float] | None = None
-        self._plan_tail = _NO_PLAN_TAIL            # (start, tokens left) after the last planned
+        self._head_ticket = 1     # first ticket in line (tickets count arrivals: FIFO by number)
+        self._recheck = False     # the schedule slowed while requests were held
 
     @classmethod
     def from_config(cls, config: Any, site: str, clock: Clock = wall,
@@ -274,28 +285,91 @@ class SiteBudget:
         self._bank(now)  # tokens earned at the old rate stay earned
         self._restraint = restraint
         self._tokens = min(self._tokens, float(self._burst()))
-        self._plan = None
+        self._slowed()
         return True
 
     # -- scheduling --------------------------------------------------------------------------
 
     def reserve(self) -> Turn:
-        """A request arrives: take a ticket and a place in line (or a refusal)."""
+        """A request arrives: start it, give it a place in line, or refuse it at once.
+
+        SPEC §5 max_hold is decided here, from the request's place in line and the site's rate
+        and concurrency now (its expected start), not after it has waited.
+        """
         now = self._clock()
         self._settle(now)
         ticket = self._next_ticket
         self._next_ticket += 1
         if now < self._breaker_until:
             return self._breaker_refusal(ticket, now, now)
+        place = len(self._queue)
+        start = self._token_start(now, place + 1.0)
+        if place == 0 and start <= now + _EPS and len(self._in_flight) < self.max_concurrency():
+            return self._start(ticket, now, now)
+        if start - now > self.settings.max_hold + _EPS:
+            return self._refusal(ticket, now, now, start - now,
+                                 self._hold_text(place, start, now, now))
         if self._queue is _NO_TICKETS:
             self._queue = {}
+            self._head_ticket = ticket
         self._queue[ticket] = now
-        if self._plan is not None:  # still valid: only appends since it was made
-            self._extend_plan(ticket, now)
-        return self.admit(ticket)
+        return self._wait(ticket, now, now, self._wait_s(place, start, now, now))
+
+    def release_due(self) -> list[Turn]:
+        """The held requests whose turn is decided now, in arrival order: `go` or `refuse`.
+
+        SPEC §5: releasing one wakes one. The work is O(1) per request started or refused, plus
+        one pass over the line after the schedule slowed down (see `_recheck_line`).
+        """
+        now = self._clock()
+        self._settle(now)
+        decided: list[Turn] = []
+        if not self._queue:
+            return decided
+        if now < self._breaker_until:
+            for ticket, arrival in list(self._queue.items()):
+                decided.append(self._breaker_refusal(ticket, arrival, now))
+            return decided
+        if self._recheck:
+            self._recheck_line(now, decided)
+        cap = self.max_concurrency()
+        while (head := self._head()) is not None:
+            arrival = self._queue[head]
+            slot = len(self._in_flight) < cap
+            start = self._token_start(now) if slot else math.inf
+            if start <= now + _EPS:
+                decided.append(self._start(head, arrival, now))
+            elif now >= arrival + self.settings.max_hold - _EPS and start > self._limit_of(arrival) + _EPS:
+                decided.append(self._overdue(head, arrival, now, slot))
+            else:
+                break
+        return decided
+
+    def due(self) -> float | None:
+        """When `release_due` next has something to decide (clock time); None with nobody held.
+
+        With every slot taken that is the head's deadline: a slot freed earlier (`release`,
+        `cancel`, `on_response`) is the caller's cue to call `release_due` at once.
+        """
+        head = self._head()
+        if head is None:
+            return None
+        now = self._clock()
+        if now < self._breaker_until or self._recheck:
+            return now
+        arrival = self._queue[head]
+        deadline = arrival + self.settings.max_hold
+        if len(self._in_flight) >= self.max_concurrency():
+            return deadline
+        start = self._token_start(now)
+        return start if start <= self._limit_of(arrival) else min(start, deadline)
 
     def admit(self, ticket: int, force: bool = False) -> Turn:
-        """May this held request start now? (`force`: start it regardless, for observe mode.)"""
+        """The polling form of the line: has `ticket` started, been refused, or how long to wait?
+
+        `force` starts it at once whatever the line says (observe mode: the site gets it anyway,
+        so the bucket still tracks what the site really received).
+        """
         now = self._clock()
         self._settle(now)
         if ticket in self._in_flight:
@@ -306,36 +380,16 @@ class SiteBudget:
                         reason="no longer held (cancelled or refused earlier)")
         if force:
             return self._start(ticket, arrival, now)
-        if now < self._breaker_until:
-            return self._breaker_refusal(ticket, arrival, now)
-        deadline = arrival + self.settings.max_hold
-        head = next(iter(self._queue)) == ticket
-        if head:
-            start = self._head_start(now)
-        else:
-            plan = self._plan if self._plan is not None else self._compute_plan(now)
-            start = plan[ticket]
-        if start - arrival > self.settings.max_hold + _EPS:
-            return self._refusal(ticket, arrival, now, start - now,
-                                 self._hold_text(start, arrival, now))
-        if head and start > now + _EPS:
-            return self._wait(ticket, arrival, now, start - now)
-        if head and len(self._in_flight) < self.max_concurrency():
-            return self._start(ticket, arrival, now)
-        if now >= deadline - _EPS:
-            # Its turn came but the line (or the concurrency cap) still holds it: held too long.
-            s = self.settings
-            return self._refusal(ticket, arrival, now, 1.0, (
-                f"held {now - arrival:.0f}s at pacing.max_concurrency {self.max_concurrency()}"
-                f" > pacing.max_hold {s.max_hold:g}s"))
-        # Only the head may start, and only into a free slot; a start or a release wakes it.
-        return self._wait(ticket, arrival, now, deadline - now)
+        for turn in self.release_due():
+            if turn.ticket == ticket:
+                return turn
+        due = self.due() if ticket == self._head() else None
+        wait_s = (due if due is not None else arrival + self.settings.max_hold) - now
+        return self._wait(ticket, arrival, now, wait_s)
 
     def cancel(self, ticket: int) -> None:
         """The client went away: drop its request unsent; its place and token go to the next."""
-        if self._unqueue(ticket) is not None:
-            self._plan = None  # tokens are taken only at start, so nothing else to give back
-        else:
+        if self._unqueue(ticket) is None:  # tokens are taken only at start: nothing to give back
             self.release(ticket)
 
     def release(self, ticket: int) -> None:
@@ -375,7 +429,7 @@ class SiteBudget:
         self._bank(now)
         self._robots_rate = min(rates) if rates else None
         self._rate = min(self._rate, self._limit())
-        self._plan = None
+        self._slowed()
 
     # -- persistence -------------------------------------------------------------------------
 
@@ -442,7 +496,7 @@ class SiteBudget:
         self._hint_until = hint_until if self._hint_rate else _NEVER
         self._forget_ceiling(now)
         self._tokens, self._tokens_at = min(self._tokens, float(self._burst())), now
-        self._plan = None
+        self._slowed()
 
     # -- internals: the 429 contract ---------------------------------------------------------
 
@@ -508,7 +562,7 @@ class SiteBudget:
             if hint.max_rate is not None:
                 self._bank(now)
                 self._hint_rate, self._hint_until = hint.max_rate, now + hint.hold_s
-                self._plan = None
+                self._slowed()
             reasons.append(hint.reason)
         if 200 <= status < 400 and not echo:
             self._recover(now)
@@ -523,13 +577,12 @@ class SiteBudget:
         if self._rate < cap:
             self._bank(now)
             self._rate = min(self._rate + self.settings.recovery_step, cap)
-            self._plan = None
 
     def _pause(self, now: float, pause: float, reason: str) -> None:
         if now + pause > self._paused_until:
             self._paused_until = now + pause
             self._pause_reason = reason
-        self._plan = None
+        self._slowed()
 
     def _decision(self, throttled: bool, now: float, pause: float, retry: RetryAfter | None,
                   reason: str, notes: tuple[str, ...], breaker: bool = False) -> ThrottleDecision:
@@ -585,7 +638,6 @@ class SiteBudget:
         if self._hint_rate is not None and now >= self._hint_until:
             self._bank(now)
             self._hint_rate = None
-            self._plan = None
         self._forget_ceiling(now)
 
     def _bank(self, now: float) -> None:
@@ -607,49 +659,91 @@ class SiteBudget:
         k += (later - t - slow) * self._restrained(self._rate)
         return min(float(self._burst()), k)
 
-    def _token_time(self, t: float, k: float) -> float:
-        """The first moment at or after `t` when the bucket (holding `k` at `t`) has a token."""
-        if k >= 1.0 - _EPS:
+    def _token_time(self, t: float, k: float, need: float = 1.0) -> float:
+        """The first moment at or after `t` when the bucket (holding `k` at `t`) has handed out
+        `need` tokens, each taken as it comes (so the burst cap never binds on the way)."""
+        if k >= need - _EPS:
             return t
         if self._hint_rate is not None and t < self._hint_until:
             slow_rate = self._restrained(min(self._rate, self._hint_rate))
-            ready = t + (1.0 - k) / slow_rate
+            ready = t + (need - k) / slow_rate
             if ready <= self._hint_until:
                 return ready
             k += (self._hint_until - t) * slow_rate
             t = self._hint_until
-        return t + (1.0 - k) / self._restrained(self._rate)
-
-    def _next_start(self, after: float, t: float, k: float) -> tuple[float, float]:
-        """(start, tokens left) for the next request that may not start before `after`."""
-        at = max(after, t)
-        k_at = self._tokens_after(t, k, at)
-        start = self._token_time(at, k_at)
-        left = max(k_at, 1.0) - 1.0 if start == at else 0.0
-        return start, left
+        return t + (need - k) / self._restrained(self._rate)
 
     def _not_before(self, now: float) -> float:
         return max(now, self._paused_until, self._breaker_until)
 
-    def _head_start(self, now: float) -> float:
-        return self._next_start(self._not_before(now), self._tokens_at, self._tokens)[0]
+    def _token_start(self, now: float, need: float = 1.0) -> float:
+        """When the bucket, drained in arrival order from `now`, has handed out `need` tokens."""
+        at = max(self._not_before(now), self._tokens_at)
+        return self._token_time(at, self._tokens_after(self._tokens_at, self._tokens, at), need)
 
-    def _compute_plan(self, now: float) -> dict[int, float]:
-        """Planned starts for everyone in line, if each starts on time (concurrency aside)."""
-        plan: dict[int, float] = {}
-        after, t, k = self._not_before(now), self._tokens_at, self._tokens
-        for ticket in self._queue:
-            start, k = self._next_start(after, t, k)
-            plan[ticket] = after = t = start
-        self._plan, self._plan_tail = plan, (t, k)
-        return plan
+    def _wait_s(self, place: int, start: float, arrival: float, now: float) -> float:
+        """A held request's expected wait; its deadline while it waits on a slot (when a slot
+        frees depends on the site and the proxy's own load: not predicted)."""
+        if place >= self.max_concurrency() - len(self._in_flight):
+            return arrival + self.settings.max_hold - now
+        return start - now
 
-    def _extend_plan(self, ticket: int, now: float) -> None:
-        assert self._plan is not None
-        t, k = self._plan_tail
-        start, k = self._next_start(max(t, self._not_before(now)), t, k)
-        self._plan[ticket] = start
-        self._plan_tail = (start, k)
+    def _head(self) -> int | None:
+        """The first ticket in line. Tickets are numbered in arrival order, so the head only
+        moves forward: each ticket is stepped over once (O(1) per request)."""
+        queue = self._queue
+        if not queue:
+            return None
+        head = self._head_ticket
+        while head not in queue:
+            head += 1
+        self._head_ticket = head
+        return head
+
+    def _slowed(self) -> None:
+        """The schedule may have slowed (a pause, a lower rate or cap): re-check the line."""
+        if self._queue:
+            self._recheck = True
+
+    def _recheck_line(self, now: float, decided: list[Turn]) -> None:
+        """Refuse now whoever's expected start moved beyond its max_hold; the rest keep places.
+
+        SPEC §5: a request whose wait would exceed max_hold is answered at once, not at the end
+        of the hold. One pass over the line, only after the schedule slowed down.
+        """
+        self._recheck = False
+        rate = self._effective_rate(now)
+        kept: dict[int, float] = {}
+        for ticket, arrival in self._queue.items():
+            start = self._token_start(now, len(kept) + 1.0)
+            if start - arrival > self.settings.max_hold + _EPS:
+                decided.append(Turn("refuse", ticket, rate, waited_s=now - arrival,
+                                    retry_after_s=max(1, math.ceil(start - now - _EPS)),
+                                    reason=self._hold_text(len(kept), start, arrival, now)))
+            else:
+                kept[ticket] = arrival
+        self._queue = kept or _NO_TICKETS
+
+    def _limit_of(self, arrival: float) -> float:
+        """The latest start of a request already in line that waits only for its token.
+
+        Timers fire late on a busy proxy, and with a burst of 1 each late release loses its
+        lag, so a line accepted to start within max_hold slips a little. A request already
+        held is not refused for that slip (only for a real slowdown, see `_recheck_line`, or a
+        slot that never frees): it may start up to 5 % of max_hold (at least 1 s) late.
+        """
+        hold = self.settings.max_hold
+        return arrival + hold + max(_SLIP_S, _SLIP_SHARE * hold)
+
+    def _overdue(self, ticket: int, arrival: float, now: float, slot: bool) -> Turn:
+        """The head's max_hold ran out before it could start (the site's slots stayed taken)."""
+        if not slot:
+            reason = (f"held {now - arrival:.0f}s at pacing.max_concurrency {self.max_concurrency()}"
+                      f" > pacing.max_hold {self.settings.max_hold:g}s")
+            return self._refusal(ticket, arrival, now, 1.0, reason)
+        start = self._token_start(now)
+        return self._refusal(ticket, arrival, now, start - now,
+                             self._hold_text(0, start, arrival, now))
 
     def _start(self, ticket: int, arrival: float, now: float) -> Turn:
         k = self._tokens_now(now)
@@ -663,7 +757,6 @@ class SiteBudget:
             self._sent[-1][0] = now
         else:
             self._sent.append([now, rate])
-        self._plan = None
         return Turn("go", ticket, rate, waited_s=now - arrival)
 
     def _unqueue(self, ticket: int) -> float | None:
@@ -693,8 +786,7 @@ class SiteBudget:
 
     def _refusal(self, ticket: int, arrival: float, now: float, retry_s: float,
                  reason: str) -> Turn:
-        if self._unqueue(ticket) is not None:
-            self._plan = None
+        self._unqueue(ticket)
         return Turn("refuse", ticket, self._effective_rate(now), waited_s=now - arrival,
                     retry_after_s=max(1, math.ceil(retry_s - _EPS)), reason=reason)
 
@@ -703,10 +795,12 @@ class SiteBudget:
         reason = f"{self._breaker_reason or 'breaker open'} ({left:.0f}s left)"
         return self._refusal(ticket, arrival, now, left, reason)
 
-    def _hold_text(self, start: float, arrival: float, now: float) -> str:
-        paused = start <= self._paused_until + _EPS and self._pause_reason
-        why = f"; {self._pause_reason}" if paused else ""
-        return f"hold {start - arrival:.1f}s > pacing.max_hold {self.settings.max_hold:g}s{why}"
+    def _hold_text(self, place: int, start: float, arrival: float, now: float) -> str:
+        """Why a request is refused for its hold: the real expected wait, and what sets it."""
+        held = f"{now - arrival:.1f}s held, " if now - arrival >= 0.05 else ""
+        why = f"; {self._pause_reason}" if now < self._paused_until and self._pause_reason else ""
+        return (f"expected wait {start - arrival:.1f}s ({held}place {place + 1:,} in line at"
+                f" {self._effective_rate(now):.3g}/s) > pacing.max_hold {self.settings.max_hold:g}s{why}")
 
 
 # -- small readers -------------------------------------------------------------------------------

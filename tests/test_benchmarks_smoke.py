@@ -28,3 +28,14 @@ def test_signing_benchmark_runs_at_tiny_size() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "Web Bot Auth signature, fresh" in proc.stdout
     assert "signing + chaining < 60 µs per request" in proc.stdout
+
+
+def test_held_benchmark_runs_at_tiny_size() -> None:
+    # 30 requests held for one site through the real proxy: all answered, none lost.
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "held.py"), "--quick", "--scenario", "one", "--n", "30"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "answers: {200: 30} of 30" in proc.stdout
+    assert "at the site: 30 requests; 0 of them answered non-200" in proc.stdout
