@@ -1,4 +1,4 @@
-"""The addon chain, in mitmproxy's addon order: gates on the way out, trail last."""
+"""The addon chain, in mitmproxy's addon order: gates on the way out, the audit writer last."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from etiquette_addons.audit_log import AuditWriter
 from etiquette_addons.connections import ConnectionLimits, StopGate
 from etiquette_addons.controls import OperatorControls
 from etiquette_addons.dashboard import Dashboard
@@ -22,7 +23,6 @@ from etiquette_addons.runtime import Runtime
 from etiquette_addons.settings import Settings
 from etiquette_addons.site_grouping import SiteGrouping
 from etiquette_addons.target_check import TargetCheck
-from etiquette_addons.trail import Trail
 
 log = logging.getLogger(__name__)
 
@@ -136,5 +136,5 @@ def members(rt: Runtime) -> list[Any]:
         health,  # SPEC §8: the request leaves now (its send time)
         RequestSigning(rt),  # SPEC §9: signed last, after every header the proxy adds
         ConnectionLimits(rt),  # SPEC §12: timeouts from here (read_timeout), connection limits
-        Trail(rt),  # decision header and audit line: last, after every decision is made
+        AuditWriter(rt),  # decision header and audit line: last, after every decision is made
     ]

@@ -275,7 +275,7 @@ def keygen(config: Config, args: argparse.Namespace) -> int:
 
 def verify_log(config: Config, args: argparse.Namespace) -> int:
     """SPEC §3, §11: 0 when the chain holds, 1 naming the first bad line, 2 when unreadable."""
-    from etiquette_proxy.audit_chain import verify_file
+    from etiquette_proxy.audit.chain import verify_file
 
     path = _audit_path(config, args, "verify-log")
     if path is None:
@@ -290,8 +290,8 @@ def verify_log(config: Config, args: argparse.Namespace) -> int:
 
 
 def report(config: Config, args: argparse.Namespace) -> int:
-    from etiquette_proxy.report import run_report
     from etiquette_proxy.units import parse_duration
+    from etiquette_proxy.visibility.report import run_report
 
     since = None
     if args.since is not None:

@@ -1,7 +1,7 @@
 """The commands that work with a proxy from outside it (SPEC §3): `wrap`, `env`, `ca`, `sites`.
 
 They find a running proxy through its state dir (`proxy-url`, `operator-token`, see
-etiquette_proxy/controls.py). The state dir is `--state-dir`, else `ETIQUETTE_STATE_DIR` (which
+etiquette_proxy/operate/controls.py). The state dir is `--state-dir`, else `ETIQUETTE_STATE_DIR` (which
 `env` and `wrap` export, so the commands work inside a wrapped tool), else the configured one.
 """
 
@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 from urllib.parse import urlsplit
 
-from etiquette_proxy.client_env import (
+from etiquette_proxy.operate.client_env import (
     BUNDLE_NAME,
     WGETRC_NAME,
     client_env,
@@ -30,7 +30,7 @@ from etiquette_proxy.client_env import (
     system_bundle,
     wgetrc_text,
 )
-from etiquette_proxy.controls import (
+from etiquette_proxy.operate.controls import (
     CLIENT_HEADER,
     ROUTE,
     TOKEN_HEADER,
@@ -39,7 +39,7 @@ from etiquette_proxy.controls import (
     read_url,
     write_private,
 )
-from etiquette_proxy.dashboard import HOST, pause_words
+from etiquette_proxy.visibility.page import HOST, pause_words
 
 STATE_ENV = "ETIQUETTE_STATE_DIR"
 CA_NAME = "mitmproxy-ca-cert.pem"
@@ -302,7 +302,7 @@ def wrap_command(cmd: Sequence[str], run_args: Sequence[str], state_dir: str, ke
     finally:
         _stop(proxy)
     if report != "none":
-        from etiquette_proxy.report import run_report
+        from etiquette_proxy.visibility.report import run_report
 
         err.flush()
         if not kept and not audit_log:

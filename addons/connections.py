@@ -14,7 +14,7 @@ cancels the connection's task in the proxy server's connection handler
 - Site: `upstream.read_timeout` from the moment the request leaves the last gate until the
   response head arrives. Passed: the site's connection is closed and, through mitm_patches,
   the client gets 504 (`failed`, reason names the timeout); the error hook gives the concurrency
-  slot back (pacing), and the trail writes the line.
+  slot back (pacing), and the audit writer writes the line.
 - Site connections unused for `upstream.idle_timeout` are closed, and when more than
   `upstream.max_connections` are open the least recently used idle ones are closed. mitmproxy
   keeps one per client connection and site; a site connection is closed for idleness only when
@@ -41,9 +41,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from etiquette_addons import mitm_patches
+from etiquette_addons.answers import answer_locally
 from etiquette_addons.notes import FORWARDED, notes_of, skip
 from etiquette_addons.runtime import Runtime
-from etiquette_addons.trail import answer_locally
 from mitmproxy import connection, ctx, http
 from mitmproxy.proxy import server_hooks
 
@@ -289,7 +289,7 @@ class ConnectionLimits:
     # -- sites ----------------------------------------------------------------------------------
 
     def request(self, flow: http.HTTPFlow) -> None:
-        # Last gate before the trail: the request leaves for the site now.
+        # Last gate before the audit writer: the request leaves for the site now.
         if skip(flow) or flow.request.method == "CONNECT":
             return
         notes_of(flow).facts[FORWARDED] = True

@@ -1,7 +1,7 @@
 """Operator controls (SPEC §3 `etiquette-proxy sites`): pause, resume, forget a site.
 
 The command line POSTs `{"action", "site", "for_s"}` to `http://etiquette.proxy/operator`
-through the proxy itself (see etiquette_proxy/controls.py for the guard and the files that let
+through the proxy itself (see etiquette_proxy/operate/controls.py for the guard and the files that let
 it find the proxy). Each action is one audit line with `event: operator`.
 
 - pause: the site's requests are answered locally 503 `paused` (this addon's request hook,
@@ -22,14 +22,14 @@ import math
 import os
 from typing import Any
 
+from etiquette_addons.answers import answer_locally
 from etiquette_addons.notes import notes_of, skip
 from etiquette_addons.runtime import Runtime
-from etiquette_addons.trail import answer_locally
 from mitmproxy import http
 
-from etiquette_proxy.audit import audit_record
+from etiquette_proxy.audit.log import audit_record
 from etiquette_proxy.clock import Clock, wall
-from etiquette_proxy.controls import (
+from etiquette_proxy.operate.controls import (
     ROUTE,
     TOKEN_FILE,
     URL_FILE,
@@ -43,7 +43,7 @@ from etiquette_proxy.controls import (
     site_matches,
     write_private,
 )
-from etiquette_proxy.dashboard import Page, human_seconds
+from etiquette_proxy.visibility.page import Page, human_seconds
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Second in the chain, right after Settings: a request to the dashboard host is answered in the
 `request` hook, so every later gate skips it (`skip(flow)`: it has a response), it never goes
 upstream (with connection_strategy=lazy no connection, not even a DNS lookup, is made), and
-the trail writes no audit line for it (`notes.facts["internal"]`, which every addon's
+the audit writer writes no audit line for it (`notes.facts["internal"]`, which every addon's
 response-side hook also skips).
 
 The board is fed through `runtime.listeners` with every audit record the proxy writes.
@@ -18,9 +18,9 @@ from etiquette_addons.notes import notes_of, skip
 from etiquette_addons.runtime import Runtime
 from mitmproxy import http
 
-from etiquette_proxy.board import SiteBoard
-from etiquette_proxy.dashboard import HOST, Page, serve, text_page
-from etiquette_proxy.metrics import CONTENT_TYPE_LATEST, render_metrics
+from etiquette_proxy.visibility.board import SiteBoard
+from etiquette_proxy.visibility.metrics import CONTENT_TYPE_LATEST, render_metrics
+from etiquette_proxy.visibility.page import HOST, Page, serve, text_page
 
 log = logging.getLogger(__name__)
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import logging
 
+from etiquette_addons.answers import answer_locally
 from etiquette_addons.notes import notes_of, skip
 from etiquette_addons.revalidation import PerSite, url_key
 from etiquette_addons.runtime import Runtime
-from etiquette_addons.trail import answer_locally
 from mitmproxy import http
 
 from etiquette_proxy.clock import wall
-from etiquette_proxy.gone import NAMESPACE, GonePolicy, GoneRecord
+from etiquette_proxy.revalidation.gone import NAMESPACE, GonePolicy, GoneRecord
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Target health per site: every response scored, bands acted on through pacing (SPEC §8).
 
-The scoring lives in the core (etiquette_proxy/health.py, signals.py); this addon feeds it and
+The scoring lives in the core (etiquette_proxy/health/site.py, signals.py); this addon feeds it and
 acts on what it returns:
 
 - every forwarded response (and connection error) is classified and counted, with its latency
@@ -38,13 +38,13 @@ from etiquette_addons.runtime import Restraint, Runtime
 from etiquette_addons.side_fetch import SideFetchError, fetch
 from mitmproxy import http
 
-from etiquette_proxy.audit import audit_record
+from etiquette_proxy.audit.log import audit_record
 from etiquette_proxy.clock import Clock, wall
-from etiquette_proxy.dashboard import Page
-from etiquette_proxy.health import Band, BandChange, HealthBook, HealthSettings, SiteHealth
-from etiquette_proxy.parser_health import ParserSummary
-from etiquette_proxy.robots import RobotsSettings, product_token
-from etiquette_proxy.signals import HEAD_BYTES, Signal
+from etiquette_proxy.health.parser import ParserSummary
+from etiquette_proxy.health.signals import HEAD_BYTES, Signal
+from etiquette_proxy.health.site import Band, BandChange, HealthBook, HealthSettings, SiteHealth
+from etiquette_proxy.robots.policy import RobotsSettings, product_token
+from etiquette_proxy.visibility.page import Page
 
 log = logging.getLogger(__name__)
 
@@ -237,7 +237,7 @@ class HealthWatch:
     # -- flows ------------------------------------------------------------------------------
 
     def request(self, flow: http.HTTPFlow) -> None:
-        # Last request hook before the trail: every gate (pacing's hold included) is behind us,
+        # Last request hook before the audit writer: every gate (pacing's hold included) is behind us,
         # so this is when the request leaves for the site.
         if skip(flow):
             return

@@ -1,4 +1,4 @@
-"""Per-flow decision notes in `flow.metadata`, built up by each addon, written by the trail."""
+"""Per-flow decision notes in `flow.metadata`, built up by each addon, written by the audit writer."""
 
 from __future__ import annotations
 

@@ -32,14 +32,14 @@ import math
 import time
 from typing import Any
 
+from etiquette_addons.answers import answer_locally, fail_closed
 from etiquette_addons.notes import FlowNotes, notes_of, skip
 from etiquette_addons.runtime import Runtime
 from etiquette_addons.side_fetch import SideFetchError
-from etiquette_addons.trail import answer_locally, fail_closed
 from mitmproxy import connection, http
 
-from etiquette_proxy.budget import SiteBudget, ThrottleDecision, Turn
-from etiquette_proxy.budgets import Budgets
+from etiquette_proxy.pacing.budget import SiteBudget, ThrottleDecision, Turn
+from etiquette_proxy.pacing.per_site import Budgets
 
 log = logging.getLogger(__name__)
 

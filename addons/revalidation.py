@@ -30,18 +30,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from etiquette_addons.answers import answer_locally, fail_closed
+from etiquette_addons.audit_log import DECISION_HEADER
 from etiquette_addons.notes import FlowNotes, notes_of, skip
 from etiquette_addons.runtime import Runtime
 from etiquette_addons.side_fetch import SideFetchError, fetch
-from etiquette_addons.trail import DECISION_HEADER, answer_locally, fail_closed
 from mitmproxy import http
 
 from etiquette_proxy.clock import wall
-from etiquette_proxy.fingerprint import Fingerprinter
-from etiquette_proxy.revisit import NAMESPACE as REVISIT
-from etiquette_proxy.revisit import RevisitPolicy, RevisitState
-from etiquette_proxy.urlkey import normalise
-from etiquette_proxy.validators import (
+from etiquette_proxy.revalidation.fingerprint import Fingerprinter
+from etiquette_proxy.revalidation.revisit import NAMESPACE as REVISIT
+from etiquette_proxy.revalidation.revisit import RevisitPolicy, RevisitState
+from etiquette_proxy.revalidation.urlkey import normalise
+from etiquette_proxy.revalidation.validators import (
     HeaderPairs,
     StoredEntry,
     answer_304,
@@ -74,7 +75,7 @@ T = TypeVar("T")
 
 
 def site_headers(message: http.Message) -> HeaderPairs:
-    """The message's headers as the site sent them: without the decision header the trail
+    """The message's headers as the site sent them: without the decision header the audit writer
     has already added in `responseheaders` (it must never be stored or merged)."""
     decision = DECISION_HEADER.lower()
     return tuple((k, v) for k, v in message.headers.items(multi=True) if k.lower() != decision)

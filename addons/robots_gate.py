@@ -11,15 +11,15 @@ import asyncio
 import logging
 from urllib.parse import urljoin
 
+from etiquette_addons.answers import answer_locally, fail_closed
 from etiquette_addons.notes import notes_of, skip
 from etiquette_addons.runtime import Restraint, Runtime
 from etiquette_addons.side_fetch import SideFetchError, fetch
-from etiquette_addons.trail import answer_locally, fail_closed
 from mitmproxy import http
 
-from etiquette_proxy.audit import audit_record
+from etiquette_proxy.audit.log import audit_record
 from etiquette_proxy.clock import wall
-from etiquette_proxy.robots import FetchResult, RobotsEntry, RobotsPolicy, RobotsSettings, product_token
+from etiquette_proxy.robots.policy import FetchResult, RobotsEntry, RobotsPolicy, RobotsSettings, product_token
 from etiquette_proxy.target import resolve, split_target
 
 log = logging.getLogger(__name__)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import logging
 
+from etiquette_addons.answers import answer_locally, fail_closed
 from etiquette_addons.notes import notes_of, skip
 from etiquette_addons.runtime import Restraint, Runtime
-from etiquette_addons.trail import answer_locally, fail_closed
 from mitmproxy import http
 
-from etiquette_proxy.runaway import RunawayGuard
+from etiquette_proxy.runaway.guard import RunawayGuard
 from etiquette_proxy.target import resolve_target
 
 log = logging.getLogger(__name__)

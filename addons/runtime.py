@@ -11,12 +11,13 @@ from typing import Any
 
 from etiquette_addons.side_fetch import UpstreamPath
 
-from etiquette_proxy.audit import AuditLog
-from etiquette_proxy.board import StatusProvider
+from etiquette_proxy.audit.log import AuditLog
 from etiquette_proxy.config import Config, defaults
-from etiquette_proxy.dashboard import PostRoute
-from etiquette_proxy.state import MemoryState, StateStore
-from etiquette_proxy.store import ValidatorStore
+from etiquette_proxy.revalidation.store import ValidatorStore
+from etiquette_proxy.state.interface import StateStore
+from etiquette_proxy.state.memory import MemoryState
+from etiquette_proxy.visibility.board import StatusProvider
+from etiquette_proxy.visibility.page import PostRoute
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class Runtime:
     # Called with every audit record after it is written (the dashboard's board listens).
     listeners: list[Callable[[Mapping[str, Any]], None]] = field(default_factory=list)
     # Each feature may add `provider(site) -> dict` of live fields for the dashboard
-    # (see etiquette_proxy/board.py for the field names it draws).
+    # (see etiquette_proxy/visibility/board.py for the field names it draws).
     site_status: list[StatusProvider] = field(default_factory=list)
     # POST routes on http://etiquette.proxy/ (e.g. "/report-extraction", SPEC §8); the
     # dashboard itself is read-only.

@@ -13,11 +13,11 @@ from etiquette_addons.runtime import Runtime, expand_dir
 from etiquette_addons.side_fetch import UpstreamPath
 from mitmproxy import ctx, exceptions, http
 
-from etiquette_proxy.audit import AuditLog
+from etiquette_proxy.audit.log import AuditLog
 from etiquette_proxy.config import ConfigError, load_config_file
 from etiquette_proxy.file_modes import private_umask, secure_tree
-from etiquette_proxy.state import DiskState
-from etiquette_proxy.store import ValidatorStore
+from etiquette_proxy.revalidation.store import ValidatorStore
+from etiquette_proxy.state.local import DiskState
 from etiquette_proxy.webbotauth import key_file_warning, signer_from_config
 
 log = logging.getLogger(__name__)

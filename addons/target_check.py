@@ -8,9 +8,9 @@ the budget, the store and the site would each see a different request.
 
 from __future__ import annotations
 
+from etiquette_addons.answers import answer_locally
 from etiquette_addons.notes import notes_of, skip
 from etiquette_addons.runtime import Runtime
-from etiquette_addons.trail import answer_locally
 from mitmproxy import connection, http
 
 from etiquette_proxy.target import authority_mismatch, control_bytes, port_problem

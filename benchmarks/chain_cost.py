@@ -61,7 +61,7 @@ async def run(with_chain: bool, n: int, paths: int, tmp: str) -> list[float]:
         from etiquette_addons.robots_gate import RobotsGate
         from etiquette_addons.runtime import Runtime
 
-        from etiquette_proxy.robots import FetchResult, RobotsSettings
+        from etiquette_proxy.robots.policy import FetchResult, RobotsSettings
 
         rt = Runtime()
         chain = build_chain(rt)

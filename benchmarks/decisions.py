@@ -6,7 +6,7 @@ Times, per request, what the addons ask the core (the same calls, in the same or
            (a cached robots.txt with a few groups, paths allowed and disallowed); shown apart, not
            in the whole: the same with Content-Signal / Content-Usage lines and `purposes: [search]`
            declared, and with %-escaped paths (the rules compared as written too);
-- budget:  Budgets.get(site).reserve() and on_response() (etiquette_proxy/budgets.py; pacing
+- budget:  Budgets.get(site).reserve() and on_response() (etiquette_proxy/pacing/per_site.py; pacing
            out of the way) — skipped, saying so, until that module is on this branch;
 - store:   urlkey.normalise + ValidatorStore.get + validators.inject_headers, on a store of
            --store-urls entries (diskcache in a temp dir; hits and misses);
@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _harness import check, header, percentile  # noqa: E402
 
-from etiquette_proxy.audit import AuditLog, audit_record  # noqa: E402
+from etiquette_proxy.audit.log import AuditLog, audit_record  # noqa: E402
 from etiquette_proxy.config import load_config  # noqa: E402
-from etiquette_proxy.robots import FetchResult, RobotsPolicy, RobotsSettings, product_token  # noqa: E402
+from etiquette_proxy.robots.policy import FetchResult, RobotsPolicy, RobotsSettings, product_token  # noqa: E402
 
 ROBOTS_TXT = b"""User-agent: *
 Disallow: /private/
@@ -131,9 +131,9 @@ def robots_component(config, robots_txt: bytes = ROBOTS_TXT,  # type: ignore[no-
 
 def budget_component(config) -> Callable[[int], object] | str:  # type: ignore[no-untyped-def]
     try:
-        budgets_mod = importlib.import_module("etiquette_proxy.budgets")
+        budgets_mod = importlib.import_module("etiquette_proxy.pacing.per_site")
     except ImportError:
-        return "etiquette_proxy/budgets.py is not on this branch yet"
+        return "etiquette_proxy/pacing/per_site.py is not on this branch yet"
     budgets = budgets_mod.Budgets(config)
 
     def decide(i: int) -> object:
@@ -146,9 +146,9 @@ def budget_component(config) -> Callable[[int], object] | str:  # type: ignore[n
 
 
 def store_component(config, directory: str, urls: int) -> Callable[[int], object]:  # type: ignore[no-untyped-def]
-    from etiquette_proxy.store import ValidatorStore
-    from etiquette_proxy.urlkey import normalise
-    from etiquette_proxy.validators import StoredEntry, inject_headers
+    from etiquette_proxy.revalidation.store import ValidatorStore
+    from etiquette_proxy.revalidation.urlkey import normalise
+    from etiquette_proxy.revalidation.validators import StoredEntry, inject_headers
 
     store = ValidatorStore(directory, size_limit=2**34)
     t0 = time.monotonic()
@@ -171,9 +171,9 @@ def store_component(config, directory: str, urls: int) -> Callable[[int], object
 
 def runaway_component(config) -> Callable[[int], object] | str:  # type: ignore[no-untyped-def]
     try:
-        from etiquette_proxy.runaway import RunawayGuard
+        from etiquette_proxy.runaway.guard import RunawayGuard
     except ImportError:
-        return "etiquette_proxy/runaway.py is not on this branch"
+        return "etiquette_proxy/runaway/guard.py is not on this branch"
     guard = RunawayGuard.from_config(config, SITE)
 
     def decide(i: int) -> object:
@@ -184,9 +184,9 @@ def runaway_component(config) -> Callable[[int], object] | str:  # type: ignore[
 
 def health_component(config) -> Callable[[int], object] | str:  # type: ignore[no-untyped-def]
     try:
-        from etiquette_proxy.health import HealthBook
+        from etiquette_proxy.health.site import HealthBook
     except ImportError:
-        return "etiquette_proxy/health.py is not on this branch"
+        return "etiquette_proxy/health/site.py is not on this branch"
     book = HealthBook.from_config(config)
 
     def decide(i: int) -> object:

@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _harness import header, percentile  # noqa: E402
 from decisions import measure  # noqa: E402
 
-from etiquette_proxy.robots import FetchResult, RobotsPolicy, RobotsSettings  # noqa: E402
+from etiquette_proxy.revalidation.urlkey import normalise  # noqa: E402
+from etiquette_proxy.robots.policy import FetchResult, RobotsPolicy, RobotsSettings  # noqa: E402
 from etiquette_proxy.target import authority_mismatch, control_bytes, port_problem, resolve_target  # noqa: E402
-from etiquette_proxy.urlkey import normalise  # noqa: E402
 
 ROBOTS_TXT = b"User-agent: *\nDisallow: /private/\nDisallow: /cgi-bin/\nAllow: /private/open/\n"
 NORMAL = [f"/docs/section-{i}/page_{i}.html?q={i}&page=2" for i in range(50)] + ["/", "/a/b/c/", "/private/x"]

@@ -22,7 +22,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from etiquette_proxy.audit import audit_record
+from etiquette_proxy.audit.log import audit_record
 
 
 def synthetic_log(path: str, lines: int, sites: int, seed: int = 1) -> int:

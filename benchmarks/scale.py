@@ -4,7 +4,7 @@ audit log write throughput (issue 8, part 3).
 sites   Each size runs in a fresh subprocess (so resident memory is that size's alone): every
         site gets what the proxy keeps per site — a cached robots.txt entry (RobotsGate-style
         dict of RobotsEntry, plus the policy's compiled-rules cache), a budget
-        (etiquette_proxy/budgets.py, skipped if not on this branch), a RunawayGuard and a
+        (etiquette_proxy/pacing/per_site.py, skipped if not on this branch), a RunawayGuard and a
         SiteHealth — and then --requests requests (default 3: a site the crawler has visited a
         few times, not one merely named) through each: a robots verdict, a budget reserve +
         on_response(200), the runaway guard's observe_request/observe_answer (paths without a
@@ -53,7 +53,7 @@ UA_TOKEN = "benchbot"
 def sites_child(n: int, decisions: int, requests: int) -> dict[str, object]:
     """Runs in its own process: build state for n sites, measure RSS and decision time."""
     from etiquette_proxy.config import load_config
-    from etiquette_proxy.robots import FetchResult, RobotsPolicy, RobotsSettings
+    from etiquette_proxy.robots.policy import FetchResult, RobotsPolicy, RobotsSettings
 
     out: dict[str, object] = {"sites": n, "requests": requests}
     visits = [f"/page/{k}" for k in range(max(1, requests))]
@@ -80,9 +80,9 @@ def sites_child(n: int, decisions: int, requests: int) -> dict[str, object]:
 
     budgets = None
     try:
-        from etiquette_proxy.budgets import Budgets
+        from etiquette_proxy.pacing.per_site import Budgets
     except ImportError:
-        out["budgets"] = "skipped: etiquette_proxy/budgets.py not on this branch"
+        out["budgets"] = "skipped: etiquette_proxy/pacing/per_site.py not on this branch"
     else:
         budgets = Budgets(config)
         before = rss_mb()
@@ -96,7 +96,7 @@ def sites_child(n: int, decisions: int, requests: int) -> dict[str, object]:
 
     extras = {}
     try:
-        from etiquette_proxy.runaway import RunawayGuard
+        from etiquette_proxy.runaway.guard import RunawayGuard
         before = rss_mb()
         guards = extras["runaway"] = {s: RunawayGuard.from_config(config, s) for s in names}
         for guard in guards.values():
@@ -108,7 +108,7 @@ def sites_child(n: int, decisions: int, requests: int) -> dict[str, object]:
     except ImportError:
         out["runaway"] = "skipped"
     try:
-        from etiquette_proxy.health import HealthBook
+        from etiquette_proxy.health.site import HealthBook
         before = rss_mb()
         book = HealthBook.from_config(config)
         page = b"<!doctype html><title>a page</title>" + b"x" * 200
@@ -179,9 +179,9 @@ def run_sites(decisions: int, requests: int) -> bool:
 # -- store ----------------------------------------------------------------------------------------
 
 def run_store(urls: int, store_dir: str | None, lookups: int) -> None:
-    from etiquette_proxy.store import ValidatorStore
-    from etiquette_proxy.urlkey import normalise
-    from etiquette_proxy.validators import StoredEntry, inject_headers
+    from etiquette_proxy.revalidation.store import ValidatorStore
+    from etiquette_proxy.revalidation.urlkey import normalise
+    from etiquette_proxy.revalidation.validators import StoredEntry, inject_headers
 
     print(f"\n-- validator store of {urls:,} URLs")
     tmp = None
@@ -248,7 +248,7 @@ def run_store(urls: int, store_dir: str | None, lookups: int) -> None:
 # -- audit ----------------------------------------------------------------------------------------
 
 def run_audit(lines: int) -> None:
-    from etiquette_proxy.audit import AuditLog, audit_record
+    from etiquette_proxy.audit.log import AuditLog, audit_record
 
     print(f"\n-- audit log write throughput ({lines:,} lines)")
     with tempfile.TemporaryDirectory(prefix="etiquette-audit-") as tmp:

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from etiquette_proxy.purposes import parse_purposes
+from etiquette_proxy.robots.purposes import parse_purposes
 from etiquette_proxy.units import parse_duration, parse_rate, parse_size
 
 Parser = Callable[[Any], Any]

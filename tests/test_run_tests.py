@@ -19,7 +19,7 @@ def test_missing_packages_are_named_in_one_line_with_the_command_to_install_them
         found = shutil.which(tool)
         assert found, tool
         os.symlink(found, bin_dir / tool)
-    out = subprocess.run([str(ROOT / "run-tests"), "--collect-only", "-q", "tests/core/test_guards.py"],
+    out = subprocess.run([str(ROOT / "run-tests"), "--collect-only", "-q", "tests/core/operate/test_guards.py"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT,
                          env={"PATH": str(bin_dir), "HOME": str(tmp_path)})
     said = [line for line in out.stderr.splitlines() if line.startswith("run-tests:")]

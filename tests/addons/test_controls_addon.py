@@ -9,8 +9,8 @@ from etiquette_addons.health import HealthWatch
 from etiquette_addons.pacing import Pacing
 from mitmproxy.test import tflow
 
-from etiquette_proxy.controls import Action
-from etiquette_proxy.health import WARMUP_WINDOWS
+from etiquette_proxy.health.site import WARMUP_WINDOWS
+from etiquette_proxy.operate.controls import Action
 from tests.addons.test_health_addon import audit_lines, hostile_window, runtime, windows
 
 SITE = "example.com:80"

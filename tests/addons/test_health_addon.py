@@ -24,10 +24,10 @@ from etiquette_addons.runtime import Runtime
 from mitmproxy import http
 from mitmproxy.test import tflow, tutils
 
-from etiquette_proxy.audit import AuditLog
+from etiquette_proxy.audit.log import AuditLog
 from etiquette_proxy.config import load_config
-from etiquette_proxy.health import WARMUP_WINDOWS, Band, BandChange
-from etiquette_proxy.state import MemoryState
+from etiquette_proxy.health.site import WARMUP_WINDOWS, Band, BandChange
+from etiquette_proxy.state.memory import MemoryState
 
 ARTICLE = b"<html><body>" + b"words " * 500 + b"</body></html>"
 CHALLENGE = b"<html><title>Just a moment...</title></html>"

@@ -19,10 +19,10 @@ from mitmproxy import http
 from mitmproxy.test import tflow, tutils
 
 from etiquette_proxy.config import load_config_file
-from etiquette_proxy.gone import NAMESPACE as GONE
-from etiquette_proxy.revisit import NAMESPACE as REVISIT
-from etiquette_proxy.store import ValidatorStore
-from etiquette_proxy.validators import StoredEntry
+from etiquette_proxy.revalidation.gone import NAMESPACE as GONE
+from etiquette_proxy.revalidation.revisit import NAMESPACE as REVISIT
+from etiquette_proxy.revalidation.store import ValidatorStore
+from etiquette_proxy.revalidation.validators import StoredEntry
 
 URL = "http://site.test/page"
 BODY = b"<html>the stored page</html>"

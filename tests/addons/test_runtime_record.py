@@ -6,7 +6,7 @@ import json
 
 from etiquette_addons.runtime import Runtime
 
-from etiquette_proxy.audit import AuditLog
+from etiquette_proxy.audit.log import AuditLog
 
 
 def test_record_writes_the_line_then_feeds_every_listener_even_past_a_broken_one(tmp_path):

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from etiquette_proxy.robots import FetchResult, RobotsPolicy, RobotsSettings
+from etiquette_proxy.revalidation.urlkey import normalise
+from etiquette_proxy.robots.policy import FetchResult, RobotsPolicy, RobotsSettings
 from etiquette_proxy.target import (
     authority_mismatch,
     control_bytes,
@@ -21,7 +22,6 @@ from etiquette_proxy.target import (
     resolve_target,
     robots_forms,
 )
-from etiquette_proxy.urlkey import normalise
 
 ROBOTS = "User-agent: *\nDisallow: /private/\nDisallow: /a/b\n"
 

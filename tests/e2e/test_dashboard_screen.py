@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from etiquette_proxy.dashboard import render_html
+from etiquette_proxy.visibility.page import render_html
 from tests.e2e.browser import layout
 from tests.e2e.fleet import crawl, make_fleet, start
 from tests.e2e.proxy import FAST_PACING

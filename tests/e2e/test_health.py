@@ -168,7 +168,7 @@ def test_three_percent_challenges_score_healthy_and_five_requests_score_nothing(
     s.close()
     proxy.stop()
     # Persisted in the state store (namespace "health") for the next run.
-    from etiquette_proxy.state import DiskState
+    from etiquette_proxy.state.local import DiskState
 
     store = DiskState(str(proxy.state_dir / "state"))
     try:

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import diskcache
 import pytest
 
-from etiquette_proxy.gone import NAMESPACE as GONE
-from etiquette_proxy.store import ValidatorStore
-from etiquette_proxy.urlkey import normalise
+from etiquette_proxy.revalidation.gone import NAMESPACE as GONE
+from etiquette_proxy.revalidation.store import ValidatorStore
+from etiquette_proxy.revalidation.urlkey import normalise
 from tests.e2e.pages import Pages
 from tests.e2e.proxy import FAST_PACING, Proxy
 from tests.e2e.sites import Answer, Site, TLSFiles

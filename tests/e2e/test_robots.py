@@ -196,7 +196,7 @@ def test_client_garbage_does_not_crash_the_proxy(proxy, sites):
 
 
 def test_every_audit_line_has_the_required_keys(proxy):
-    from etiquette_proxy.audit import REQUIRED_KEYS
+    from etiquette_proxy.audit.log import REQUIRED_KEYS
 
     lines = proxy.audit()
     assert len(lines) > 10
@@ -232,7 +232,7 @@ def test_observe_mode_forwards_and_logs_would(tmp_path: Path, sites):
     assert "/private/x" in site.paths()
 
 
-# A sample of Google's conformance suite (tests/core/test_google_suite.py runs all 394 through
+# A sample of Google's conformance suite (tests/core/robots/test_google_suite.py runs all 394 through
 # the core): partial BOMs, non-ASCII rules against %-encoded paths both ways, Google's
 # user-agent names, the two stress files, line endings. Each case's robots.txt is served by
 # its own local site; the client (curl: it sends %-escapes as given, where requests decodes

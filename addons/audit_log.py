@@ -1,0 +1,132 @@
+"""The X-Etiquette-Decision header and the audit line for every flow (SPEC §10).
+
+AuditWriter is the last addon of the chain: by the time its hooks run, every other addon has
+written its part of the decision into the flow's notes.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from etiquette_addons.mitm_patches import ANSWERED_WITH
+from etiquette_addons.notes import FORWARDED, FlowNotes, notes_of
+from etiquette_addons.runtime import Runtime
+from etiquette_addons.side_fetch import TLS_HINT
+from mitmproxy import http
+
+from etiquette_proxy.audit.log import audit_record
+from etiquette_proxy.clock import wall
+
+log = logging.getLogger(__name__)
+
+DECISION_HEADER = "X-Etiquette-Decision"
+
+
+def final_outcome(notes: FlowNotes, flow: http.HTTPFlow) -> str:
+    if notes.outcome:
+        return notes.outcome
+    if flow.response is None:
+        return "failed"
+    status = flow.response.status_code
+    if status == 304:
+        return "unchanged"  # the client asked conditionally itself
+    return "refused" if status >= 400 else "fetched"
+
+
+class AuditWriter:
+    """Writes one audit line per flow and marks responses with the decision."""
+
+    def __init__(self, runtime: Runtime):
+        self.rt = runtime
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        assert flow.response is not None
+        if notes_of(flow).facts.get("internal"):
+            return
+        flow.response.headers[DECISION_HEADER] = final_outcome(notes_of(flow), flow)
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        assert flow.response is not None
+        notes = notes_of(flow)
+        if not notes.facts.get("internal"):
+            flow.response.headers[DECISION_HEADER] = final_outcome(notes, flow)
+        self.write(flow, notes)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        notes = notes_of(flow)
+        if notes.logged:
+            return
+        if not notes.outcome and _client_left_after_forwarding(flow, notes):
+            # The site got the request (and maybe answered): the line says so. `failed` is for
+            # network errors to the site (SPEC §3), which this is not.
+            notes.outcome = _site_outcome(notes.upstream_status)
+            notes.extra["client_gone"] = True
+            notes.reason = ("client disconnected before the site's answer reached it"
+                            if notes.upstream_status is not None
+                            else "client disconnected while the request was at the site")
+        answered = flow.metadata.get(ANSWERED_WITH)
+        if not notes.outcome and answered is not None and answered < 500 and not notes.facts.get(FORWARDED):
+            notes.outcome = "refused"  # mitmproxy refused the client's request itself (e.g. 400)
+            notes.local = True
+        if not notes.outcome:
+            notes.outcome = "failed"
+        if not notes.reason and flow.error is not None:
+            notes.reason = flow.error.msg
+            if "certificate" in notes.reason.lower():
+                notes.reason += f"; {TLS_HINT}"
+        self.write(flow, notes)
+
+    def write(self, flow: http.HTTPFlow, notes: FlowNotes) -> None:
+        if notes.logged or notes.facts.get("internal") or self.rt.audit is None:
+            return
+        notes.logged = True
+        request = flow.request
+        status = flow.response.status_code if flow.response is not None else None
+        if flow.error is not None and flow.response is None and "disconnect" not in flow.error.msg.lower():
+            # What mitmproxy answered (mitm_patches): 502 for a site that failed, 504 when the
+            # proxy gave up on it, 400 for a request it could not accept.
+            status = flow.metadata.get(ANSWERED_WITH, 502)
+        extra = dict(notes.extra)
+        if notes.would is not None:
+            extra["would"] = notes.would
+        if flow.response is not None and flow.response.raw_content is not None:
+            extra.setdefault("bytes", len(flow.response.raw_content))
+        try:
+            record = audit_record(
+                ts=wall(),
+                outcome=final_outcome(notes, flow),
+                method=request.method,
+                url=request.url,
+                site=notes.site,
+                status=status,
+                upstream_status=None if notes.local else notes.upstream_status,
+                waited_s=notes.waited_s,
+                rate=self.rt.rate_for(notes.site),
+                reason=notes.reason or _default_reason(flow),
+                client_ua=request.headers.get("user-agent"),
+                **extra,
+            )
+            self.rt.record(record)
+        except Exception:  # noqa: BLE001 - never let logging take a flow down
+            log.exception("could not write the audit line for %s", request.url)
+
+
+def _client_left_after_forwarding(flow: http.HTTPFlow, notes: FlowNotes) -> bool:
+    """The client went away after the request was handed to a connected site connection."""
+    if flow.error is None or "client disconnected" not in flow.error.msg.lower():
+        return False
+    return bool(notes.facts.get(FORWARDED)) and flow.server_conn.timestamp_tcp_setup is not None
+
+
+def _site_outcome(upstream_status: int | None) -> str:
+    """What the site's part was: the request reached it (`fetched`), or it refused it."""
+    if upstream_status is None or upstream_status < 400:
+        return "fetched"
+    return "refused"
+
+
+def _default_reason(flow: http.HTTPFlow) -> str:
+    if flow.response is None:
+        return flow.error.msg if flow.error else "no response"
+    return f"site answered {flow.response.status_code}"
+

@@ -1,0 +1,136 @@
+"""The audit log: one JSON object per line, one line per decision (SPEC §3).
+
+Each line is written with a single `os.write` on an O_APPEND descriptor, so a kill -9 can
+lose at most the line in flight and never interleaves two lines. On open, a torn last line
+left by an earlier crash is closed with a newline so it stays the only broken line.
+
+Every line is chained to the one before it (SPEC §11, etiquette_proxy/audit/chain.py): it
+ends `,"seq":N,"chain":"<64 hex>"}`, and a restart goes on from the file's last chained line.
+One process writes one file: two writers appending to the same file would break the chain.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from datetime import UTC, datetime
+from typing import Any
+
+from etiquette_proxy.audit.chain import ZERO, last_link, link
+from etiquette_proxy.clock import Clock, wall
+
+OUTCOMES = (
+    "fetched", "revalidated", "unchanged", "served-stored", "disallowed", "throttled",
+    "paused", "gone", "refused", "failed",
+)
+
+REQUIRED_KEYS = (
+    "ts", "outcome", "method", "url", "site", "status", "upstream_status", "waited_s",
+    "rate", "reason", "client_ua",
+)
+
+
+def rfc3339_ms(epoch_s: float) -> str:
+    """`2026-11-30T00:30:21.123Z` (RFC 3339, UTC, milliseconds)."""
+    return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def audit_record(
+    *,
+    outcome: str,
+    method: str,
+    url: str,
+    site: str,
+    status: int | None,
+    upstream_status: int | None,
+    waited_s: float,
+    rate: float | None,
+    reason: str,
+    client_ua: str | None,
+    ts: float,
+    **extra: Any,
+) -> dict[str, Any]:
+    """One audit line as a dict, required keys first, optional keys after."""
+    if outcome not in OUTCOMES:
+        raise ValueError(f"unknown outcome {outcome!r}")
+    record: dict[str, Any] = {
+        "ts": rfc3339_ms(ts),
+        "outcome": outcome,
+        "method": method,
+        "url": url,
+        "site": site,
+        "status": status,
+        "upstream_status": upstream_status,
+        "waited_s": round(waited_s, 3),
+        "rate": None if rate is None else round(rate, 4),
+        "reason": reason,
+        "client_ua": client_ua,
+    }
+    record.update({k: v for k, v in extra.items() if v is not None})
+    return record
+
+
+# json.dumps with these options builds a new encoder per call; one shared encoder writes the
+# same bytes (~1 µs less per line).
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+class AuditLog:
+    """Appends audit lines to a file (or stdout for "-"), flushed as written."""
+
+    def __init__(self, path: str, clock: Clock = wall):
+        self.path = path
+        self.clock = clock
+        self._lock = threading.Lock()
+        self.head, self.seq = ZERO, 0  # the chain so far: last line's chain value and seq
+        if path == "-":
+            self._fd = sys.stdout.fileno()
+            self._owned = False
+        else:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            os.fchmod(self._fd, 0o600)  # SPEC §12: 0600 wherever it is, an existing file too
+            self._owned = True
+            self._close_torn_line()
+            self.head, self.seq = last_link(path)
+
+    def _close_torn_line(self) -> None:
+        size = os.fstat(self._fd).st_size
+        if size == 0:
+            return
+        with open(self.path, "rb") as f:
+            f.seek(size - 1)
+            if f.read(1) != b"\n":
+                os.write(self._fd, b"\n")
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Append one record as one chained line, in one write."""
+        if "chain" in record or "seq" in record:  # the chain's own keys come last, from here
+            record = {k: v for k, v in record.items() if k not in ("chain", "seq")}
+        text = _ENCODER.encode(record)
+        head = text[:-1] + "," if len(text) > 2 else "{"
+        with self._lock:
+            if self._fd < 0:
+                return
+            seq = self.seq + 1
+            # The bytes hashed are exactly the bytes written (errors="replace" included).
+            body = f'{head}"seq":{seq}'.encode("utf-8", errors="replace")
+            value = link(self.head, body)
+            data = body + b',"chain":"' + value.encode("ascii") + b'"}\n'
+            if not self._owned:
+                sys.stdout.flush()
+            view = memoryview(data)
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+            self.head, self.seq = value, seq
+
+    def close(self) -> None:
+        """Flush to disk and close (SIGTERM: the log is complete on exit)."""
+        with self._lock:
+            if self._owned and self._fd >= 0:
+                os.fsync(self._fd)
+                os.close(self._fd)
+            self._fd = -1

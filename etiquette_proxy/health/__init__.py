@@ -1,0 +1,1 @@
+"""Site health (SPEC §8): response signals, the score, bands, history, parser health."""

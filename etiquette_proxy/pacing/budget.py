@@ -1,0 +1,839 @@
+"""The per-site budget: token bucket, concurrency cap, pauses, ceiling and breaker (SPEC §5).
+
+A `SiteBudget` is a pure scheduler. It never sleeps: it keeps the site's waiting line, decides
+who starts next and when, and the addon does the waiting:
+
+    turn = budget.reserve()              # arrival: go, wait (in line), or refuse at once
+    if turn.action == "wait": park the request until its turn is decided
+    at budget.due(), and after every cancel / release / on_response (a slot may be free):
+        for turn in budget.release_due(): wake that one request (go, or refuse: 503 `paused`)
+    if its client went away while parked: budget.cancel(turn.ticket)  # never contacts the site
+    ... forward ...
+    decision = budget.on_response(turn.ticket, status, headers)       # also frees the slot
+    (on a network error: budget.release(turn.ticket))
+
+SPEC §5, held requests cost nothing while they wait: a release wakes exactly the requests it
+starts or refuses (O(1) each), in arrival order, at the time the bucket and the pause say.
+`pacing.max_hold` is decided at arrival from the request's place in line and the site's rate
+now (its expected start: when the bucket, after any pause, has handed a token to everyone
+ahead): a request that would wait longer is refused at once, and the reason says the expected
+wait. When a slot frees is not predicted (it depends on the site and on the proxy's own load:
+measured through a flooded proxy, slot times ran 10x the real ones and refused lines that
+then moved fine); a head waiting on a slot is refused when its hold runs out.
+
+When the schedule slows while requests are held (a 429's pause and halved rate, a RateLimit
+hint, robots.txt or another feature lowering the rate), the next `release_due` re-checks the
+line once: whoever's expected start now lies beyond its max_hold is refused then, the others
+keep their places and start after the pause at the new rate (SPEC §5: not one request
+reaches a site inside a pause it asked for). `admit(ticket)` asks the same line about one
+ticket (the polling form, for callers without wake-ups).
+
+Observe mode (`--mode observe`): `reserve()` says what enforce mode would do (log it as
+`would`), then `admit(ticket, force=True)` starts the request at once, so the bucket still
+tracks what the site really received. Persistence: `to_state()` / `from_state()` (or the
+`Budgets` registry, which holds every site's budget).
+
+Time: one injected clock, the wall clock by default, because pauses, ceilings and breakers are
+persisted and must mean the same instant after a restart. A clock that steps backwards only
+stops the bucket refilling; it never lets a request out early.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random as _random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Literal, TypeGuard, cast
+
+from etiquette_proxy.clock import Clock, wall
+from etiquette_proxy.pacing.ratelimit_fields import RateHint, read_rate_hint
+from etiquette_proxy.pacing.retry_after import RetryAfter, parse_retry_after
+from etiquette_proxy.shared_settings import shared
+
+log = logging.getLogger(__name__)
+
+_EPS = 1e-9
+# The rate stays this far below a ceiling (2.5 %, one default recovery step at 2/s). A site that
+# counts requests in a window closed at both ends sees N+1 requests in one window from a client
+# spaced at exactly N/s, so "at the ceiling" can already be one too many (seed 001: a 2/s limit,
+# ceiling 0.8 x 2.5 = 2.0).
+_CEILING_MARGIN = 0.025
+_STATE_VERSION = 1
+# How late past max_hold a held request may still start when only its token is late (timers
+# on a busy proxy fire late): see SiteBudget._limit_of.
+_SLIP_S = 1.0
+_SLIP_SHARE = 0.05
+# One shared object for "never" (each `-math.inf` expression would be a new 24-byte float).
+_NEVER = -math.inf
+_NO_RESTRAINT = (1.0, math.inf, 1.0)
+# What an idle site's queue, in-flight set and 429 list are: shared and read-only (a write that
+# forgot to make the site its own dict raises instead of leaking tickets between sites).
+_NO_TICKETS = cast(dict[int, float], MappingProxyType({}))
+_NO_THROTTLES: list[float] = cast(list[float], ())
+
+
+# -- settings --------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class PacingSettings:
+    """The numbers a site's budget runs on (SPEC §5 defaults; `pacing.*`, `throttle.*`)."""
+
+    rate: float = 1.0
+    burst: int = 1
+    max_concurrency: int = 2
+    max_hold: float = 60.0
+    max_retry_after: float = 3600.0
+    ceiling_ttl: float = 3600.0
+    cooldown: float = 300.0
+    breaker_count: int = 5
+    breaker_window: float = 60.0
+    rate_floor: float = 0.05
+    ceiling_factor: float = 0.8
+    recovery_step: float = 0.05
+    max_crawl_delay: float = 60.0
+
+    def __post_init__(self) -> None:
+        positive = ("rate", "max_retry_after", "ceiling_ttl", "cooldown", "breaker_window",
+                    "rate_floor", "recovery_step", "max_crawl_delay")
+        for name in positive:
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} ({value!r}) must be a finite number > 0")
+        for name in ("burst", "max_concurrency", "breaker_count"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} ({value!r}) must be a whole number >= 1")
+        if not (math.isfinite(self.max_hold) and self.max_hold >= 0):
+            raise ValueError(f"max_hold ({self.max_hold!r}) must be a finite number >= 0")
+        if not 0 < self.ceiling_factor <= 1:
+            raise ValueError(f"ceiling_factor ({self.ceiling_factor!r}) must be in (0, 1]")
+
+    @classmethod
+    def from_config(cls, config: Any, site: str | None = None) -> PacingSettings:
+        """Settings for `site` from a `Config` (per-site overrides applied)."""
+        def get(key: str) -> Any:
+            return config.get(key, site)
+        return shared(cls(
+            rate=float(get("pacing.rate")),
+            burst=int(get("pacing.burst")),
+            max_concurrency=int(get("pacing.max_concurrency")),
+            max_hold=float(get("pacing.max_hold")),
+            max_retry_after=float(get("throttle.max_retry_after")),
+            ceiling_ttl=float(get("throttle.ceiling_ttl")),
+            cooldown=float(get("throttle.cooldown")),
+            breaker_count=int(get("throttle.breaker_count")),
+            breaker_window=float(get("throttle.breaker_window")),
+            rate_floor=float(get("throttle.rate_floor")),
+            ceiling_factor=float(get("throttle.ceiling_factor")),
+            recovery_step=float(get("throttle.recovery_step")),
+            max_crawl_delay=float(get("robots.max_crawl_delay")),
+        ))
+
+
+
+
+# -- decisions -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Turn:
+    """What a held request does next: start (`go`), ask again later (`wait`), or `refuse`."""
+
+    action: Literal["go", "wait", "refuse"]
+    ticket: int
+    rate: float                 # the site's rate now (audit `rate`)
+    wait_s: float = 0.0         # for `wait`: ask again after this long, or when the site changes
+    waited_s: float = 0.0       # held so far (audit `waited_s`)
+    retry_after_s: int = 0      # for `refuse`: the 503's Retry-After
+    reason: str = ""            # for `refuse` (and a `wait` behind a pause): why, citing the rule
+
+
+@dataclass(frozen=True)
+class ThrottleDecision:
+    """What a response taught the budget (audit `rate`, `retry_after`, `pause_s`, `reason`)."""
+
+    throttled: bool                  # a 429, or a 503 with Retry-After: audit outcome `throttled`
+    rate: float                      # the site's rate after this response
+    ceiling: float | None = None     # the rate recovery stays below, if one is in force
+    pause_s: float = 0.0             # the pause this response started or extended
+    retry_after: str | None = None   # the raw Retry-After field, as the site sent it
+    breaker_open: bool = False
+    reason: str = ""
+    notes: tuple[str, ...] = ()      # what was clamped or ignored in the site's fields
+
+
+# -- the budget ------------------------------------------------------------------------------
+
+class SiteBudget:
+    """Token bucket + concurrency cap + the 429 contract for one site (`host:port`)."""
+
+    # Slots, shared constants and no empty deques: one of these per site seen, so at 100,000
+    # sites every byte here is 100 KB (issue 8: 2.4 KB -> ~0.5 KB per site).
+    __slots__ = ("site", "settings", "_clock", "_random", "_robots_rate", "_rate", "_ceiling",
+                 "_last_throttle_at", "_recent", "_paused_until", "_pause_reason",
+                 "_breaker_until", "_breaker_reason", "_hint_rate", "_hint_until", "_restraint",
+                 "_tokens", "_tokens_at", "_queue", "_in_flight", "_next_ticket", "_sent",
+                 "_head_ticket", "_recheck")
+
+    def __init__(self, site: str, settings: PacingSettings | None = None, clock: Clock = wall,
+                 random: Callable[[], float] = _random.random):
+        self.site = site
+        self.settings = settings or PacingSettings()
+        self._clock = clock
+        self._random = random  # jitter source, injected so tests are deterministic
+        s = self.settings
+        # persisted (wall-clock times)
+        self._robots_rate: float | None = None
+        self._rate = s.rate                  # working rate, before a RateLimit hint
+        self._ceiling: float | None = None
+        self._last_throttle_at = _NEVER      # last counted 429 (ceiling_ttl runs from here)
+        # Counted 429s within breaker_window (at most breaker_count: a list, not a 760-byte deque).
+        self._recent: list[float] = _NO_THROTTLES
+        self._paused_until = _NEVER
+        self._pause_reason = ""
+        self._breaker_until = _NEVER
+        self._breaker_reason = ""
+        self._hint_rate: float | None = None
+        self._hint_until = _NEVER
+        # in-process only
+        self._restraint = _NO_RESTRAINT  # other features' say: rate factor, cap, concurrency
+        self._tokens = float(s.burst)
+        self._tokens_at = clock()
+        self._queue = _NO_TICKETS      # ticket -> arrival, in arrival order (own dict when used)
+        self._in_flight = _NO_TICKETS  # ticket -> start
+        self._next_ticket = 1
+        self._sent: list[list[float]] = []  # [last start, rate]: rates recently sent at, oldest first
+        self._head_ticket = 1     # first ticket in line (tickets count arrivals: FIFO by number)
+        self._recheck = False     # the schedule slowed while requests were held
+
+    @classmethod
+    def from_config(cls, config: Any, site: str, clock: Clock = wall,
+                    random: Callable[[], float] = _random.random) -> SiteBudget:
+        """A fresh budget for `site` with its per-site settings."""
+        return cls(site, PacingSettings.from_config(config, site), clock, random)
+
+    # -- questions ---------------------------------------------------------------------------
+
+    @property
+    def rate(self) -> float:
+        """Requests per second the site gets now (after robots, throttles and RateLimit hints)."""
+        return self._effective_rate(self._clock())
+
+    @property
+    def ceiling(self) -> float | None:
+        """The ceiling set by the last 429, until `throttle.ceiling_ttl` passes without one."""
+        self._forget_ceiling(self._clock())
+        return self._ceiling
+
+    def paused_for_s(self) -> float:
+        """Seconds left in the pause (or open breaker) the site asked for; 0 when none."""
+        now = self._clock()
+        return max(0.0, max(self._paused_until, self._breaker_until) - now)
+
+    def pause_reason(self) -> str:
+        """Why the site is paused (the Retry-After, backoff or breaker that set it); "" if not."""
+        now = self._clock()
+        if now < self._breaker_until:
+            return self._breaker_reason
+        return self._pause_reason if now < self._paused_until else ""
+
+    def breaker_for_s(self) -> float:
+        """Seconds left before the breaker closes; 0 when it is closed."""
+        return max(0.0, self._breaker_until - self._clock())
+
+    def is_breaker_open(self) -> bool:
+        """True while the breaker leaves the site alone (SPEC §5: 5 x 429 in 60 s)."""
+        return self._clock() < self._breaker_until
+
+    def held(self) -> int:
+        """Requests waiting for their turn."""
+        return len(self._queue)
+
+    def in_flight(self) -> int:
+        """Requests started and not yet answered."""
+        return len(self._in_flight)
+
+    def max_concurrency(self) -> int:
+        """Requests allowed in flight at once now (`pacing.max_concurrency`, restrained)."""
+        return max(1, math.floor(self.settings.max_concurrency * self._restraint[2] + _EPS))
+
+    # -- other features' restraints ----------------------------------------------------------
+
+    def restrain(self, rate_factor: float = 1.0, rate_cap: float | None = None,
+                 concurrency_factor: float = 1.0) -> bool:
+        """What other features ask (robots.txt delay, health, runaway): True when it changed.
+
+        The rate requests go out at is the budget's own rate (configured, or lowered by 429s and
+        RateLimit fields) times `rate_factor`, capped at `rate_cap`; the concurrency cap is
+        `pacing.max_concurrency` times `concurrency_factor`, at least 1. Restraints only ever
+        lower: factors must be in (0, 1], a cap > 0. They are not persisted: each feature
+        restates its own on the next request.
+        """
+        for name, value in (("rate_factor", rate_factor), ("concurrency_factor", concurrency_factor)):
+            if not (_finite(value) and 0 < value <= 1):
+                raise ValueError(f"{name} ({value!r}) must be a number in (0, 1]")
+        if rate_cap is not None and not (_finite(rate_cap) and rate_cap > 0):
+            raise ValueError(f"rate_cap ({rate_cap!r}) must be a finite number > 0")
+        restraint = (float(rate_factor), math.inf if rate_cap is None else float(rate_cap),
+                     float(concurrency_factor))
+        if restraint == self._restraint:
+            return False
+        now = self._clock()
+        self._settle(now)
+        self._bank(now)  # tokens earned at the old rate stay earned
+        self._restraint = restraint
+        self._tokens = min(self._tokens, float(self._burst()))
+        self._slowed()
+        return True
+
+    # -- scheduling --------------------------------------------------------------------------
+
+    def reserve(self) -> Turn:
+        """A request arrives: start it, give it a place in line, or refuse it at once.
+
+        SPEC §5 max_hold is decided here, from the request's place in line and the site's rate
+        and concurrency now (its expected start), not after it has waited.
+        """
+        now = self._clock()
+        self._settle(now)
+        ticket = self._next_ticket
+        self._next_ticket += 1
+        if now < self._breaker_until:
+            return self._breaker_refusal(ticket, now, now)
+        place = len(self._queue)
+        start = self._token_start(now, place + 1.0)
+        if place == 0 and start <= now + _EPS and len(self._in_flight) < self.max_concurrency():
+            return self._start(ticket, now, now)
+        if start - now > self.settings.max_hold + _EPS:
+            return self._refusal(ticket, now, now, start - now,
+                                 self._hold_text(place, start, now, now))
+        if self._queue is _NO_TICKETS:
+            self._queue = {}
+            self._head_ticket = ticket
+        self._queue[ticket] = now
+        return self._wait(ticket, now, now, self._wait_s(place, start, now, now))
+
+    def release_due(self) -> list[Turn]:
+        """The held requests whose turn is decided now, in arrival order: `go` or `refuse`.
+
+        SPEC §5: releasing one wakes one. The work is O(1) per request started or refused, plus
+        one pass over the line after the schedule slowed down (see `_recheck_line`).
+        """
+        now = self._clock()
+        self._settle(now)
+        decided: list[Turn] = []
+        if not self._queue:
+            return decided
+        if now < self._breaker_until:
+            for ticket, arrival in list(self._queue.items()):
+                decided.append(self._breaker_refusal(ticket, arrival, now))
+            return decided
+        if self._recheck:
+            self._recheck_line(now, decided)
+        cap = self.max_concurrency()
+        while (head := self._head()) is not None:
+            arrival = self._queue[head]
+            slot = len(self._in_flight) < cap
+            start = self._token_start(now) if slot else math.inf
+            if start <= now + _EPS:
+                decided.append(self._start(head, arrival, now))
+            elif now >= arrival + self.settings.max_hold - _EPS and start > self._limit_of(arrival) + _EPS:
+                decided.append(self._overdue(head, arrival, now, slot))
+            else:
+                break
+        return decided
+
+    def due(self) -> float | None:
+        """When `release_due` next has something to decide (clock time); None with nobody held.
+
+        With every slot taken that is the head's deadline: a slot freed earlier (`release`,
+        `cancel`, `on_response`) is the caller's cue to call `release_due` at once.
+        """
+        head = self._head()
+        if head is None:
+            return None
+        now = self._clock()
+        if now < self._breaker_until or self._recheck:
+            return now
+        arrival = self._queue[head]
+        deadline = arrival + self.settings.max_hold
+        if len(self._in_flight) >= self.max_concurrency():
+            return deadline
+        start = self._token_start(now)
+        return start if start <= self._limit_of(arrival) else min(start, deadline)
+
+    def admit(self, ticket: int, force: bool = False) -> Turn:
+        """The polling form of the line: has `ticket` started, been refused, or how long to wait?
+
+        `force` starts it at once whatever the line says (observe mode: the site gets it anyway,
+        so the bucket still tracks what the site really received).
+        """
+        now = self._clock()
+        self._settle(now)
+        if ticket in self._in_flight:
+            return Turn("go", ticket, self._effective_rate(now))
+        arrival = self._queue.get(ticket)
+        if arrival is None:
+            return Turn("refuse", ticket, self._effective_rate(now), retry_after_s=1,
+                        reason="no longer held (cancelled or refused earlier)")
+        if force:
+            return self._start(ticket, arrival, now)
+        for turn in self.release_due():
+            if turn.ticket == ticket:
+                return turn
+        due = self.due() if ticket == self._head() else None
+        wait_s = (due if due is not None else arrival + self.settings.max_hold) - now
+        return self._wait(ticket, arrival, now, wait_s)
+
+    def cancel(self, ticket: int) -> None:
+        """The client went away: drop its request unsent; its place and token go to the next."""
+        if self._unqueue(ticket) is None:  # tokens are taken only at start: nothing to give back
+            self.release(ticket)
+
+    def release(self, ticket: int) -> None:
+        """The request is over (answered, failed or abandoned): free its concurrency slot."""
+        self._land(ticket)
+
+    # -- learning from responses -------------------------------------------------------------
+
+    def on_response(self, ticket: int | None, status: int,
+                    headers: Mapping[str, str]) -> ThrottleDecision:
+        """Apply the 429 contract and the site's rate-limit fields; frees the request's slot."""
+        now = self._clock()
+        self._settle(now)
+        started = self._land(ticket) if ticket is not None else None
+        # A response to a request that left before the last 429 was answered carries no new lesson.
+        echo = started is not None and started <= self._last_throttle_at
+        fields = _lowered(headers)
+        raw_retry = _text(fields.get("retry-after"))
+        throttled = status == 429 or (status == 503 and raw_retry is not None)
+        hint = read_rate_hint(fields, now, self.settings.max_retry_after)
+        if throttled:
+            retry = parse_retry_after(raw_retry, now, self.settings.max_retry_after)
+            return self._on_throttle(now, status, retry, hint, echo)
+        return self._on_answer(now, status, hint, echo)
+
+    def robots_delay(self, crawl_delay_s: float | None, request_rate: float | None) -> None:
+        """robots.txt `Crawl-delay` (s) / `Request-rate` (requests/s) lower the site's rate."""
+        cap = self.settings.max_crawl_delay
+        rates = []
+        for value, as_rate in ((crawl_delay_s, False), (request_rate, True)):
+            if not _finite(value) or value <= 0:  # absent, junk, negative: no say
+                continue
+            # SPEC §4: capped by robots.max_crawl_delay, so a site cannot stall us for days.
+            rates.append(max(value if as_rate else 1.0 / value, 1.0 / cap))
+        now = self._clock()
+        self._settle(now)
+        self._bank(now)
+        self._robots_rate = min(rates) if rates else None
+        self._rate = min(self._rate, self._limit())
+        self._slowed()
+
+    # -- persistence -------------------------------------------------------------------------
+
+    def remembers_anything(self) -> bool:
+        """True when there is state worth persisting (a pause, ceiling, lowered rate …)."""
+        now = self._clock()
+        self._forget_ceiling(now)
+        return (self._ceiling is not None or self._paused_until > now or self._breaker_until > now
+                or self._rate < self._limit() or self._hint_until > now or bool(self._recent)
+                or self._robots_rate is not None)
+
+    def to_state(self) -> dict[str, Any]:
+        """JSON-able state: rates, ceiling, pauses and breaker, with wall-clock times."""
+        def t(x: float) -> float | None:
+            return x if math.isfinite(x) else None
+        return {
+            "v": _STATE_VERSION,
+            "rate": self._rate,
+            "robots_rate": self._robots_rate,
+            "ceiling": self._ceiling,
+            "last_throttle_at": t(self._last_throttle_at),
+            "recent_throttles": list(self._recent),
+            "paused_until": t(self._paused_until),
+            "pause_reason": self._pause_reason,
+            "breaker_until": t(self._breaker_until),
+            "breaker_reason": self._breaker_reason,
+            "hint_rate": self._hint_rate,
+            "hint_until": t(self._hint_until),
+        }
+
+    def from_state(self, state: Any) -> None:
+        """Restore `to_state()` output; raise ValueError (budget unchanged) if it is not ours."""
+        if not isinstance(state, dict) or state.get("v") != _STATE_VERSION:
+            raise ValueError(f"not a budget state (version {_dig(state, 'v')!r})")
+        s = self.settings
+        now = self._clock()
+        rate = _num(state, "rate")
+        if rate is None or rate <= 0:
+            raise ValueError(f"budget state rate {state.get('rate')!r} is not a positive number")
+        robots_rate = _num(state, "robots_rate", positive=True)
+        ceiling = _num(state, "ceiling", positive=True)
+        last = _num(state, "last_throttle_at")
+        recent = state.get("recent_throttles", [])
+        if not isinstance(recent, list) or not all(_finite(x) for x in recent):
+            raise ValueError("budget state recent_throttles is not a list of times")
+        # A corrupt far-future time must not pause a site forever: no longer than the rules allow.
+        longest = max(s.max_retry_after, s.cooldown)
+        paused = min(_num(state, "paused_until") or _NEVER, now + longest)
+        breaker = min(_num(state, "breaker_until") or _NEVER, now + s.cooldown)
+        hint_rate = _num(state, "hint_rate", positive=True)
+        hint_until = min(_num(state, "hint_until") or _NEVER, now + s.max_retry_after)
+
+        self._robots_rate = max(robots_rate, 1.0 / s.max_crawl_delay) if robots_rate else None
+        self._rate = min(max(rate, min(s.rate_floor, self._limit())), self._limit())
+        self._ceiling = max(ceiling, s.rate_floor) if ceiling else None
+        self._last_throttle_at = last if last is not None else _NEVER
+        recent = sorted(x for x in recent if now - s.breaker_window < x <= now)
+        self._recent = recent[-s.breaker_count:] or _NO_THROTTLES
+        self._paused_until = paused
+        self._pause_reason = _short(state.get("pause_reason"))
+        self._breaker_until = breaker
+        self._breaker_reason = _short(state.get("breaker_reason"))
+        self._hint_rate = hint_rate if hint_rate and hint_until > now else None
+        self._hint_until = hint_until if self._hint_rate else _NEVER
+        self._forget_ceiling(now)
+        self._tokens, self._tokens_at = min(self._tokens, float(self._burst())), now
+        self._slowed()
+
+    # -- internals: the 429 contract ---------------------------------------------------------
+
+    def _on_throttle(self, now: float, status: int, retry: RetryAfter, hint: RateHint | None,
+                     echo: bool) -> ThrottleDecision:
+        s = self.settings
+        notes = tuple(n for n in (retry.note, *(hint.notes if hint else ())) if n)
+        if retry.usable:
+            pause = retry.seconds or 0.0
+            reason = f"Retry-After: {retry.raw.strip() if retry.raw else pause}"
+        elif hint is not None and hint.pause_s:
+            # No usable Retry-After, but the quota says when it resets.
+            pause, reason = hint.pause_s, hint.reason
+        else:
+            pause, reason = 0.0, ""
+        if echo:
+            # Sent before the 429 that already halved the rate: honour its pause, count nothing.
+            self._pause(now, pause, reason)
+            reason = f"{reason or 'throttled'} (sent before the last 429; not counted again)"
+            return self._decision(True, now, pause, retry, reason, notes)
+
+        if self._recent is _NO_THROTTLES:
+            self._recent = []
+        while self._recent and now - self._recent[0] >= s.breaker_window:
+            del self._recent[0]
+        self._recent.append(now)
+        k = len(self._recent)
+        if not reason:
+            # SPEC §5: without Retry-After, min(60, 2^k) * uniform(0.5, 1.5), k = recent 429s.
+            pause = min(60.0, 2.0 ** k) * (0.5 + self._random())
+            reason = f"backoff 2^{k} with jitter"
+        code = "429" if status == 429 else "503"
+        # The rate that drew the 429: the slowest we sent at lately. The site's verdict is on its
+        # recent window, and assuming the slowest of it was already too fast keeps one 429 from
+        # teaching a ceiling that a recovery step had just raised (seed 001: 3 x 429 → 2).
+        drawn = min([self._effective_rate(now)] + [r for _, r in self._recent_sends(now)])
+        self._forget_ceiling(now)
+        ceiling = max(s.rate_floor, s.ceiling_factor * drawn)
+        self._ceiling = min(ceiling, self._ceiling) if self._ceiling is not None else ceiling
+        self._rate = min(max(s.rate_floor, drawn / 2.0), self._limit())
+        self._last_throttle_at = now
+        self._sent.clear()
+        self._tokens, self._tokens_at = 0.0, now  # the next request waits a full interval at least
+        breaker = k >= s.breaker_count
+        if breaker:
+            self._breaker_until = now + s.cooldown
+            self._breaker_reason = f"breaker open: {k} x {code} in {s.breaker_window:g}s"
+            self._recent = _NO_THROTTLES
+            pause = max(pause, s.cooldown)
+            reason = f"{self._breaker_reason} ({reason})"
+        self._pause(now, pause, reason)
+        return self._decision(True, now, pause, retry, reason, notes, breaker=breaker)
+
+    def _on_answer(self, now: float, status: int, hint: RateHint | None,
+                   echo: bool) -> ThrottleDecision:
+        reasons: list[str] = []
+        pause = 0.0
+        if hint is not None and hint.asks_anything:
+            if hint.pause_s:
+                pause = hint.pause_s
+                self._tokens, self._tokens_at = 0.0, now  # the quota is spent
+                self._pause(now, pause, hint.reason)
+            if hint.max_rate is not None:
+                self._bank(now)
+                self._hint_rate, self._hint_until = hint.max_rate, now + hint.hold_s
+                self._slowed()
+            reasons.append(hint.reason)
+        if 200 <= status < 400 and not echo:
+            self._recover(now)
+        return self._decision(False, now, pause, None, "; ".join(reasons),
+                              hint.notes if hint else ())
+
+    def _recover(self, now: float) -> None:
+        """SPEC §5: additive recovery per success, staying below the ceiling."""
+        cap = self._limit()
+        if self._ceiling is not None:
+            cap = min(cap, self._ceiling * (1.0 - _CEILING_MARGIN))
+        if self._rate < cap:
+            self._bank(now)
+            self._rate = min(self._rate + self.settings.recovery_step, cap)
+
+    def _pause(self, now: float, pause: float, reason: str) -> None:
+        if now + pause > self._paused_until:
+            self._paused_until = now + pause
+            self._pause_reason = reason
+        self._slowed()
+
+    def _decision(self, throttled: bool, now: float, pause: float, retry: RetryAfter | None,
+                  reason: str, notes: tuple[str, ...], breaker: bool = False) -> ThrottleDecision:
+        return ThrottleDecision(
+            throttled=throttled, rate=self._effective_rate(now), ceiling=self._ceiling,
+            pause_s=round(pause, 3), retry_after=retry.raw if retry else None,
+            breaker_open=breaker, reason=reason, notes=notes,
+        )
+
+    # -- internals: rates --------------------------------------------------------------------
+
+    def _limit(self) -> float:
+        """The configured rate, lowered by robots.txt."""
+        r = self.settings.rate
+        return min(r, self._robots_rate) if self._robots_rate is not None else r
+
+    def _effective_rate(self, now: float) -> float:
+        if self._hint_rate is not None and now < self._hint_until:
+            return self._restrained(min(self._rate, self._hint_rate))
+        return self._restrained(self._rate)
+
+    def _restrained(self, rate: float) -> float:
+        """`rate` as other features' restraints leave it (factor first, then the cap)."""
+        factor, cap, _ = self._restraint
+        return min(rate * factor, cap)
+
+    def _burst(self) -> int:
+        # Bursts are what windowed limits punish: none while the site's limit is known (a ceiling
+        # from a 429), robots.txt asks for a delay between requests, or a restraint caps the
+        # rate (a crawl-delay or a retired site: a cap is a spacing, not an average).
+        if self._ceiling is not None or self._robots_rate is not None or self._restraint[1] < math.inf:
+            return 1
+        return self.settings.burst
+
+    def _forget_ceiling(self, now: float) -> None:
+        # SPEC §5: the ceiling is forgotten only after throttle.ceiling_ttl without a 429.
+        if self._ceiling is not None and now - self._last_throttle_at >= self.settings.ceiling_ttl:
+            self._ceiling = None
+
+    def _recent_sends(self, now: float) -> list[list[float]]:
+        sent, window = self._sent, self.settings.breaker_window
+        old = 0
+        while old < len(sent) and now - sent[old][0] > window:
+            old += 1
+        if old:
+            del sent[:old]
+        return list(sent)
+
+    # -- internals: the bucket and the line --------------------------------------------------
+
+    def _settle(self, now: float) -> None:
+        """Bring the bucket up to `now` at the rate(s) that applied since it was last read."""
+        if self._hint_rate is not None and now >= self._hint_until:
+            self._bank(now)
+            self._hint_rate = None
+        self._forget_ceiling(now)
+
+    def _bank(self, now: float) -> None:
+        """Count the tokens earned so far at the current rate, before the rate changes."""
+        self._tokens = self._tokens_now(now)
+        self._tokens_at = max(self._tokens_at, now)
+
+    def _tokens_now(self, now: float) -> float:
+        return self._tokens_after(self._tokens_at, self._tokens, now)
+
+    def _tokens_after(self, t: float, k: float, later: float) -> float:
+        """Tokens at `later` from `k` at `t` (at a RateLimit hint's slower rate until it ends)."""
+        if later <= t:
+            return k
+        slow = 0.0
+        if self._hint_rate is not None and t < self._hint_until:
+            slow = min(later, self._hint_until) - t
+            k += slow * self._restrained(min(self._rate, self._hint_rate))
+        k += (later - t - slow) * self._restrained(self._rate)
+        return min(float(self._burst()), k)
+
+    def _token_time(self, t: float, k: float, need: float = 1.0) -> float:
+        """The first moment at or after `t` when the bucket (holding `k` at `t`) has handed out
+        `need` tokens, each taken as it comes (so the burst cap never binds on the way)."""
+        if k >= need - _EPS:
+            return t
+        if self._hint_rate is not None and t < self._hint_until:
+            slow_rate = self._restrained(min(self._rate, self._hint_rate))
+            ready = t + (need - k) / slow_rate
+            if ready <= self._hint_until:
+                return ready
+            k += (self._hint_until - t) * slow_rate
+            t = self._hint_until
+        return t + (need - k) / self._restrained(self._rate)
+
+    def _not_before(self, now: float) -> float:
+        return max(now, self._paused_until, self._breaker_until)
+
+    def _token_start(self, now: float, need: float = 1.0) -> float:
+        """When the bucket, drained in arrival order from `now`, has handed out `need` tokens."""
+        at = max(self._not_before(now), self._tokens_at)
+        return self._token_time(at, self._tokens_after(self._tokens_at, self._tokens, at), need)
+
+    def _wait_s(self, place: int, start: float, arrival: float, now: float) -> float:
+        """A held request's expected wait; its deadline while it waits on a slot (when a slot
+        frees depends on the site and the proxy's own load: not predicted)."""
+        if place >= self.max_concurrency() - len(self._in_flight):
+            return arrival + self.settings.max_hold - now
+        return start - now
+
+    def _head(self) -> int | None:
+        """The first ticket in line. Tickets are numbered in arrival order, so the head only
+        moves forward: each ticket is stepped over once (O(1) per request)."""
+        queue = self._queue
+        if not queue:
+            return None
+        head = self._head_ticket
+        while head not in queue:
+            head += 1
+        self._head_ticket = head
+        return head
+
+    def _slowed(self) -> None:
+        """The schedule may have slowed (a pause, a lower rate or cap): re-check the line."""
+        if self._queue:
+            self._recheck = True
+
+    def _recheck_line(self, now: float, decided: list[Turn]) -> None:
+        """Refuse now whoever's expected start moved beyond its max_hold; the rest keep places.
+
+        SPEC §5: a request whose wait would exceed max_hold is answered at once, not at the end
+        of the hold. One pass over the line, only after the schedule slowed down.
+        """
+        self._recheck = False
+        rate = self._effective_rate(now)
+        kept: dict[int, float] = {}
+        for ticket, arrival in self._queue.items():
+            start = self._token_start(now, len(kept) + 1.0)
+            if start - arrival > self.settings.max_hold + _EPS:
+                decided.append(Turn("refuse", ticket, rate, waited_s=now - arrival,
+                                    retry_after_s=max(1, math.ceil(start - now - _EPS)),
+                                    reason=self._hold_text(len(kept), start, arrival, now)))
+            else:
+                kept[ticket] = arrival
+        self._queue = kept or _NO_TICKETS
+
+    def _limit_of(self, arrival: float) -> float:
+        """The latest start of a request already in line that waits only for its token.
+
+        Timers fire late on a busy proxy, and with a burst of 1 each late release loses its
+        lag, so a line accepted to start within max_hold slips a little. A request already
+        held is not refused for that slip (only for a real slowdown, see `_recheck_line`, or a
+        slot that never frees): it may start up to 5 % of max_hold (at least 1 s) late.
+        """
+        hold = self.settings.max_hold
+        return arrival + hold + max(_SLIP_S, _SLIP_SHARE * hold)
+
+    def _overdue(self, ticket: int, arrival: float, now: float, slot: bool) -> Turn:
+        """The head's max_hold ran out before it could start (the site's slots stayed taken)."""
+        if not slot:
+            reason = (f"held {now - arrival:.0f}s at pacing.max_concurrency {self.max_concurrency()}"
+                      f" > pacing.max_hold {self.settings.max_hold:g}s")
+            return self._refusal(ticket, arrival, now, 1.0, reason)
+        start = self._token_start(now)
+        return self._refusal(ticket, arrival, now, start - now,
+                             self._hold_text(0, start, arrival, now))
+
+    def _start(self, ticket: int, arrival: float, now: float) -> Turn:
+        k = self._tokens_now(now)
+        self._tokens, self._tokens_at = max(0.0, k - 1.0), max(self._tokens_at, now)
+        self._unqueue(ticket)
+        if self._in_flight is _NO_TICKETS:
+            self._in_flight = {}
+        self._in_flight[ticket] = now
+        rate = self._effective_rate(now)
+        if self._sent and self._sent[-1][1] == rate:
+            self._sent[-1][0] = now
+        else:
+            self._sent.append([now, rate])
+        return Turn("go", ticket, rate, waited_s=now - arrival)
+
+    def _unqueue(self, ticket: int) -> float | None:
+        """Take `ticket` out of the line (its arrival; None if not in it)."""
+        queue = self._queue
+        if ticket not in queue:
+            return None
+        arrival = queue.pop(ticket)
+        if not queue:
+            self._queue = _NO_TICKETS  # an idle site holds no dict of its own
+        return arrival
+
+    def _land(self, ticket: int) -> float | None:
+        """Take `ticket` out of the in-flight set (its start; None if not in flight)."""
+        flying = self._in_flight
+        if ticket not in flying:
+            return None
+        start = flying.pop(ticket)
+        if not flying:
+            self._in_flight = _NO_TICKETS
+        return start
+
+    def _wait(self, ticket: int, arrival: float, now: float, wait_s: float) -> Turn:
+        reason = self._pause_reason if now < self._paused_until else ""
+        return Turn("wait", ticket, self._effective_rate(now), wait_s=max(wait_s, 0.0),
+                    waited_s=now - arrival, reason=reason)
+
+    def _refusal(self, ticket: int, arrival: float, now: float, retry_s: float,
+                 reason: str) -> Turn:
+        self._unqueue(ticket)
+        return Turn("refuse", ticket, self._effective_rate(now), waited_s=now - arrival,
+                    retry_after_s=max(1, math.ceil(retry_s - _EPS)), reason=reason)
+
+    def _breaker_refusal(self, ticket: int, arrival: float, now: float) -> Turn:
+        left = self._breaker_until - now
+        reason = f"{self._breaker_reason or 'breaker open'} ({left:.0f}s left)"
+        return self._refusal(ticket, arrival, now, left, reason)
+
+    def _hold_text(self, place: int, start: float, arrival: float, now: float) -> str:
+        """Why a request is refused for its hold: the real expected wait, and what sets it."""
+        held = f"{now - arrival:.1f}s held, " if now - arrival >= 0.05 else ""
+        why = f"; {self._pause_reason}" if now < self._paused_until and self._pause_reason else ""
+        return (f"expected wait {start - arrival:.1f}s ({held}place {place + 1:,} in line at"
+                f" {self._effective_rate(now):.3g}/s) > pacing.max_hold {self.settings.max_hold:g}s{why}")
+
+
+# -- small readers -------------------------------------------------------------------------------
+
+
+def _lowered(headers: Mapping[str, str]) -> Mapping[str, str]:
+    if isinstance(headers, dict):
+        return {str(k).lower(): v for k, v in headers.items()}
+    return headers
+
+
+def _text(value: str | bytes | None) -> str | None:
+    return value.decode("latin-1") if isinstance(value, bytes) else value
+
+
+def _finite(x: Any) -> TypeGuard[float]:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _num(state: dict[str, Any], key: str, positive: bool = False) -> float | None:
+    value = state.get(key)
+    if value is None:
+        return None
+    if not _finite(value):
+        raise ValueError(f"budget state {key} {value!r} is not a finite number")
+    if positive and value <= 0:
+        raise ValueError(f"budget state {key} {value!r} must be > 0")
+    return float(value)
+
+
+def _dig(state: Any, key: str) -> Any:
+    return state.get(key) if isinstance(state, dict) else type(state).__name__
+
+
+def _short(value: Any) -> str:
+    return value[:200] if isinstance(value, str) else ""

@@ -1,0 +1,1 @@
+"""Revalidation (SPEC §6): validators, the validator store, body fingerprints, revisit intervals, gone memory."""

@@ -1,0 +1,363 @@
+"""The validator store over diskcache: plain verbs, plain data, LRU within a size limit (SPEC §6).
+
+Layout, one diskcache (SQLite) directory, keys namespaced by prefix:
+- `e|<url key>`: the StoredEntry as JSON bytes (small; what every lookup reads);
+- `b|<url key>`: the body bytes (large ones live in files, outside SQLite);
+- `<namespace>|<url key>`: other per-URL records as JSON (`revisit`, `gone`).
+
+Records of the ENTRY_RECORDS namespaces (the revisit schedule) ride inside the entry's row,
+under "records", while the URL has an entry: a lookup reads one row, a store writes one. A URL
+without an entry (its response was not storable) keeps them in their own row, as other records.
+
+Everything is bytes or JSON, never a pickled object, so a Redis backend can share the format and
+a foreign or corrupt row cannot run code: the disk class here refuses to unpickle anything.
+A row that does not parse is dropped with a warning and treated as absent (SPEC §12).
+
+Eviction is least recently *used* within store.size_limit (SPEC §6), where a use is what
+needs the stored body: a store, a 304 refresh, a served-stored answer. diskcache runs as
+least-recently-stored and each use re-stores the entry row and touches the body row's store
+time; a plain lookup writes nothing. (diskcache's own least-recently-used policy turns every
+read into a SQLite write transaction: most of a request's store cost, benchmarks/README.md.)
+The size limit is checked every CHECK_WRITES writes or CHECK_FRACTION of the limit written,
+not on every write, so the store may pass the limit by that much before the next cull.
+
+Eviction may drop an entry's body before its metadata (or the other way round). `body()`
+checks size and SHA-256 against the entry, so a missing or replaced body reads as None and is
+never served. Gone records share the same eviction: losing one only means the URL is fetched
+again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import diskcache
+from diskcache.core import MODE_PICKLE
+
+from etiquette_proxy.revalidation.validators import StoredEntry
+
+log = logging.getLogger(__name__)
+
+_NAMESPACE = re.compile(r"^[a-z][a-z0-9_-]{1,31}$")
+T = TypeVar("T")
+
+# Namespaces whose records live in the entry's row while the URL has an entry.
+ENTRY_RECORDS = frozenset({"revisit"})
+# The size limit is checked after this many writes, or this fraction of it written.
+CHECK_WRITES = 64
+CHECK_FRACTION = 64
+
+
+def _as_dict(data: Any) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ValueError(f"record is {type(data).__name__}, not a dict")
+    return data
+
+
+class _PlainDisk(diskcache.Disk):
+    """diskcache's Disk, limited to bytes values: never pickles, never unpickles."""
+
+    def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
+        if not isinstance(value, bytes):
+            raise TypeError(f"the validator store holds bytes, not {type(value).__name__}")
+        return super().store(value, read, key=key)
+
+    def fetch(self, mode: int, filename: str | None, value: Any, read: bool) -> Any:
+        if mode == MODE_PICKLE:
+            raise ValueError("pickled value refused (the store holds only bytes and JSON)")
+        return super().fetch(mode, filename, value, read)
+
+
+class ValidatorStore:
+    """Stored entries, bodies and per-URL records, evicted least recently used."""
+
+    def __init__(self, directory: str | Path, size_limit: int = 1024**3,
+                 max_body: int = 10 * 1024**2):
+        if size_limit <= 0 or max_body < 0:
+            raise ValueError(f"store.size_limit ({size_limit!r}) must be > 0 and "
+                             f"store.max_body ({max_body!r}) >= 0")
+        self.size_limit = int(size_limit)
+        self.max_body = int(max_body)
+        self._cache = diskcache.Cache(
+            str(directory),
+            disk=_PlainDisk,
+            size_limit=self.size_limit,
+            # Reads write nothing; uses re-store (module docstring). cull_limit 0: no volume
+            # check inside every set, _wrote() checks now and then and culls.
+            eviction_policy="least-recently-stored",
+            cull_limit=0,
+        )
+        self._writes = 0
+        self._written = 0
+
+    @classmethod
+    def from_config(cls, config: Any, directory: str | Path) -> ValidatorStore:
+        """Built from store.size_limit and store.max_body."""
+        return cls(directory, config.get("store.size_limit"), config.get("store.max_body"))
+
+    def close(self) -> None:
+        self._cache.close()
+
+    def __enter__(self) -> ValidatorStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- stored responses ---------------------------------------------------------------------
+
+    def get(self, key: str) -> StoredEntry | None:
+        """The entry stored for a URL key, or None (corrupt entries are dropped, never served)."""
+        return self._entry(key, self._read_json(f"e|{key}"))
+
+    def get_with_record(self, key: str, namespace: str,
+                        parse: Callable[[Any], T] = _as_dict,  # type: ignore[assignment]
+                        ) -> tuple[StoredEntry | None, T | None]:
+        """The entry and its `namespace` record (e.g. the revisit schedule), in one read when
+        the record rides in the entry's row."""
+        row = self._read_json(f"e|{key}")
+        entry = self._entry(key, row)
+        if entry is None or namespace not in ENTRY_RECORDS:
+            return entry, self._own_record(_checked(namespace), key, parse)
+        return entry, self._row_record(key, row, namespace, parse)
+
+    def body(self, entry: StoredEntry) -> bytes | None:
+        """The body stored for `entry`, or None if it is gone or is not the body `entry` names."""
+        raw = self._read(f"b|{entry.url}")
+        if raw is None:
+            return None
+        if not isinstance(raw, bytes):
+            self._drop(f"b|{entry.url}", f"body is {type(raw).__name__}, not bytes")
+            return None
+        if len(raw) != entry.body_size or hashlib.sha256(raw).hexdigest() != entry.body_sha256:
+            # Replaced by a newer response since `entry` was read, or damaged: not ours to serve.
+            log.warning("stored body for %s does not match its entry; not served", entry.url)
+            return None
+        return raw
+
+    def put(self, entry: StoredEntry, body: bytes,
+            records: Mapping[str, dict[str, Any]] | None = None) -> bool:
+        """Store `entry` and its body (and `records` of ENTRY_RECORDS namespaces in its row);
+        False (nothing stored) when over store.max_body."""
+        if len(body) != entry.body_size:
+            raise ValueError(f"body is {len(body)} bytes, entry says {entry.body_size}")
+        if len(body) > self.max_body:
+            return False
+        with self._cache.transact():
+            row = self._row(entry, records)
+            # Body first: a crash between the two leaves an orphan body (evicted in time),
+            # never an entry pointing at nothing (one transaction makes that moot in SQLite,
+            # but a body in a file is written before the transaction commits).
+            self._cache.set(f"b|{entry.url}", bytes(body))
+            self._cache.set(f"e|{entry.url}", row)
+            for namespace in ENTRY_RECORDS:
+                self._cache.delete(f"{namespace}|{entry.url}")  # superseded by the row's
+        self._wrote(2, len(body) + len(row))
+        return True
+
+    def refresh(self, entry: StoredEntry,
+                records: Mapping[str, dict[str, Any]] | None = None) -> bool:
+        """Replace an entry's headers after a 304, keeping its body (a use: the body row is
+        touched too); False (nothing written) when the stored entry is gone or names another
+        body by now."""
+        with self._cache.transact():
+            row = self._row(entry, records)
+            current = self.get(entry.url)
+            if current is None or (current.body_size, current.body_sha256) != (
+                    entry.body_size, entry.body_sha256):
+                return False
+            # Only the small entry row is written: the body is the one already stored (put()
+            # writes body then entry, so an entry naming this body means the body row is it).
+            self._cache.set(f"e|{entry.url}", row)
+            self._touch(f"b|{entry.url}")
+            for namespace in ENTRY_RECORDS:
+                self._cache.delete(f"{namespace}|{entry.url}")
+        self._wrote(2, len(row))
+        return True
+
+    def touch(self, entry: StoredEntry) -> None:
+        """Count a use of `entry` (served from the store): its rows become the most recent."""
+        with self._cache.transact():
+            self._touch(f"e|{entry.url}")
+            self._touch(f"b|{entry.url}")
+        self._wrote(2, 0)
+
+    def forget(self, key: str) -> None:
+        """Drop the entry and body for a URL key (records riding in its row are kept)."""
+        with self._cache.transact():
+            row = self._read_json(f"e|{key}")
+            records = row.get("records") if isinstance(row, dict) else None
+            if isinstance(records, dict):
+                for namespace, record in records.items():
+                    if namespace in ENTRY_RECORDS and isinstance(record, dict):
+                        self._cache.set(f"{namespace}|{key}", _json(record))
+            self._cache.delete(f"e|{key}")
+            self._cache.delete(f"b|{key}")
+
+    # -- per-URL records (revisit schedule, gone memory) ------------------------------------------
+
+    def get_record(self, namespace: str, key: str,
+                   parse: Callable[[Any], T] = _as_dict) -> T | None:  # type: ignore[assignment]
+        """The record under `namespace` for a URL key, parsed by `parse` (e.g.
+        `GoneRecord.from_state`); None when absent. A record `parse` rejects with ValueError is
+        dropped with a warning."""
+        _checked(namespace)
+        if namespace in ENTRY_RECORDS:
+            row = self._read_json(f"e|{key}")
+            if self._entry(key, row) is not None:
+                return self._row_record(key, row, namespace, parse)
+        return self._own_record(namespace, key, parse)
+
+    def put_record(self, namespace: str, key: str, record: dict[str, Any],
+                   ttl_s: float | None = None) -> None:
+        """Store a JSON-able record; `ttl_s` lets diskcache expire it (cleanup only)."""
+        cache_key = f"{_checked(namespace)}|{key}"
+        data = _json(record)
+        if namespace in ENTRY_RECORDS and ttl_s is None:
+            with self._cache.transact():
+                row = self._read_json(f"e|{key}")
+                if self._entry(key, row) is not None:
+                    kept = row.get("records")
+                    row["records"] = {**(kept if isinstance(kept, dict) else {}), namespace: record}
+                    data = _json(row)
+                    self._cache.set(f"e|{key}", data)
+                    self._cache.delete(cache_key)
+                else:
+                    self._cache.set(cache_key, data)
+        else:
+            self._cache.set(cache_key, data, expire=ttl_s)
+        self._wrote(1, len(data))
+
+    def forget_record(self, namespace: str, key: str) -> None:
+        """Drop a record."""
+        cache_key = f"{_checked(namespace)}|{key}"
+        if namespace in ENTRY_RECORDS:
+            with self._cache.transact():
+                row = self._read_json(f"e|{key}")
+                if self._entry(key, row) is not None and _has_record(row, namespace):
+                    del row["records"][namespace]
+                    self._cache.set(f"e|{key}", _json(row))
+                self._cache.delete(cache_key)
+        else:
+            self._cache.delete(cache_key)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _entry(self, key: str, data: Any) -> StoredEntry | None:
+        if data is None:
+            return None
+        try:
+            entry = StoredEntry.from_dict(data)
+            if entry.url != key:
+                raise ValueError(f"entry is for {entry.url!r}")
+        except ValueError as e:
+            self._drop(f"e|{key}", str(e))
+            return None
+        return entry
+
+    def _row(self, entry: StoredEntry, records: Mapping[str, dict[str, Any]] | None) -> bytes:
+        """The entry's row; records not given are kept from the stored row (or own rows)."""
+        data = entry.to_dict()
+        given = dict(records or {})
+        for namespace in given:
+            if namespace not in ENTRY_RECORDS:
+                raise ValueError(f"{namespace!r} records do not live in the entry row")
+        if len(given) < len(ENTRY_RECORDS):  # only then is the stored row read
+            for namespace in ENTRY_RECORDS - given.keys():
+                kept = self.get_record(namespace, entry.url)
+                if kept is not None:
+                    given[namespace] = kept
+        if given:
+            data["records"] = given
+        return _json(data)
+
+    def _row_record(self, key: str, row: Any, namespace: str, parse: Callable[[Any], T]) -> T | None:
+        if not _has_record(row, namespace):
+            # Written before records rode in the row, or never scheduled: its own row, if any.
+            return self._own_record(namespace, key, parse)
+        try:
+            return parse(row["records"][namespace])
+        except ValueError as e:
+            # A bad record does not spoil the entry: it reads as absent and is replaced on
+            # the next write of the row.
+            log.warning("ignoring corrupt %s record in the entry row for %r: %s",
+                        namespace, key[:200], e)
+            return None
+
+    def _own_record(self, namespace: str, key: str, parse: Callable[[Any], T]) -> T | None:
+        cache_key = f"{namespace}|{key}"
+        data = self._read_json(cache_key)
+        if data is None:
+            return None
+        try:
+            return parse(data)
+        except ValueError as e:
+            self._drop(cache_key, str(e))
+            return None
+
+    def _touch(self, cache_key: str) -> None:
+        # diskcache has no public "re-store" that keeps the value (touch() moves only the
+        # expiry), and re-writing a body file to refresh its age would cost a file write.
+        self._cache._sql(  # noqa: SLF001 - inside the transaction of the caller
+            "UPDATE Cache SET store_time = ? WHERE key = ? AND raw = 1",
+            (time.time(), cache_key))
+
+    def _wrote(self, rows: int, nbytes: int) -> None:
+        # Approximate under threads (bodies over 256 KiB are stored from a worker): a missed
+        # count only delays the next check by a write.
+        self._writes += rows
+        self._written += nbytes
+        if self._writes >= CHECK_WRITES or self._written >= self.size_limit // CHECK_FRACTION:
+            self._writes = self._written = 0
+            if self._cache.volume() > self.size_limit:
+                self._cache.cull()
+
+    def _read(self, cache_key: str) -> Any:
+        try:
+            return self._cache.get(cache_key)
+        except Exception as e:  # unreadable row or file: drop it, never crash a request
+            self._drop(cache_key, f"{type(e).__name__}: {e}")
+            return None
+
+    def _read_json(self, cache_key: str) -> Any:
+        raw = self._read(cache_key)
+        if raw is None:
+            return None
+        try:
+            if not isinstance(raw, bytes):
+                raise ValueError(f"{type(raw).__name__}, not bytes")
+            return json.loads(raw)
+        except ValueError as e:  # includes JSONDecodeError and UnicodeDecodeError
+            self._drop(cache_key, f"not JSON ({e})")
+            return None
+
+    def _drop(self, cache_key: str, why: str) -> None:
+        log.warning("dropping corrupt store row %r: %s", cache_key[:200], why)
+        try:
+            self._cache.delete(cache_key)
+        except Exception as e:
+            log.warning("could not delete store row %r: %s", cache_key[:200], e)
+
+
+def _has_record(row: Any, namespace: str) -> bool:
+    records = row.get("records") if isinstance(row, dict) else None
+    return isinstance(records, dict) and namespace in records
+
+
+def _checked(namespace: str) -> str:
+    # "e" and "b" are one letter, so a valid namespace can never collide with entries or bodies.
+    if not _NAMESPACE.match(namespace):
+        raise ValueError(f"{namespace!r} is not a record namespace (expected e.g. 'revisit')")
+    return namespace
+
+
+def _json(data: dict[str, Any]) -> bytes:
+    # allow_nan=False: NaN/Infinity are not JSON and would not survive another backend.
+    return json.dumps(data, separators=(",", ":"), allow_nan=False).encode("utf-8")

@@ -1,0 +1,54 @@
+"""StateStore over diskcache (SQLite) in `<state-dir>/state` (SPEC §10)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import diskcache
+
+log = logging.getLogger(__name__)
+
+
+class DiskState:
+    """StateStore over diskcache (SQLite) in `<state-dir>/state`."""
+
+    def __init__(self, directory: str):
+        os.makedirs(directory, exist_ok=True)
+        # eviction off: this is small policy state, never to be dropped for space.
+        self._cache = diskcache.Cache(directory, eviction_policy="none", size_limit=2**40)
+
+    @staticmethod
+    def _key(namespace: str, key: str) -> str:
+        return f"{namespace}\x1f{key}"
+
+    def get(self, namespace: str, key: str) -> Any | None:
+        raw = self._cache.get(self._key(namespace, key))
+        if raw is None:
+            return None
+        try:
+            return json.loads(raw)
+        except (TypeError, ValueError):
+            log.warning("state %s/%s is not valid JSON: dropped", namespace, key)
+            self.forget(namespace, key)
+            return None
+
+    def put(self, namespace: str, key: str, value: Any, expire_s: float | None = None) -> None:
+        self._cache.set(self._key(namespace, key), json.dumps(value, separators=(",", ":")), expire=expire_s)
+
+    def forget(self, namespace: str, key: str) -> None:
+        self._cache.delete(self._key(namespace, key))
+
+    def items(self, namespace: str) -> Iterator[tuple[str, Any]]:
+        prefix = f"{namespace}\x1f"
+        for full in list(self._cache.iterkeys()):
+            if isinstance(full, str) and full.startswith(prefix):
+                value = self.get(namespace, full[len(prefix):])
+                if value is not None:
+                    yield full[len(prefix):], value
+
+    def close(self) -> None:
+        self._cache.close()

@@ -1,0 +1,1 @@
+"""What the operator sees (SPEC §11): the board, the dashboard page, Prometheus metrics, the report."""

@@ -1,0 +1,581 @@
+"""`etiquette-proxy report`: an audit log summarised per site, with a conduct grade (SPEC §11).
+
+The grade reads the log the way a site would read its own access log (seed 001: "what does
+the history of my requests say about me?"). Three questions, as Cloudflare's continuous
+accountability for verified bots asks them, plus the efficiency one it announced next:
+
+1. robots.txt: did a request reach the site although robots.txt disallowed it? In enforce mode
+   the proxy answers those locally (`disallowed`: an attempt stopped, the site saw nothing);
+   in observe mode `would: disallowed` on a forwarded line is a violation the site saw.
+2. 429: after the site answered 429, did the next request to it wait for `Retry-After` /
+   the pause (`pause_s`)? And did 429s keep coming (a loop that waits out each 429 and then
+   goes on at the same pace draws one every few requests)?
+3. Unchanged re-downloads: how much of the re-fetching downloaded a page that had not changed
+   (`changed: false` on a `fetched` line), where a conditional request would have cost a 304?
+
+Rubric (points start at 100; see RUBRIC below, the README quotes it):
+
+- each request the site saw although robots.txt disallowed it: -15 (at most -60)
+- each 429 not honoured (the next request to the site came before Retry-After / pause_s,
+  or sooner than 1 s when the 429 named no wait): -15 (at most -60)
+- 429s repeating: from the first 429 on, 429s are more than 10 % of the requests that reached
+  the site: -20; more than 25 %: -30 (only with 3 or more 429s)
+- unchanged re-downloads: -round(20 x share) when there are at least 10 re-checks
+- grade: A >= 90, B >= 80, C >= 70, D >= 60, E >= 50, F below
+
+Timing caveat: a line is stamped when its answer came back, and the answer time of the next
+request is not logged, so "next request" gaps are measured between answers; they can only
+overstate the gap by that request's latency.
+
+Reading: lines are bytes; garbage (not JSON, not an object, required keys missing, unknown
+outcome) and a torn last line are counted and skipped; unknown keys are counted and ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from email.utils import parsedate_to_datetime
+from typing import IO, Any
+
+from etiquette_proxy.audit.chain import ChainCheck, ChainVerdict
+from etiquette_proxy.audit.log import OUTCOMES, REQUIRED_KEYS, rfc3339_ms
+
+# Keys the proxy writes (every addon's notes.extra and audit_record call) or the SPEC documents;
+# anything else is counted as unknown.
+KNOWN_KEYS = frozenset(REQUIRED_KEYS) | {
+    "retry_after", "pause_s", "injected", "changed", "header_bytes", "header_bytes_sent",
+    "health", "would", "would_reason", "would_wait_s", "bytes", "robots", "robots_fetch", "crawl_delay",
+    "trimmed", "trap", "retired", "revived", "warning", "health_signal", "ceiling", "breaker",
+    "ratelimit", "gone_status", "header_notes", "alert", "band_change", "event", "canary",
+    "marker_found", "action", "purposes", "signals",
+    "seq", "chain", "signed", "not_signed", "would_sign",  # SPEC §11 chain, SPEC §9 identity
+}
+# A robots.txt that could not be fetched disallows everything (RFC 9309 §2.3.1.4): those 503s
+# are the proxy waiting for robots.txt, not a crawler trying a disallowed path.
+UNREACHABLE = "robots.txt unreachable"
+SAVED_BY_STORE = ("revalidated", "served-stored")
+TOLERANCE_S = 0.05  # timestamps are to the millisecond; scheduling jitter on top
+NO_HINT_WAIT_S = 1.0  # a 429 without Retry-After: at least the proxy's smallest backoff
+
+RUBRIC = (
+    ("robots", "each request the site saw although robots.txt disallowed it", 15, 60),
+    ("429", "each 429 not honoured (next request before Retry-After / pause)", 15, 60),
+    ("repeat", "429s > 10% (-20) / > 25% (-30) of requests from the first 429 on", 0, 30),
+    ("waste", "unchanged re-downloads: -20 x share (with >= 10 re-checks)", 20, 20),
+)
+GRADES = ((90, "A"), (80, "B"), (70, "C"), (60, "D"), (50, "E"), (0, "F"))
+
+
+def grade_of(points: int) -> str:
+    """The letter for a number of points (A >= 90 ... F < 50)."""
+    return next(letter for floor, letter in GRADES if points >= floor)
+
+
+def parse_epoch(ts: str) -> float:
+    """Epoch seconds from an audit `ts`; ValueError when it is not RFC 3339."""
+    return datetime.fromisoformat(ts).timestamp()  # Python 3.11 reads the trailing Z
+
+
+def wait_asked(record: Mapping[str, Any], at: float) -> float | None:
+    """How long a 429 line asked for: max of `pause_s` and `retry_after`; None if neither."""
+    waits: list[float] = []
+    pause = record.get("pause_s")
+    if isinstance(pause, (int, float)) and not isinstance(pause, bool):
+        waits.append(float(pause))
+    retry = record.get("retry_after")
+    if isinstance(retry, (int, float)) and not isinstance(retry, bool):
+        waits.append(float(retry))
+    elif isinstance(retry, str) and retry.strip():
+        text = retry.strip()
+        try:
+            waits.append(float(text))
+        except ValueError:
+            try:
+                waits.append(parsedate_to_datetime(text).timestamp() - at)
+            except (TypeError, ValueError, IndexError, OverflowError):
+                pass
+    return max(waits) if waits else None
+
+
+@dataclass
+class SiteConduct:
+    """One site's tallies while reading, and its grade after."""
+
+    site: str
+    outcomes: Counter[str] = field(default_factory=Counter)
+    would: Counter[str] = field(default_factory=Counter)
+    requests: int = 0
+    robots_fetches: int = 0
+    for_purpose: int = 0  # requests refused (or that observe mode would refuse) for a declared purpose
+    robots_unreachable: int = 0  # answered 503 while robots.txt could not be fetched
+    events: Counter[str] = field(default_factory=Counter)  # operator actions, health alerts
+    reached: int = 0  # lines that reached the site (upstream_status set), robots fetches included
+    received_429: int = 0
+    honoured: int = 0
+    too_soon: int = 0
+    too_soon_examples: list[tuple[float, float]] = field(default_factory=list)  # (gap, asked)
+    reached_since_429: int = 0
+    changed: int = 0
+    unchanged_downloads: int = 0
+    wasted_bytes: int = 0
+    bytes_sent: int = 0
+    saved_revalidation: int = 0
+    saved_trimming: int = 0
+    health_min: float | None = None
+    health_max: float | None = None
+    first_ts: str = ""
+    last_ts: str = ""
+    _pending: tuple[float, float] | None = None  # (epoch of the 429, wait asked)
+
+    # -- derived ---------------------------------------------------------------------------
+
+    @property
+    def violations(self) -> int:
+        return self.would.get("disallowed", 0)
+
+    @property
+    def stopped(self) -> int:
+        """Disallowed attempts the proxy stopped (robots.txt-unreachable 503s not included)."""
+        return self.outcomes.get("disallowed", 0) - self.robots_unreachable
+
+    @property
+    def graded(self) -> bool:
+        """A site the proxy never reached saw nothing to judge: no grade."""
+        return self.reached > 0
+
+    @property
+    def rechecks(self) -> int:
+        return self.changed + self.unchanged_downloads + self.outcomes["revalidated"] + self.outcomes["unchanged"]
+
+    @property
+    def revalidated_share(self) -> float | None:
+        """Share of re-checks answered 304 (revalidated or passed on unchanged)."""
+        n = self.rechecks
+        return (self.outcomes["revalidated"] + self.outcomes["unchanged"]) / n if n else None
+
+    @property
+    def waste_share(self) -> float | None:
+        n = self.rechecks
+        return self.unchanged_downloads / n if n else None
+
+    def penalties(self) -> list[tuple[int, str]]:
+        """(points lost, why) under the rubric, worst first."""
+        out: list[tuple[int, str]] = []
+        if self.violations:
+            out.append((min(60, 15 * self.violations),
+                        f"{self.violations} request(s) robots.txt disallowed reached the site"))
+        if self.too_soon:
+            out.append((min(60, 15 * self.too_soon), f"{self.too_soon} of {self.received_429} 429s not honoured"))
+        if self.received_429 >= 3 and self.reached_since_429:
+            share = self.received_429 / self.reached_since_429
+            if share > 0.10:
+                out.append((30 if share > 0.25 else 20,
+                            f"429s kept coming: {share:.0%} of requests after the first"))
+        waste = self.waste_share
+        if waste and self.rechecks >= 10 and round(20 * waste):
+            out.append((round(20 * waste), f"{waste:.0%} of re-checks re-downloaded an unchanged page"))
+        return sorted(out, key=lambda p: -p[0])
+
+    @property
+    def points(self) -> int:
+        return max(0, 100 - sum(p for p, _ in self.penalties()))
+
+    @property
+    def grade(self) -> str:
+        return grade_of(self.points) if self.graded else "–"
+
+    def finish(self) -> None:
+        """A 429 with no later request to the site was honoured (nothing more was asked)."""
+        if self._pending is not None:
+            self.honoured += 1
+            self._pending = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "site": self.site, "grade": self.grade if self.graded else None,
+            "points": self.points if self.graded else None,
+            "penalties": [{"points": p, "why": why} for p, why in self.penalties()],
+            "requests": self.requests, "outcomes": dict(self.outcomes), "would": dict(self.would),
+            "robots": {"violations": self.violations, "stopped": self.stopped, "fetches": self.robots_fetches,
+                       "refused_for_purpose": self.for_purpose, "unreachable": self.robots_unreachable},
+            "events": dict(self.events),
+            "429": {"received": self.received_429, "honoured": self.honoured, "too_soon": self.too_soon,
+                    "too_soon_examples": [{"gap_s": round(g, 3), "asked_s": round(w, 3)}
+                                          for g, w in self.too_soon_examples],
+                    "reached_since_first": self.reached_since_429},
+            "rechecks": {"total": self.rechecks, "revalidated_share": self.revalidated_share,
+                         "unchanged_downloads": self.unchanged_downloads, "wasted_bytes": self.wasted_bytes},
+            "bytes": {"site_sent": self.bytes_sent, "saved_revalidation": self.saved_revalidation,
+                      "saved_trimming": self.saved_trimming},
+            "health": None if self.health_min is None else {"min": self.health_min, "max": self.health_max},
+            "first_ts": self.first_ts, "last_ts": self.last_ts,
+        }
+
+
+@dataclass
+class Skipped:
+    """Lines the report could not use, and keys it did not know."""
+
+    not_json: int = 0
+    not_object: int = 0
+    missing_keys: int = 0
+    unknown_outcome: int = 0
+    truncated_last: int = 0
+    unknown_keys: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def garbage(self) -> int:
+        return self.not_json + self.not_object + self.missing_keys + self.unknown_outcome
+
+    def warnings(self) -> list[str]:
+        out = []
+        if self.garbage:
+            kinds = [f"{n} {what}" for n, what in ((self.not_json, "not JSON"), (self.not_object, "not an object"),
+                     (self.missing_keys, "missing required keys"), (self.unknown_outcome, "unknown outcome")) if n]
+            out.append(f"skipped {self.garbage} garbage lines: {', '.join(kinds)}")
+        if self.truncated_last:
+            out.append("skipped a truncated last line (proxy killed mid-write?)")
+        if self.unknown_keys:
+            keys = ", ".join(f"{k} ({n})" for k, n in self.unknown_keys.most_common(5))
+            more = len(self.unknown_keys) - 5
+            out.append(f"ignored unknown keys: {keys}" + (f" and {more} more" if more > 0 else ""))
+        return out
+
+
+class Report:
+    """Feed audit lines (bytes) in log order; read `sites` and `skipped` after `finish()`."""
+
+    def __init__(self, since_ts: str | None = None, site: str | None = None):
+        self.since_ts = since_ts
+        self.site_filter = site
+        self.sites: dict[str, SiteConduct] = {}
+        self.skipped = Skipped()
+        self.lines = 0
+        self.used = 0
+        self._chain = ChainCheck()  # SPEC §11: whether the log was edited, over every line
+        self.chain: ChainVerdict | None = None
+
+    def _wanted(self, site: str) -> bool:
+        f = self.site_filter
+        if f is None or site == f:
+            return True
+        return site.rsplit(":", 1)[0] == f
+
+    def feed(self, line: bytes, last: bool = False) -> None:
+        """One line of the log; `last` marks a final line without its newline."""
+        self._chain.feed(line)
+        self.lines += 1
+        if not line.strip():
+            self.lines -= 1
+            return
+        try:
+            record = json.loads(line)
+        except ValueError:
+            if last:
+                self.skipped.truncated_last += 1
+            else:
+                self.skipped.not_json += 1
+            return
+        if not isinstance(record, dict):
+            self.skipped.not_object += 1
+            return
+        ts, site, outcome = record.get("ts"), record.get("site"), record.get("outcome")
+        if not isinstance(ts, str) or not isinstance(site, str) or "status" not in record:
+            self.skipped.missing_keys += 1
+            return
+        if outcome not in OUTCOMES:
+            self.skipped.unknown_outcome += 1
+            return
+        if not KNOWN_KEYS.issuperset(record):
+            for key in record.keys() - KNOWN_KEYS:
+                self.skipped.unknown_keys[key] += 1
+        if self.since_ts is not None and ts < self.since_ts:
+            return  # same format throughout, so strings compare as times
+        if self.site_filter is not None and not self._wanted(site):
+            return
+        self.used += 1
+        self._count(record, ts, site, outcome)
+
+    def _count(self, record: dict[str, Any], ts: str, site: str, outcome: str) -> None:
+        c = self.sites.get(site)
+        if c is None:
+            c = self.sites[site] = SiteConduct(site, first_ts=ts)
+        c.last_ts = ts
+        event = record.get("event")
+        if event:  # an operator action or a health alert: not a request
+            c.events[str(event)] += 1
+            return
+        upstream = record.get("upstream_status")
+        size = record.get("bytes")
+        size = size if type(size) is int and size > 0 else 0
+        if upstream is not None:
+            c.reached += 1
+            if c._pending is not None:
+                at, asked = c._pending
+                try:
+                    gap = parse_epoch(ts) - at
+                except ValueError:
+                    gap = asked  # an unreadable stamp does not count against the crawler
+                if gap + TOLERANCE_S >= asked:
+                    c.honoured += 1
+                else:
+                    c.too_soon += 1
+                    if len(c.too_soon_examples) < 3:
+                        c.too_soon_examples.append((gap, asked))
+                c._pending = None
+            if c.received_429:
+                c.reached_since_429 += 1
+            if upstream == 429 or outcome == "throttled":
+                if not c.received_429:
+                    c.reached_since_429 = 1
+                c.received_429 += 1
+                try:
+                    at = parse_epoch(ts)
+                except ValueError:
+                    pass  # an unreadable stamp cannot be judged
+                else:
+                    hint = wait_asked(record, at)
+                    c._pending = (at, NO_HINT_WAIT_S if hint is None else hint)
+        if record.get("robots_fetch"):
+            c.robots_fetches += 1
+            c.bytes_sent += size
+            return
+        c.requests += 1
+        c.outcomes[outcome] += 1
+        if isinstance(record.get("purposes"), dict) and "disallowed" in (outcome, record.get("would")):
+            c.for_purpose += 1
+        if outcome == "disallowed" and str(record.get("reason", "")).startswith(UNREACHABLE):
+            c.robots_unreachable += 1
+        would = record.get("would")
+        if would == "disallowed" and str(record.get("would_reason", "")).startswith(UNREACHABLE):
+            c.would["robots.txt unreachable"] += 1
+        elif would:
+            c.would[str(would)] += 1
+        if outcome in SAVED_BY_STORE:
+            c.saved_revalidation += size
+        elif upstream is not None:
+            c.bytes_sent += size
+        changed = record.get("changed")
+        if outcome == "fetched" and changed is not None:
+            if changed is False:
+                c.unchanged_downloads += 1
+                c.wasted_bytes += size
+            else:
+                c.changed += 1
+        before, after = record.get("header_bytes"), record.get("header_bytes_sent")
+        if type(before) is int and type(after) is int and before > after:
+            c.saved_trimming += before - after
+        health = record.get("health")
+        if isinstance(health, dict):
+            health = health.get("score")
+        if isinstance(health, (int, float)) and not isinstance(health, bool):
+            h = float(health)
+            c.health_min = h if c.health_min is None else min(c.health_min, h)
+            c.health_max = h if c.health_max is None else max(c.health_max, h)
+
+    def finish(self) -> None:
+        for c in self.sites.values():
+            c.finish()
+        self.chain = self._chain.finish()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "lines": self.lines, "used": self.used,
+            "skipped": {"garbage": self.skipped.garbage, "not_json": self.skipped.not_json,
+                        "not_object": self.skipped.not_object, "missing_keys": self.skipped.missing_keys,
+                        "unknown_outcome": self.skipped.unknown_outcome,
+                        "truncated_last": self.skipped.truncated_last,
+                        "unknown_keys": dict(self.skipped.unknown_keys)},
+            "sites": [self.sites[s].as_dict() for s in sorted(self.sites)],
+            "chain": None if self.chain is None else {
+                "intact": self.chain.intact, "line": self.chain.line, "problem": self.chain.problem,
+                "chained": self.chain.chained, "head": self.chain.head, "torn": self.chain.torn},
+            "rubric": [{"what": what, "points_each": each, "at_most": most} for _, what, each, most in RUBRIC],
+            "grades": {letter: floor for floor, letter in GRADES},
+        }
+
+
+# -- reading a file -----------------------------------------------------------------------------
+
+Progress = Callable[[int, int, int], None]  # (bytes read, total bytes, lines)
+
+
+def read_log(stream: IO[bytes], report: Report, total: int = 0, progress: Progress | None = None,
+             every: int = 65536) -> Report:
+    """Feed every line of `stream` to `report`; `progress` is called every `every` lines."""
+    done = 0
+    pending: bytes | None = None
+    for n, line in enumerate(stream, 1):
+        if pending is not None:
+            report.feed(pending)
+        pending = line
+        done += len(line)
+        if progress is not None and n % every == 0:
+            progress(done, total, n)
+    if pending is not None:
+        report.feed(pending, last=not pending.endswith(b"\n"))
+    report.finish()
+    return report
+
+
+def since_cutoff(seconds: float, now: float) -> str:
+    """The `ts` string from which lines count, for `--since`."""
+    return rfc3339_ms(now - seconds)
+
+
+# -- text output ------------------------------------------------------------------------------
+
+WIDTH = 80
+
+
+def _n(x: int) -> str:
+    return f"{x:,}"
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{x:.0%}"
+
+
+NBSP = "\u00a0"
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f}{NBSP}{unit}" if unit == "B" else f"{n:.1f}{NBSP}{unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _wrap(label: str, text: str) -> list[str]:
+    """`  label     text`, wrapped at 80 columns under the text column."""
+    import textwrap
+
+    # NBSP keeps "25.7 MiB" together: textwrap breaks only on ASCII whitespace.
+    lines = [x.replace(NBSP, " ") for x in textwrap.wrap(text, WIDTH - 13)] or [""]
+    return [f"  {label:<10} {lines[0]}"] + [" " * 13 + rest for rest in lines[1:]]
+
+
+def render_text(report: Report, source: str) -> str:
+    """The report for a terminal: a table of sites, a block per site, warnings; <= 80 columns."""
+    sites = [report.sites[s] for s in sorted(report.sites)]
+    first = min((c.first_ts for c in sites), default="")
+    last = max((c.last_ts for c in sites), default="")
+    out = [_clip(f"etiquette-proxy report: {source}", WIDTH),
+           f"{_n(report.lines)} lines, {_n(report.used)} used, {len(sites)} site(s)"]
+    if first:
+        out.append(f"from {first[:19].replace('T', ' ')} to {last[:19].replace('T', ' ')} UTC")
+    if report.chain is not None:  # SPEC §11: does the log still read as it was written?
+        verdict = report.chain.summary() if report.chain.intact else "BROKEN: " + report.chain.summary()
+        out += _wrap("audit log", verdict + " (etiquette-proxy verify-log)")
+    out.append("")
+    header = (f"{'site':<24} {'requests':>8} {'fetched':>8} {'reval':>6} {'stopped':>8} {'429s':>5} "
+              f"{'honoured':>8}  grade")
+    out += [header, "-" * len(header)]
+    for c in sites:
+        honoured = f"{c.honoured}/{c.received_429}" if c.received_429 else "–"
+        grade = f"{c.grade} {c.points:>3}" if c.graded else "–"
+        out.append(f"{_clip(c.site, 24):<24} {_n(c.requests):>8} {_n(c.outcomes['fetched']):>8} "
+                   f"{_pct(c.revalidated_share):>6} {_n(c.stopped):>8} {_n(c.received_429):>5} "
+                   f"{honoured:>8}  {grade}")
+    for c in sites:
+        title = (f"{c.site}  grade {c.grade} ({c.points} points)" if c.graded
+                 else f"{c.site}  no grade: the proxy never reached this site")
+        out += ["", _clip(title, WIDTH)]
+        counts = ", ".join(f"{k} {_n(v)}" for k, v in c.outcomes.most_common())
+        if c.would:
+            counts += "; observe mode would: " + ", ".join(f"{k} {_n(v)}" for k, v in c.would.most_common())
+        out += _wrap("outcomes", counts or "none")
+        robots = (f"{_n(c.stopped)} disallowed attempt(s) stopped by the proxy, "
+                  f"{_n(c.violations)} reached the site; {_n(c.robots_fetches)} robots.txt fetch(es)")
+        if c.for_purpose:
+            robots += f"; {_n(c.for_purpose)} refused for a declared purpose (content signals)"
+        if c.robots_unreachable:
+            robots += f"; {_n(c.robots_unreachable)} answered 503 while robots.txt was unreachable"
+        out += _wrap("robots", robots)
+        if c.received_429:
+            text = f"{_n(c.received_429)} received: {_n(c.honoured)} honoured, {_n(c.too_soon)} too soon"
+            if c.too_soon_examples:
+                examples = (f"next after {g:.2f}{NBSP}s, asked {w:g}{NBSP}s" for g, w in c.too_soon_examples)
+                text += " (" + "; ".join(examples) + ")"
+            out += _wrap("429s", text)
+        else:
+            out += _wrap("429s", "none received")
+        if c.rechecks:
+            out += _wrap("re-checks", f"{_n(c.rechecks)}: {_pct(c.revalidated_share)} answered 304, "
+                         f"{_n(c.unchanged_downloads)} unchanged page(s) re-downloaded "
+                         f"({_bytes(c.wasted_bytes)})")
+        out += _wrap("bytes", f"site sent {_bytes(c.bytes_sent)}; saved {_bytes(c.saved_revalidation)} by "
+                     f"revalidation, {_bytes(c.saved_trimming)} by trimming")
+        if c.health_min is not None:
+            out += _wrap("health", f"{c.health_min:g}–{c.health_max:g}")
+        if c.events:
+            out += _wrap("events", ", ".join(f"{k} {_n(v)}" for k, v in c.events.most_common()))
+        for points, why in c.penalties() if c.graded else ():
+            out += _wrap("points", f"-{points} {why}")
+    out += ["", "grades: A >= 90, B >= 80, C >= 70, D >= 60, E >= 50, F < 50 (README: grades)"]
+    return "\n".join(out) + "\n"
+
+
+def render_json(report: Report) -> str:
+    return json.dumps(report.as_dict(), indent=1, ensure_ascii=False) + "\n"
+
+
+def run_report(path: str, since_s: float | None = None, site: str | None = None, as_json: bool = False,
+               out: IO[str] | None = None, err: IO[str] | None = None, now: float | None = None,
+               show_progress: bool | None = None, offset: int = 0) -> int:
+    """The `report` command: 0, or 2 when the log cannot be read; `offset`: read from there
+    (`wrap` reports only its own run of a log kept across runs)."""
+    import sys
+
+    out = out or sys.stdout
+    err = err or sys.stderr
+    cutoff = since_cutoff(since_s, time.time() if now is None else now) if since_s is not None else None
+    report = Report(since_ts=cutoff, site=site)
+    try:
+        stream = open(path, "rb")  # noqa: SIM115 - closed by the with below, after the error path
+    except OSError as e:
+        err.write(f"etiquette-proxy report: cannot read {path}: {e.strerror}\n")
+        return 2
+    with stream:
+        total = os.fstat(stream.fileno()).st_size
+        if 0 < offset <= total:
+            stream.seek(offset)
+        if show_progress is None:
+            show_progress = err.isatty() or total > 64 * 1024 * 1024
+        progress = _progress_printer(err, path) if show_progress else None
+        read_log(stream, report, total, progress)
+        if progress is not None:
+            err.write("\r" + " " * 60 + "\r")
+    for warning in report.skipped.warnings():
+        err.write(f"warning: {warning}\n")
+    out.write(render_json(report) if as_json else render_text(report, path))
+    return 0
+
+
+def _progress_printer(err: IO[str], path: str) -> Progress:
+    started = time.monotonic()
+    state = {"shown": 0.0}
+    name = _clip(os.path.basename(path), 24)
+
+    def show(done: int, total: int, lines: int) -> None:
+        now = time.monotonic()
+        if now - state["shown"] < 0.5:
+            return
+        state["shown"] = now
+        share = f"{done / total:4.0%}" if total else "   ?"
+        err.write(f"\rreading {name}: {share} ({lines:,} lines, {now - started:.0f} s)")
+        err.flush()
+
+    return show
+

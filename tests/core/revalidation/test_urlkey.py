@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+import pytest
+
+from etiquette_proxy.revalidation.urlkey import DEFAULT_TRACKING_PARAMS, normalise
+
+
+@pytest.mark.parametrize(
+    ("url", "key"),
+    [
+        # case: scheme and host lower-cased, path case kept
+        ("HTTP://Example.COM/Docs", "http://example.com/Docs"),
+        ("https://Example.com/docs/?utm_source=x#top", "https://example.com/docs/"),  # seed 004
+        # default ports dropped, others kept
+        ("http://example.com:80/a", "http://example.com/a"),
+        ("https://example.com:443/a", "https://example.com/a"),
+        ("http://example.com:443/a", "http://example.com:443/a"),
+        ("https://example.com:80/a", "https://example.com:80/a"),
+        ("http://example.com:8080/a", "http://example.com:8080/a"),
+        # empty path, fragment, user info, trailing dot on the host
+        ("http://example.com", "http://example.com/"),
+        ("http://example.com#frag", "http://example.com/"),
+        ("http://example.com/a?#frag", "http://example.com/a"),
+        ("http://user:secret@example.com/a", "http://example.com/a"),
+        ("http://example.com./a", "http://example.com/a"),
+        # trailing slash is a per-site choice (seed 004): kept distinct
+        ("http://example.com/docs/", "http://example.com/docs/"),
+        # tracking parameters: utm_* wildcard, exact names, case-insensitive names
+        ("http://e.com/?utm_source=a&utm_medium=b&id=1", "http://e.com/?id=1"),
+        ("http://e.com/?gclid=1&fbclid=2&mc_cid=3&mc_eid=4", "http://e.com/"),
+        ("http://e.com/?UTM_Source=a&Id=1", "http://e.com/?Id=1"),
+        ("http://e.com/?utm%5Fsource=a&id=1", "http://e.com/?id=1"),
+        ("http://e.com/?utmsource=a", "http://e.com/?utmsource=a"),
+        # query sorted by name, stable for repeated names, empty pieces dropped
+        ("http://e.com/?b=2&a=1", "http://e.com/?a=1&b=2"),
+        ("http://e.com/?b=1&a=2&a=1", "http://e.com/?a=2&a=1&b=1"),
+        ("http://e.com/?a=1&&b=2&", "http://e.com/?a=1&b=2"),
+        ("http://e.com/?flag&a=", "http://e.com/?a=&flag"),
+        # percent-encoding: unreserved decoded, hex upper-cased, reserved kept encoded
+        ("http://e.com/%7euser/%41%62", "http://e.com/~user/Ab"),
+        ("http://e.com/a%2fb", "http://e.com/a%2Fb"),
+        ("http://e.com/?q=%e2%82%ac", "http://e.com/?q=%E2%82%AC"),
+        ("http://e.com/?q=a%3Db", "http://e.com/?q=a%3Db"),
+        ("http://e.com/?q=a+b", "http://e.com/?q=a+b"),
+        ("http://e.com/a b", "http://e.com/a%20b"),
+        ("http://e.com/é?q=é", "http://e.com/%C3%A9?q=%C3%A9"),
+        ("http://e.com/%zz%", "http://e.com/%25zz%25"),
+        # IDN hosts to punycode
+        ("https://Bücher.de/", "https://xn--bcher-kva.de/"),
+        ("http://例え.jp/", "http://xn--r8jz45g.jp/"),
+        ("http://xn--bcher-kva.de/", "http://xn--bcher-kva.de/"),
+        # IP literals
+        ("http://[::1]:8080/", "http://[::1]:8080/"),
+        ("http://[2001:DB8::1]/", "http://[2001:db8::1]/"),
+        ("http://127.0.0.1:80/", "http://127.0.0.1/"),
+    ],
+)
+def test_normalise(url: str, key: str) -> None:
+    assert normalise(url) == key
+
+
+def test_equivalent_urls_share_one_key() -> None:
+    variants = [
+        "https://Example.com/docs?b=2&a=1&utm_source=x#top",
+        "https://example.com:443/docs?a=1&b=2",
+        "HTTPS://EXAMPLE.COM/docs?a=1&gclid=z&b=2",
+        "https://example.com/%64ocs?a=%31&b=2",
+    ]
+    assert len({normalise(v) for v in variants}) == 1
+
+
+def test_tracking_params_are_configurable() -> None:
+    assert normalise("http://e.com/?ref=x&id=1", ["ref", "sess*"]) == "http://e.com/?id=1"
+    assert normalise("http://e.com/?session=1&sessid=2", ["sess*"]) == "http://e.com/"
+    # with no tracking list, utm_* is kept
+    assert normalise("http://e.com/?utm_source=x", ()) == "http://e.com/?utm_source=x"
+    assert "utm_*" in DEFAULT_TRACKING_PARAMS
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "",
+        "example.com/path",
+        "ftp://example.com/",
+        "javascript:alert(1)",
+        "http:///path",
+        "http://exa mple.com/",
+        "http://example.com:99999/",
+        "http://example.com:port/",
+        "http://[::1/",
+        "http://a..b.com/",
+        "http://e.com/\ud800",
+        "http://\udcff.com/",
+        b"http://example.com/",  # type: ignore[list-item]
+        None,  # type: ignore[list-item]
+    ],
+)
+def test_junk_raises_value_error(url: str) -> None:
+    with pytest.raises(ValueError):
+        normalise(url)
+
+
+def test_non_utf8_path_from_surrogateescape_is_encoded() -> None:
+    # mitmproxy decodes undecodable bytes with surrogateescape; they come back as %XX
+    url = b"http://e.com/\xff\xfe".decode("utf-8", "surrogateescape")
+    assert normalise(url) == "http://e.com/%FF%FE"
