@@ -38,8 +38,9 @@ from etiquette_addons.runtime import Runtime
 from etiquette_addons.side_fetch import SideFetchError
 from mitmproxy import connection, http
 
-from etiquette_proxy.pacing.budget import SiteBudget, ThrottleDecision, Turn
+from etiquette_proxy.pacing.budget import SiteBudget, Turn
 from etiquette_proxy.pacing.per_site import Budgets
+from etiquette_proxy.pacing.throttle import ThrottleDecision
 
 log = logging.getLogger(__name__)
 

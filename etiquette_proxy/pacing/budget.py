@@ -1,6 +1,8 @@
-"""The per-site budget: token bucket, concurrency cap, pauses, ceiling and breaker (SPEC §5).
+"""The per-site budget: token bucket, concurrency cap and waiting line (SPEC §5), in-process.
 
-A `SiteBudget` is a pure scheduler. It never sleeps: it keeps the site's waiting line, decides
+The 429 contract it obeys (rate, ceiling, pause, breaker, RateLimit hint: what is persisted and
+shared) is its `throttle`, a `ThrottleState` (pacing/throttle.py). A `SiteBudget` is a pure
+scheduler. It never sleeps: it keeps the site's waiting line, decides
 who starts next and when, and the addon does the waiting:
 
     turn = budget.reserve()              # arrival: go, wait (in line), or refuse at once
@@ -30,8 +32,8 @@ ticket (the polling form, for callers without wake-ups).
 
 Observe mode (`--mode observe`): `reserve()` says what enforce mode would do (log it as
 `would`), then `admit(ticket, force=True)` starts the request at once, so the bucket still
-tracks what the site really received. Persistence: `to_state()` / `from_state()` (or the
-`Budgets` registry, which holds every site's budget).
+tracks what the site really received. Persistence: `to_state()` / `from_state()` are the
+throttle's (pacing/per_site.py `Budgets` holds every site's budget).
 
 Time: one injected clock, the wall clock by default, because pauses, ceilings and breakers are
 persisted and must mean the same instant after a restart. A clock that steps backwards only
@@ -51,88 +53,20 @@ from typing import Any, Literal, TypeGuard, cast
 from etiquette_proxy.clock import Clock, wall
 from etiquette_proxy.pacing.ratelimit_fields import RateHint, read_rate_hint
 from etiquette_proxy.pacing.retry_after import RetryAfter, parse_retry_after
-from etiquette_proxy.shared_settings import shared
+from etiquette_proxy.pacing.settings import PacingSettings
+from etiquette_proxy.pacing.throttle import ThrottleDecision, ThrottleState
 
 log = logging.getLogger(__name__)
 
 _EPS = 1e-9
-# The rate stays this far below a ceiling (2.5 %, one default recovery step at 2/s). A site that
-# counts requests in a window closed at both ends sees N+1 requests in one window from a client
-# spaced at exactly N/s, so "at the ceiling" can already be one too many (seed 001: a 2/s limit,
-# ceiling 0.8 x 2.5 = 2.0).
-_CEILING_MARGIN = 0.025
-_STATE_VERSION = 1
 # How late past max_hold a held request may still start when only its token is late (timers
 # on a busy proxy fire late): see SiteBudget._limit_of.
 _SLIP_S = 1.0
 _SLIP_SHARE = 0.05
-# One shared object for "never" (each `-math.inf` expression would be a new 24-byte float).
-_NEVER = -math.inf
 _NO_RESTRAINT = (1.0, math.inf, 1.0)
-# What an idle site's queue, in-flight set and 429 list are: shared and read-only (a write that
+# What an idle site's queue and in-flight set are: shared and read-only (a write that
 # forgot to make the site its own dict raises instead of leaking tickets between sites).
 _NO_TICKETS = cast(dict[int, float], MappingProxyType({}))
-_NO_THROTTLES: list[float] = cast(list[float], ())
-
-
-# -- settings --------------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class PacingSettings:
-    """The numbers a site's budget runs on (SPEC §5 defaults; `pacing.*`, `throttle.*`)."""
-
-    rate: float = 1.0
-    burst: int = 1
-    max_concurrency: int = 2
-    max_hold: float = 60.0
-    max_retry_after: float = 3600.0
-    ceiling_ttl: float = 3600.0
-    cooldown: float = 300.0
-    breaker_count: int = 5
-    breaker_window: float = 60.0
-    rate_floor: float = 0.05
-    ceiling_factor: float = 0.8
-    recovery_step: float = 0.05
-    max_crawl_delay: float = 60.0
-
-    def __post_init__(self) -> None:
-        positive = ("rate", "max_retry_after", "ceiling_ttl", "cooldown", "breaker_window",
-                    "rate_floor", "recovery_step", "max_crawl_delay")
-        for name in positive:
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} ({value!r}) must be a finite number > 0")
-        for name in ("burst", "max_concurrency", "breaker_count"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} ({value!r}) must be a whole number >= 1")
-        if not (math.isfinite(self.max_hold) and self.max_hold >= 0):
-            raise ValueError(f"max_hold ({self.max_hold!r}) must be a finite number >= 0")
-        if not 0 < self.ceiling_factor <= 1:
-            raise ValueError(f"ceiling_factor ({self.ceiling_factor!r}) must be in (0, 1]")
-
-    @classmethod
-    def from_config(cls, config: Any, site: str | None = None) -> PacingSettings:
-        """Settings for `site` from a `Config` (per-site overrides applied)."""
-        def get(key: str) -> Any:
-            return config.get(key, site)
-        return shared(cls(
-            rate=float(get("pacing.rate")),
-            burst=int(get("pacing.burst")),
-            max_concurrency=int(get("pacing.max_concurrency")),
-            max_hold=float(get("pacing.max_hold")),
-            max_retry_after=float(get("throttle.max_retry_after")),
-            ceiling_ttl=float(get("throttle.ceiling_ttl")),
-            cooldown=float(get("throttle.cooldown")),
-            breaker_count=int(get("throttle.breaker_count")),
-            breaker_window=float(get("throttle.breaker_window")),
-            rate_floor=float(get("throttle.rate_floor")),
-            ceiling_factor=float(get("throttle.ceiling_factor")),
-            recovery_step=float(get("throttle.recovery_step")),
-            max_crawl_delay=float(get("robots.max_crawl_delay")),
-        ))
-
-
 
 
 # -- decisions -------------------------------------------------------------------------------
@@ -150,53 +84,24 @@ class Turn:
     reason: str = ""            # for `refuse` (and a `wait` behind a pause): why, citing the rule
 
 
-@dataclass(frozen=True)
-class ThrottleDecision:
-    """What a response taught the budget (audit `rate`, `retry_after`, `pause_s`, `reason`)."""
-
-    throttled: bool                  # a 429, or a 503 with Retry-After: audit outcome `throttled`
-    rate: float                      # the site's rate after this response
-    ceiling: float | None = None     # the rate recovery stays below, if one is in force
-    pause_s: float = 0.0             # the pause this response started or extended
-    retry_after: str | None = None   # the raw Retry-After field, as the site sent it
-    breaker_open: bool = False
-    reason: str = ""
-    notes: tuple[str, ...] = ()      # what was clamped or ignored in the site's fields
-
-
 # -- the budget ------------------------------------------------------------------------------
 
 class SiteBudget:
-    """Token bucket + concurrency cap + the 429 contract for one site (`host:port`)."""
+    """Token bucket + concurrency cap + waiting line for one site, obeying its `throttle`."""
 
     # Slots, shared constants and no empty deques: one of these per site seen, so at 100,000
-    # sites every byte here is 100 KB (issue 8: 2.4 KB -> ~0.5 KB per site).
-    __slots__ = ("site", "settings", "_clock", "_random", "_robots_rate", "_rate", "_ceiling",
-                 "_last_throttle_at", "_recent", "_paused_until", "_pause_reason",
-                 "_breaker_until", "_breaker_reason", "_hint_rate", "_hint_until", "_restraint",
-                 "_tokens", "_tokens_at", "_queue", "_in_flight", "_next_ticket", "_sent",
-                 "_head_ticket", "_recheck")
+    # sites every byte here is 100 KB.
+    __slots__ = ("site", "settings", "throttle", "_clock", "_restraint", "_tokens", "_tokens_at",
+                 "_queue", "_in_flight", "_next_ticket", "_sent", "_head_ticket", "_recheck")
 
     def __init__(self, site: str, settings: PacingSettings | None = None, clock: Clock = wall,
                  random: Callable[[], float] = _random.random):
         self.site = site
         self.settings = settings or PacingSettings()
         self._clock = clock
-        self._random = random  # jitter source, injected so tests are deterministic
+        # persisted and shared: the 429 contract (wall-clock times)
+        self.throttle = ThrottleState(self.settings, random)
         s = self.settings
-        # persisted (wall-clock times)
-        self._robots_rate: float | None = None
-        self._rate = s.rate                  # working rate, before a RateLimit hint
-        self._ceiling: float | None = None
-        self._last_throttle_at = _NEVER      # last counted 429 (ceiling_ttl runs from here)
-        # Counted 429s within breaker_window (at most breaker_count: a list, not a 760-byte deque).
-        self._recent: list[float] = _NO_THROTTLES
-        self._paused_until = _NEVER
-        self._pause_reason = ""
-        self._breaker_until = _NEVER
-        self._breaker_reason = ""
-        self._hint_rate: float | None = None
-        self._hint_until = _NEVER
         # in-process only
         self._restraint = _NO_RESTRAINT  # other features' say: rate factor, cap, concurrency
         self._tokens = float(s.burst)
@@ -224,28 +129,25 @@ class SiteBudget:
     @property
     def ceiling(self) -> float | None:
         """The ceiling set by the last 429, until `throttle.ceiling_ttl` passes without one."""
-        self._forget_ceiling(self._clock())
-        return self._ceiling
+        self.throttle.forget_ceiling(self._clock())
+        return self.throttle.ceiling
 
     def paused_for_s(self) -> float:
         """Seconds left in the pause (or open breaker) the site asked for; 0 when none."""
         now = self._clock()
-        return max(0.0, max(self._paused_until, self._breaker_until) - now)
+        return max(0.0, max(self.throttle.paused_until, self.throttle.breaker_until) - now)
 
     def pause_reason(self) -> str:
         """Why the site is paused (the Retry-After, backoff or breaker that set it); "" if not."""
-        now = self._clock()
-        if now < self._breaker_until:
-            return self._breaker_reason
-        return self._pause_reason if now < self._paused_until else ""
+        return self.throttle.reason_paused(self._clock())
 
     def breaker_for_s(self) -> float:
         """Seconds left before the breaker closes; 0 when it is closed."""
-        return max(0.0, self._breaker_until - self._clock())
+        return max(0.0, self.throttle.breaker_until - self._clock())
 
     def is_breaker_open(self) -> bool:
         """True while the breaker leaves the site alone (SPEC §5: 5 x 429 in 60 s)."""
-        return self._clock() < self._breaker_until
+        return self._clock() < self.throttle.breaker_until
 
     def held(self) -> int:
         """Requests waiting for their turn."""
@@ -300,7 +202,7 @@ class SiteBudget:
         self._settle(now)
         ticket = self._next_ticket
         self._next_ticket += 1
-        if now < self._breaker_until:
+        if now < self.throttle.breaker_until:
             return self._breaker_refusal(ticket, now, now)
         place = len(self._queue)
         start = self._token_start(now, place + 1.0)
@@ -326,7 +228,7 @@ class SiteBudget:
         decided: list[Turn] = []
         if not self._queue:
             return decided
-        if now < self._breaker_until:
+        if now < self.throttle.breaker_until:
             for ticket, arrival in list(self._queue.items()):
                 decided.append(self._breaker_refusal(ticket, arrival, now))
             return decided
@@ -355,7 +257,7 @@ class SiteBudget:
         if head is None:
             return None
         now = self._clock()
-        if now < self._breaker_until or self._recheck:
+        if now < self.throttle.breaker_until or self._recheck:
             return now
         arrival = self._queue[head]
         deadline = arrival + self.settings.max_hold
@@ -405,7 +307,7 @@ class SiteBudget:
         self._settle(now)
         started = self._land(ticket) if ticket is not None else None
         # A response to a request that left before the last 429 was answered carries no new lesson.
-        echo = started is not None and started <= self._last_throttle_at
+        echo = started is not None and started <= self.throttle.last_throttle_at
         fields = _lowered(headers)
         raw_retry = _text(fields.get("retry-after"))
         throttled = status == 429 or (status == 503 and raw_retry is not None)
@@ -427,74 +329,23 @@ class SiteBudget:
         now = self._clock()
         self._settle(now)
         self._bank(now)
-        self._robots_rate = min(rates) if rates else None
-        self._rate = min(self._rate, self._limit())
+        self.throttle.set_robots_rate(rates)
         self._slowed()
 
     # -- persistence -------------------------------------------------------------------------
 
     def remembers_anything(self) -> bool:
         """True when there is state worth persisting (a pause, ceiling, lowered rate …)."""
-        now = self._clock()
-        self._forget_ceiling(now)
-        return (self._ceiling is not None or self._paused_until > now or self._breaker_until > now
-                or self._rate < self._limit() or self._hint_until > now or bool(self._recent)
-                or self._robots_rate is not None)
+        return self.throttle.remembers_anything(self._clock())
 
     def to_state(self) -> dict[str, Any]:
-        """JSON-able state: rates, ceiling, pauses and breaker, with wall-clock times."""
-        def t(x: float) -> float | None:
-            return x if math.isfinite(x) else None
-        return {
-            "v": _STATE_VERSION,
-            "rate": self._rate,
-            "robots_rate": self._robots_rate,
-            "ceiling": self._ceiling,
-            "last_throttle_at": t(self._last_throttle_at),
-            "recent_throttles": list(self._recent),
-            "paused_until": t(self._paused_until),
-            "pause_reason": self._pause_reason,
-            "breaker_until": t(self._breaker_until),
-            "breaker_reason": self._breaker_reason,
-            "hint_rate": self._hint_rate,
-            "hint_until": t(self._hint_until),
-        }
+        """JSON-able state: the 429 contract (`ThrottleState.to_state`)."""
+        return self.throttle.to_state()
 
     def from_state(self, state: Any) -> None:
         """Restore `to_state()` output; raise ValueError (budget unchanged) if it is not ours."""
-        if not isinstance(state, dict) or state.get("v") != _STATE_VERSION:
-            raise ValueError(f"not a budget state (version {_dig(state, 'v')!r})")
-        s = self.settings
         now = self._clock()
-        rate = _num(state, "rate")
-        if rate is None or rate <= 0:
-            raise ValueError(f"budget state rate {state.get('rate')!r} is not a positive number")
-        robots_rate = _num(state, "robots_rate", positive=True)
-        ceiling = _num(state, "ceiling", positive=True)
-        last = _num(state, "last_throttle_at")
-        recent = state.get("recent_throttles", [])
-        if not isinstance(recent, list) or not all(_finite(x) for x in recent):
-            raise ValueError("budget state recent_throttles is not a list of times")
-        # A corrupt far-future time must not pause a site forever: no longer than the rules allow.
-        longest = max(s.max_retry_after, s.cooldown)
-        paused = min(_num(state, "paused_until") or _NEVER, now + longest)
-        breaker = min(_num(state, "breaker_until") or _NEVER, now + s.cooldown)
-        hint_rate = _num(state, "hint_rate", positive=True)
-        hint_until = min(_num(state, "hint_until") or _NEVER, now + s.max_retry_after)
-
-        self._robots_rate = max(robots_rate, 1.0 / s.max_crawl_delay) if robots_rate else None
-        self._rate = min(max(rate, min(s.rate_floor, self._limit())), self._limit())
-        self._ceiling = max(ceiling, s.rate_floor) if ceiling else None
-        self._last_throttle_at = last if last is not None else _NEVER
-        recent = sorted(x for x in recent if now - s.breaker_window < x <= now)
-        self._recent = recent[-s.breaker_count:] or _NO_THROTTLES
-        self._paused_until = paused
-        self._pause_reason = _short(state.get("pause_reason"))
-        self._breaker_until = breaker
-        self._breaker_reason = _short(state.get("breaker_reason"))
-        self._hint_rate = hint_rate if hint_rate and hint_until > now else None
-        self._hint_until = hint_until if self._hint_rate else _NEVER
-        self._forget_ceiling(now)
+        self.throttle.from_state(state, now)
         self._tokens, self._tokens_at = min(self._tokens, float(self._burst())), now
         self._slowed()
 
@@ -502,51 +353,19 @@ class SiteBudget:
 
     def _on_throttle(self, now: float, status: int, retry: RetryAfter, hint: RateHint | None,
                      echo: bool) -> ThrottleDecision:
-        s = self.settings
-        notes = tuple(n for n in (retry.note, *(hint.notes if hint else ())) if n)
-        if retry.usable:
-            pause = retry.seconds or 0.0
-            reason = f"Retry-After: {retry.raw.strip() if retry.raw else pause}"
-        elif hint is not None and hint.pause_s:
-            # No usable Retry-After, but the quota says when it resets.
-            pause, reason = hint.pause_s, hint.reason
-        else:
-            pause, reason = 0.0, ""
+        throttle = self.throttle
+        pause, reason, notes = throttle.asked_pause(retry, hint)
         if echo:
             # Sent before the 429 that already halved the rate: honour its pause, count nothing.
             self._pause(now, pause, reason)
             reason = f"{reason or 'throttled'} (sent before the last 429; not counted again)"
             return self._decision(True, now, pause, retry, reason, notes)
-
-        if self._recent is _NO_THROTTLES:
-            self._recent = []
-        while self._recent and now - self._recent[0] >= s.breaker_window:
-            del self._recent[0]
-        self._recent.append(now)
-        k = len(self._recent)
-        if not reason:
-            # SPEC §5: without Retry-After, min(60, 2^k) * uniform(0.5, 1.5), k = recent 429s.
-            pause = min(60.0, 2.0 ** k) * (0.5 + self._random())
-            reason = f"backoff 2^{k} with jitter"
-        code = "429" if status == 429 else "503"
-        # The rate that drew the 429: the slowest we sent at lately. The site's verdict is on its
-        # recent window, and assuming the slowest of it was already too fast keeps one 429 from
-        # teaching a ceiling that a recovery step had just raised (seed 001: 3 x 429 → 2).
-        drawn = min([self._effective_rate(now)] + [r for _, r in self._recent_sends(now)])
-        self._forget_ceiling(now)
-        ceiling = max(s.rate_floor, s.ceiling_factor * drawn)
-        self._ceiling = min(ceiling, self._ceiling) if self._ceiling is not None else ceiling
-        self._rate = min(max(s.rate_floor, drawn / 2.0), self._limit())
-        self._last_throttle_at = now
+        # The rate that drew the 429: the slowest we sent at lately (see count_throttle).
+        pause, reason, breaker = throttle.count_throttle(
+            now, status, pause, reason,
+            lambda: min([self._effective_rate(now)] + [r for _, r in self._recent_sends(now)]))
         self._sent.clear()
         self._tokens, self._tokens_at = 0.0, now  # the next request waits a full interval at least
-        breaker = k >= s.breaker_count
-        if breaker:
-            self._breaker_until = now + s.cooldown
-            self._breaker_reason = f"breaker open: {k} x {code} in {s.breaker_window:g}s"
-            self._recent = _NO_THROTTLES
-            pause = max(pause, s.cooldown)
-            reason = f"{self._breaker_reason} ({reason})"
         self._pause(now, pause, reason)
         return self._decision(True, now, pause, retry, reason, notes, breaker=breaker)
 
@@ -561,48 +380,33 @@ class SiteBudget:
                 self._pause(now, pause, hint.reason)
             if hint.max_rate is not None:
                 self._bank(now)
-                self._hint_rate, self._hint_until = hint.max_rate, now + hint.hold_s
+                self.throttle.hint(now, hint.max_rate, hint.hold_s)
                 self._slowed()
             reasons.append(hint.reason)
         if 200 <= status < 400 and not echo:
-            self._recover(now)
+            cap = self.throttle.recovery_cap()
+            if self.throttle.rate < cap:
+                self._bank(now)
+                self.throttle.recover(cap)
         return self._decision(False, now, pause, None, "; ".join(reasons),
                               hint.notes if hint else ())
 
-    def _recover(self, now: float) -> None:
-        """SPEC §5: additive recovery per success, staying below the ceiling."""
-        cap = self._limit()
-        if self._ceiling is not None:
-            cap = min(cap, self._ceiling * (1.0 - _CEILING_MARGIN))
-        if self._rate < cap:
-            self._bank(now)
-            self._rate = min(self._rate + self.settings.recovery_step, cap)
-
     def _pause(self, now: float, pause: float, reason: str) -> None:
-        if now + pause > self._paused_until:
-            self._paused_until = now + pause
-            self._pause_reason = reason
+        self.throttle.pause(now, pause, reason)
         self._slowed()
 
     def _decision(self, throttled: bool, now: float, pause: float, retry: RetryAfter | None,
                   reason: str, notes: tuple[str, ...], breaker: bool = False) -> ThrottleDecision:
         return ThrottleDecision(
-            throttled=throttled, rate=self._effective_rate(now), ceiling=self._ceiling,
+            throttled=throttled, rate=self._effective_rate(now), ceiling=self.throttle.ceiling,
             pause_s=round(pause, 3), retry_after=retry.raw if retry else None,
             breaker_open=breaker, reason=reason, notes=notes,
         )
 
     # -- internals: rates --------------------------------------------------------------------
 
-    def _limit(self) -> float:
-        """The configured rate, lowered by robots.txt."""
-        r = self.settings.rate
-        return min(r, self._robots_rate) if self._robots_rate is not None else r
-
     def _effective_rate(self, now: float) -> float:
-        if self._hint_rate is not None and now < self._hint_until:
-            return self._restrained(min(self._rate, self._hint_rate))
-        return self._restrained(self._rate)
+        return self._restrained(self.throttle.working_rate(now))
 
     def _restrained(self, rate: float) -> float:
         """`rate` as other features' restraints leave it (factor first, then the cap)."""
@@ -613,14 +417,10 @@ class SiteBudget:
         # Bursts are what windowed limits punish: none while the site's limit is known (a ceiling
         # from a 429), robots.txt asks for a delay between requests, or a restraint caps the
         # rate (a crawl-delay or a retired site: a cap is a spacing, not an average).
-        if self._ceiling is not None or self._robots_rate is not None or self._restraint[1] < math.inf:
+        throttle = self.throttle
+        if throttle.ceiling is not None or throttle.robots_rate is not None or self._restraint[1] < math.inf:
             return 1
         return self.settings.burst
-
-    def _forget_ceiling(self, now: float) -> None:
-        # SPEC §5: the ceiling is forgotten only after throttle.ceiling_ttl without a 429.
-        if self._ceiling is not None and now - self._last_throttle_at >= self.settings.ceiling_ttl:
-            self._ceiling = None
 
     def _recent_sends(self, now: float) -> list[list[float]]:
         sent, window = self._sent, self.settings.breaker_window
@@ -635,10 +435,10 @@ class SiteBudget:
 
     def _settle(self, now: float) -> None:
         """Bring the bucket up to `now` at the rate(s) that applied since it was last read."""
-        if self._hint_rate is not None and now >= self._hint_until:
+        if self.throttle.hint_ended(now):
             self._bank(now)
-            self._hint_rate = None
-        self._forget_ceiling(now)
+            self.throttle.hint_rate = None
+        self.throttle.forget_ceiling(now)
 
     def _bank(self, now: float) -> None:
         """Count the tokens earned so far at the current rate, before the rate changes."""
@@ -653,10 +453,11 @@ class SiteBudget:
         if later <= t:
             return k
         slow = 0.0
-        if self._hint_rate is not None and t < self._hint_until:
-            slow = min(later, self._hint_until) - t
-            k += slow * self._restrained(min(self._rate, self._hint_rate))
-        k += (later - t - slow) * self._restrained(self._rate)
+        throttle = self.throttle
+        if throttle.hint_rate is not None and t < throttle.hint_until:
+            slow = min(later, throttle.hint_until) - t
+            k += slow * self._restrained(min(throttle.rate, throttle.hint_rate))
+        k += (later - t - slow) * self._restrained(throttle.rate)
         return min(float(self._burst()), k)
 
     def _token_time(self, t: float, k: float, need: float = 1.0) -> float:
@@ -664,21 +465,19 @@ class SiteBudget:
         `need` tokens, each taken as it comes (so the burst cap never binds on the way)."""
         if k >= need - _EPS:
             return t
-        if self._hint_rate is not None and t < self._hint_until:
-            slow_rate = self._restrained(min(self._rate, self._hint_rate))
+        throttle = self.throttle
+        if throttle.hint_rate is not None and t < throttle.hint_until:
+            slow_rate = self._restrained(min(throttle.rate, throttle.hint_rate))
             ready = t + (need - k) / slow_rate
-            if ready <= self._hint_until:
+            if ready <= throttle.hint_until:
                 return ready
-            k += (self._hint_until - t) * slow_rate
-            t = self._hint_until
-        return t + (need - k) / self._restrained(self._rate)
-
-    def _not_before(self, now: float) -> float:
-        return max(now, self._paused_until, self._breaker_until)
+            k += (throttle.hint_until - t) * slow_rate
+            t = throttle.hint_until
+        return t + (need - k) / self._restrained(throttle.rate)
 
     def _token_start(self, now: float, need: float = 1.0) -> float:
         """When the bucket, drained in arrival order from `now`, has handed out `need` tokens."""
-        at = max(self._not_before(now), self._tokens_at)
+        at = max(self.throttle.not_before(now), self._tokens_at)
         return self._token_time(at, self._tokens_after(self._tokens_at, self._tokens, at), need)
 
     def _wait_s(self, place: int, start: float, arrival: float, now: float) -> float:
@@ -780,7 +579,7 @@ class SiteBudget:
         return start
 
     def _wait(self, ticket: int, arrival: float, now: float, wait_s: float) -> Turn:
-        reason = self._pause_reason if now < self._paused_until else ""
+        reason = self.throttle.pause_reason if now < self.throttle.paused_until else ""
         return Turn("wait", ticket, self._effective_rate(now), wait_s=max(wait_s, 0.0),
                     waited_s=now - arrival, reason=reason)
 
@@ -791,14 +590,15 @@ class SiteBudget:
                     retry_after_s=max(1, math.ceil(retry_s - _EPS)), reason=reason)
 
     def _breaker_refusal(self, ticket: int, arrival: float, now: float) -> Turn:
-        left = self._breaker_until - now
-        reason = f"{self._breaker_reason or 'breaker open'} ({left:.0f}s left)"
+        left = self.throttle.breaker_until - now
+        reason = f"{self.throttle.breaker_reason or 'breaker open'} ({left:.0f}s left)"
         return self._refusal(ticket, arrival, now, left, reason)
 
     def _hold_text(self, place: int, start: float, arrival: float, now: float) -> str:
         """Why a request is refused for its hold: the real expected wait, and what sets it."""
         held = f"{now - arrival:.1f}s held, " if now - arrival >= 0.05 else ""
-        why = f"; {self._pause_reason}" if now < self._paused_until and self._pause_reason else ""
+        throttle = self.throttle
+        why = f"; {throttle.pause_reason}" if now < throttle.paused_until and throttle.pause_reason else ""
         return (f"expected wait {start - arrival:.1f}s ({held}place {place + 1:,} in line at"
                 f" {self._effective_rate(now):.3g}/s) > pacing.max_hold {self.settings.max_hold:g}s{why}")
 
@@ -818,22 +618,3 @@ def _text(value: str | bytes | None) -> str | None:
 
 def _finite(x: Any) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _num(state: dict[str, Any], key: str, positive: bool = False) -> float | None:
-    value = state.get(key)
-    if value is None:
-        return None
-    if not _finite(value):
-        raise ValueError(f"budget state {key} {value!r} is not a finite number")
-    if positive and value <= 0:
-        raise ValueError(f"budget state {key} {value!r} must be > 0")
-    return float(value)
-
-
-def _dig(state: Any, key: str) -> Any:
-    return state.get(key) if isinstance(state, dict) else type(state).__name__
-
-
-def _short(value: Any) -> str:
-    return value[:200] if isinstance(value, str) else ""

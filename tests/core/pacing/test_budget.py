@@ -10,7 +10,8 @@ import pytest
 
 from etiquette_proxy.clock import FakeClock
 from etiquette_proxy.config import load_config
-from etiquette_proxy.pacing.budget import PacingSettings, SiteBudget
+from etiquette_proxy.pacing.budget import SiteBudget
+from etiquette_proxy.pacing.settings import PacingSettings
 
 
 def make(clock, random_source=lambda: 0.5, **settings) -> SiteBudget:

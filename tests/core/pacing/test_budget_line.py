@@ -1,7 +1,7 @@
 """SiteBudget's waiting line: one wake-up per release, arrival order, max_hold at arrival (SPEC §5).
 
 "Held requests cost nothing while they wait: releasing one wakes one." Work is counted, not
-timed: the lines of budget.py that run per release (sys.settrace) must not grow with the line.
+timed: the lines of budget.py and throttle.py that run per release (sys.settrace) must not grow with the line.
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ import pytest
 
 from etiquette_proxy.clock import FakeClock
 from etiquette_proxy.pacing import budget as budget_module
-from etiquette_proxy.pacing.budget import PacingSettings, SiteBudget, Turn
+from etiquette_proxy.pacing import throttle as throttle_module
+from etiquette_proxy.pacing.budget import SiteBudget, Turn
+from etiquette_proxy.pacing.settings import PacingSettings
 
 
 def make(clock: FakeClock, **settings: Any) -> SiteBudget:
@@ -22,13 +24,14 @@ def make(clock: FakeClock, **settings: Any) -> SiteBudget:
 
 
 def lines_run(fn: Callable[[], Any]) -> tuple[int, Any]:
-    """(lines of budget.py executed, result) for one call: the work a call does, by count."""
+    """(lines of budget.py and throttle.py executed, result) for one call: the work a call does,
+    by count."""
     count = 0
-    here = budget_module.__file__
+    here = {budget_module.__file__, throttle_module.__file__}
 
     def tracer(frame: Any, event: str, arg: Any) -> Any:
         nonlocal count
-        if frame.f_code.co_filename != here:
+        if frame.f_code.co_filename not in here:
             return None
         if event == "line":
             count += 1

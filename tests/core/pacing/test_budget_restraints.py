@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from etiquette_proxy.pacing.budget import PacingSettings, SiteBudget
+from etiquette_proxy.pacing.budget import SiteBudget
+from etiquette_proxy.pacing.settings import PacingSettings
 
 
 def make(clock, **settings) -> SiteBudget:

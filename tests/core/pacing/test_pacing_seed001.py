@@ -15,7 +15,8 @@ from collections import deque
 import pytest
 
 from etiquette_proxy.clock import FakeClock
-from etiquette_proxy.pacing.budget import PacingSettings, SiteBudget
+from etiquette_proxy.pacing.budget import SiteBudget
+from etiquette_proxy.pacing.settings import PacingSettings
 
 
 class WindowedSite:

@@ -1,0 +1,272 @@
+"""The 429 contract for one site (SPEC §5): rate, ceiling, pause, breaker, RateLimit hint.
+
+`ThrottleState` is what a site taught the proxy and what must mean the same after a restart
+and, with several workers, in every process: the working rate (lowered by 429s, raised by
+additive recovery below the ceiling), the ceiling and when it is forgotten, the pause a
+Retry-After or backoff set, the breaker, a RateLimit hint's slower rate. All times are
+wall-clock, passed in as `now` (no clock of its own), so the same state can be read and
+written by another process through `state/interface.py`.
+
+What it does not hold: the token bucket and the waiting line (`pacing/budget.py`, in-process),
+and other features' restraints (restated by each feature on every request). Every method that
+lowers the rate is called by the budget after it has banked the tokens earned at the old rate.
+"""
+
+from __future__ import annotations
+
+import math
+import random as _random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeGuard, cast
+
+from etiquette_proxy.pacing.ratelimit_fields import RateHint
+from etiquette_proxy.pacing.retry_after import RetryAfter
+from etiquette_proxy.pacing.settings import PacingSettings
+
+# The rate stays this far below a ceiling (2.5 %, one default recovery step at 2/s). A site that
+# counts requests in a window closed at both ends sees N+1 requests in one window from a client
+# spaced at exactly N/s, so "at the ceiling" can already be one too many (seed 001: a 2/s limit,
+# ceiling 0.8 x 2.5 = 2.0).
+_CEILING_MARGIN = 0.025
+_STATE_VERSION = 1
+# One shared object for "never" (each `-math.inf` expression would be a new 24-byte float).
+NEVER = -math.inf
+# What an idle site's 429 list is: shared and read-only (a write that forgot to make the site
+# its own list raises instead of leaking throttles between sites).
+_NO_THROTTLES: list[float] = cast(list[float], ())
+
+
+@dataclass(frozen=True)
+class ThrottleDecision:
+    """What a response taught the budget (audit `rate`, `retry_after`, `pause_s`, `reason`)."""
+
+    throttled: bool                  # a 429, or a 503 with Retry-After: audit outcome `throttled`
+    rate: float                      # the site's rate after this response
+    ceiling: float | None = None     # the rate recovery stays below, if one is in force
+    pause_s: float = 0.0             # the pause this response started or extended
+    retry_after: str | None = None   # the raw Retry-After field, as the site sent it
+    breaker_open: bool = False
+    reason: str = ""
+    notes: tuple[str, ...] = ()      # what was clamped or ignored in the site's fields
+
+
+class ThrottleState:
+    """One site's persisted 429 contract. Plain fields; the rules that change them."""
+
+    # One per site seen: slots and shared constants keep it small at 100,000 sites.
+    __slots__ = ("settings", "_random", "robots_rate", "rate", "ceiling", "last_throttle_at",
+                 "recent", "paused_until", "pause_reason", "breaker_until", "breaker_reason",
+                 "hint_rate", "hint_until")
+
+    def __init__(self, settings: PacingSettings, random: Callable[[], float] = _random.random):
+        self.settings = settings
+        self._random = random  # jitter source, injected so tests are deterministic
+        self.robots_rate: float | None = None
+        self.rate = settings.rate              # working rate, before a RateLimit hint
+        self.ceiling: float | None = None
+        self.last_throttle_at = NEVER          # last counted 429 (ceiling_ttl runs from here)
+        # Counted 429s within breaker_window (at most breaker_count: a list, not a 760-byte deque).
+        self.recent: list[float] = _NO_THROTTLES
+        self.paused_until = NEVER
+        self.pause_reason = ""
+        self.breaker_until = NEVER
+        self.breaker_reason = ""
+        self.hint_rate: float | None = None
+        self.hint_until = NEVER
+
+    # -- questions ---------------------------------------------------------------------------
+
+    def limit(self) -> float:
+        """The configured rate, lowered by robots.txt."""
+        r = self.settings.rate
+        return min(r, self.robots_rate) if self.robots_rate is not None else r
+
+    def working_rate(self, now: float) -> float:
+        """The rate the site allows now, before other features' restraints."""
+        if self.hint_rate is not None and now < self.hint_until:
+            return min(self.rate, self.hint_rate)
+        return self.rate
+
+    def not_before(self, now: float) -> float:
+        """The earliest a request may leave: after the pause and the breaker."""
+        return max(now, self.paused_until, self.breaker_until)
+
+    def reason_paused(self, now: float) -> str:
+        """Why the site is paused (the Retry-After, backoff or breaker that set it); "" if not."""
+        if now < self.breaker_until:
+            return self.breaker_reason
+        return self.pause_reason if now < self.paused_until else ""
+
+    def forget_ceiling(self, now: float) -> None:
+        # SPEC §5: the ceiling is forgotten only after throttle.ceiling_ttl without a 429.
+        if self.ceiling is not None and now - self.last_throttle_at >= self.settings.ceiling_ttl:
+            self.ceiling = None
+
+    def hint_ended(self, now: float) -> bool:
+        """True when a RateLimit hint was in force and has run out (the caller banks first)."""
+        return self.hint_rate is not None and now >= self.hint_until
+
+    # -- rules -------------------------------------------------------------------------------
+
+    def asked_pause(self, retry: RetryAfter, hint: RateHint | None) -> tuple[float, str, tuple[str, ...]]:
+        """The pause a throttled answer asks for: (seconds, reason, notes); 0 and "" if none."""
+        notes = tuple(n for n in (retry.note, *(hint.notes if hint else ())) if n)
+        if retry.usable:
+            pause = retry.seconds or 0.0
+            return pause, f"Retry-After: {retry.raw.strip() if retry.raw else pause}", notes
+        if hint is not None and hint.pause_s:
+            # No usable Retry-After, but the quota says when it resets.
+            return hint.pause_s, hint.reason, notes
+        return 0.0, "", notes
+
+    def count_throttle(self, now: float, status: int, pause: float, reason: str,
+                       drawn: Callable[[], float]) -> tuple[float, str, bool]:
+        """A counted 429 (or 503 + Retry-After): backoff, ceiling, halved rate, breaker.
+
+        `drawn()` is the slowest rate sent at lately (the bucket knows): the site's verdict is
+        on its recent window, and assuming the slowest of it was already too fast keeps one 429
+        from teaching a ceiling that a recovery step had just raised (seed 001: 3 x 429 → 2).
+        Returns (pause, reason, breaker opened); the caller then calls `pause(…)`.
+        """
+        s = self.settings
+        if self.recent is _NO_THROTTLES:
+            self.recent = []
+        while self.recent and now - self.recent[0] >= s.breaker_window:
+            del self.recent[0]
+        self.recent.append(now)
+        k = len(self.recent)
+        if not reason:
+            # SPEC §5: without Retry-After, min(60, 2^k) * uniform(0.5, 1.5), k = recent 429s.
+            pause = min(60.0, 2.0 ** k) * (0.5 + self._random())
+            reason = f"backoff 2^{k} with jitter"
+        code = "429" if status == 429 else "503"
+        slowest = drawn()
+        self.forget_ceiling(now)
+        ceiling = max(s.rate_floor, s.ceiling_factor * slowest)
+        self.ceiling = min(ceiling, self.ceiling) if self.ceiling is not None else ceiling
+        self.rate = min(max(s.rate_floor, slowest / 2.0), self.limit())
+        self.last_throttle_at = now
+        breaker = k >= s.breaker_count
+        if breaker:
+            self.breaker_until = now + s.cooldown
+            self.breaker_reason = f"breaker open: {k} x {code} in {s.breaker_window:g}s"
+            self.recent = _NO_THROTTLES
+            pause = max(pause, s.cooldown)
+            reason = f"{self.breaker_reason} ({reason})"
+        return pause, reason, breaker
+
+    def pause(self, now: float, pause: float, reason: str) -> None:
+        """Extend the pause to `now + pause` (a pause is never shortened)."""
+        if now + pause > self.paused_until:
+            self.paused_until = now + pause
+            self.pause_reason = reason
+
+    def hint(self, now: float, max_rate: float, hold_s: float) -> None:
+        """A RateLimit hint: at most `max_rate` for `hold_s` seconds."""
+        self.hint_rate, self.hint_until = max_rate, now + hold_s
+
+    def recovery_cap(self) -> float:
+        """SPEC §5: additive recovery stays below the ceiling (and the configured rate)."""
+        cap = self.limit()
+        if self.ceiling is not None:
+            cap = min(cap, self.ceiling * (1.0 - _CEILING_MARGIN))
+        return cap
+
+    def recover(self, cap: float) -> None:
+        """One success: the rate steps up by throttle.recovery_step, up to `cap`."""
+        self.rate = min(self.rate + self.settings.recovery_step, cap)
+
+    def set_robots_rate(self, rates: list[float]) -> None:
+        """robots.txt's rate (the lowest asked; none when empty) lowers the working rate."""
+        self.robots_rate = min(rates) if rates else None
+        self.rate = min(self.rate, self.limit())
+
+    # -- persistence -------------------------------------------------------------------------
+
+    def remembers_anything(self, now: float) -> bool:
+        """True when there is state worth persisting (a pause, ceiling, lowered rate …)."""
+        self.forget_ceiling(now)
+        return (self.ceiling is not None or self.paused_until > now or self.breaker_until > now
+                or self.rate < self.limit() or self.hint_until > now or bool(self.recent)
+                or self.robots_rate is not None)
+
+    def to_state(self) -> dict[str, Any]:
+        """JSON-able state: rates, ceiling, pauses and breaker, with wall-clock times."""
+        def t(x: float) -> float | None:
+            return x if math.isfinite(x) else None
+        return {
+            "v": _STATE_VERSION,
+            "rate": self.rate,
+            "robots_rate": self.robots_rate,
+            "ceiling": self.ceiling,
+            "last_throttle_at": t(self.last_throttle_at),
+            "recent_throttles": list(self.recent),
+            "paused_until": t(self.paused_until),
+            "pause_reason": self.pause_reason,
+            "breaker_until": t(self.breaker_until),
+            "breaker_reason": self.breaker_reason,
+            "hint_rate": self.hint_rate,
+            "hint_until": t(self.hint_until),
+        }
+
+    def from_state(self, state: Any, now: float) -> None:
+        """Restore `to_state()` output; raise ValueError (state unchanged) if it is not ours."""
+        if not isinstance(state, dict) or state.get("v") != _STATE_VERSION:
+            raise ValueError(f"not a budget state (version {_dig(state, 'v')!r})")
+        s = self.settings
+        rate = _num(state, "rate")
+        if rate is None or rate <= 0:
+            raise ValueError(f"budget state rate {state.get('rate')!r} is not a positive number")
+        robots_rate = _num(state, "robots_rate", positive=True)
+        ceiling = _num(state, "ceiling", positive=True)
+        last = _num(state, "last_throttle_at")
+        recent = state.get("recent_throttles", [])
+        if not isinstance(recent, list) or not all(_finite(x) for x in recent):
+            raise ValueError("budget state recent_throttles is not a list of times")
+        # A corrupt far-future time must not pause a site forever: no longer than the rules allow.
+        longest = max(s.max_retry_after, s.cooldown)
+        paused = min(_num(state, "paused_until") or NEVER, now + longest)
+        breaker = min(_num(state, "breaker_until") or NEVER, now + s.cooldown)
+        hint_rate = _num(state, "hint_rate", positive=True)
+        hint_until = min(_num(state, "hint_until") or NEVER, now + s.max_retry_after)
+
+        self.robots_rate = max(robots_rate, 1.0 / s.max_crawl_delay) if robots_rate else None
+        self.rate = min(max(rate, min(s.rate_floor, self.limit())), self.limit())
+        self.ceiling = max(ceiling, s.rate_floor) if ceiling else None
+        self.last_throttle_at = last if last is not None else NEVER
+        recent = sorted(x for x in recent if now - s.breaker_window < x <= now)
+        self.recent = recent[-s.breaker_count:] or _NO_THROTTLES
+        self.paused_until = paused
+        self.pause_reason = _short(state.get("pause_reason"))
+        self.breaker_until = breaker
+        self.breaker_reason = _short(state.get("breaker_reason"))
+        self.hint_rate = hint_rate if hint_rate and hint_until > now else None
+        self.hint_until = hint_until if self.hint_rate else NEVER
+        self.forget_ceiling(now)
+
+
+# -- small readers -------------------------------------------------------------------------------
+
+
+def _finite(x: Any) -> TypeGuard[float]:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _num(state: dict[str, Any], key: str, positive: bool = False) -> float | None:
+    value = state.get(key)
+    if value is None:
+        return None
+    if not _finite(value):
+        raise ValueError(f"budget state {key} {value!r} is not a finite number")
+    if positive and value <= 0:
+        raise ValueError(f"budget state {key} {value!r} must be > 0")
+    return float(value)
+
+
+def _dig(state: Any, key: str) -> Any:
+    return state.get(key) if isinstance(state, dict) else type(state).__name__
+
+
+def _short(value: Any) -> str:
+    return value[:200] if isinstance(value, str) else ""
