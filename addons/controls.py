@@ -43,6 +43,7 @@ from etiquette_proxy.operate.controls import (
     site_matches,
     write_private,
 )
+from etiquette_proxy.state.interface import save
 from etiquette_proxy.visibility.page import Page, human_seconds
 
 log = logging.getLogger(__name__)
@@ -83,10 +84,7 @@ class OperatorControls:
             log.exception("operator: stored pauses unreadable; starting without")
 
     def _save(self) -> None:
-        try:
-            self.rt.state.put(NAMESPACE, "pauses", self.pauses.to_state())
-        except Exception:  # noqa: BLE001
-            log.exception("operator: could not persist pauses")
+        save(self.rt.state, NAMESPACE, "pauses", self.pauses.to_state(), "operator pauses")
 
     def announce(self, host: str, port: int) -> None:
         """Listening: write the token and the URL into the state dir (0600), for the CLI."""

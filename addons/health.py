@@ -44,6 +44,7 @@ from etiquette_proxy.health.parser import ParserSummary
 from etiquette_proxy.health.signals import HEAD_BYTES, Signal
 from etiquette_proxy.health.site import Band, BandChange, HealthBook, HealthSettings, SiteHealth
 from etiquette_proxy.robots.policy import RobotsSettings, product_token
+from etiquette_proxy.state.interface import save
 from etiquette_proxy.visibility.page import Page
 
 log = logging.getLogger(__name__)
@@ -217,10 +218,7 @@ class HealthWatch:
         value = {"health": self.book.site(site).to_state(), "parser": None}
         if self.book.knows_parser(site):  # only persist parsers that exist
             value["parser"] = self.book.parser(site).to_state()
-        try:
-            self.rt.state.put(NAMESPACE, site, value)
-        except Exception:  # noqa: BLE001
-            log.exception("health: could not persist %s", site)
+        save(self.rt.state, NAMESPACE, site, value, "health")
 
     def save_all(self) -> None:
         for site in self.book.sites():

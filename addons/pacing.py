@@ -41,6 +41,7 @@ from mitmproxy import connection, http
 from etiquette_proxy.pacing.budget import SiteBudget, Turn
 from etiquette_proxy.pacing.per_site import Budgets
 from etiquette_proxy.pacing.throttle import ThrottleDecision
+from etiquette_proxy.state.interface import restore, save
 
 log = logging.getLogger(__name__)
 
@@ -77,15 +78,9 @@ class Pacing:
         if site in self.budgets:
             return self.budgets.get(site)
         budget = self.budgets.get(site)
-        raw = self.rt.state.get(NAMESPACE, site)
-        if raw is not None:
-            try:
-                budget.from_state(raw)
-                if budget.paused_for_s() > 0:
-                    log.info("%s: pause restored, %.1fs left", site, budget.paused_for_s())
-            except ValueError as e:
-                log.warning("stored pacing state for %s dropped: %s", site, e)
-                self.rt.state.forget(NAMESPACE, site)
+        restore(self.rt.state, NAMESPACE, site, budget.from_state, "pacing state")
+        if budget.paused_for_s() > 0:
+            log.info("%s: pause restored, %.1fs left", site, budget.paused_for_s())
         return budget
 
     def _reset(self) -> None:
@@ -426,13 +421,8 @@ class Pacing:
 
     def save(self, site: str, budget: SiteBudget) -> None:
         self._saved_at[site] = time.monotonic()
-        try:
-            if budget.remembers_anything():
-                self.rt.state.put(NAMESPACE, site, budget.to_state())
-            else:
-                self.rt.state.forget(NAMESPACE, site)
-        except Exception:  # noqa: BLE001
-            log.exception("could not persist pacing state for %s", site)
+        value = budget.to_state() if budget.remembers_anything() else None
+        save(self.rt.state, NAMESPACE, site, value, "pacing state")
 
     def save_all(self) -> None:
         if self.budgets is None:

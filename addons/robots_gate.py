@@ -20,6 +20,7 @@ from mitmproxy import http
 from etiquette_proxy.audit.log import audit_record
 from etiquette_proxy.clock import wall
 from etiquette_proxy.robots.policy import FetchResult, RobotsEntry, RobotsPolicy, RobotsSettings, product_token
+from etiquette_proxy.state.interface import restore, save
 from etiquette_proxy.target import resolve, split_target
 
 log = logging.getLogger(__name__)
@@ -152,14 +153,8 @@ class RobotsGate:
         return await asyncio.shield(future)
 
     def _load(self, origin: str) -> RobotsEntry | None:
-        raw = self.rt.state.get(NAMESPACE, origin)
-        if raw is None:
-            return None
-        try:
-            entry = RobotsEntry.from_state(raw)
-        except ValueError as e:
-            log.warning("stored robots.txt entry for %s dropped: %s", origin, e)
-            self.rt.state.forget(NAMESPACE, origin)
+        entry = restore(self.rt.state, NAMESPACE, origin, RobotsEntry.from_state, "robots.txt entry")
+        if entry is None:
             return None
         self.entries[origin] = entry
         return entry
@@ -174,10 +169,7 @@ class RobotsGate:
             result = FetchResult(None, error=f"{type(e).__name__}")
         entry = self.policy.after_fetch(origin, result, previous, settings)
         self.entries[origin] = entry
-        try:
-            self.rt.state.put(NAMESPACE, origin, entry.to_state())
-        except Exception:  # noqa: BLE001
-            log.exception("could not persist robots.txt entry for %s", origin)
+        save(self.rt.state, NAMESPACE, origin, entry.to_state(), "robots.txt entry")
         return entry
 
     async def _fetch(self, origin: str, site: str, ua: str, settings: RobotsSettings) -> FetchResult:

@@ -15,6 +15,7 @@ from etiquette_addons.runtime import Restraint, Runtime
 from mitmproxy import http
 
 from etiquette_proxy.runaway.guard import RunawayGuard
+from etiquette_proxy.state.interface import restore, save
 from etiquette_proxy.target import resolve_target
 
 log = logging.getLogger(__name__)
@@ -39,14 +40,9 @@ class RunawayWatch:
     def guard(self, site: str) -> RunawayGuard:
         guard = self.guards.get(site)
         if guard is None:
-            raw = self.rt.state.get(NAMESPACE, site)
-            guard = None
-            if raw is not None:
-                try:
-                    guard = RunawayGuard.from_state(raw, self.rt.config, site)
-                except ValueError as e:
-                    log.warning("stored runaway state for %s dropped: %s", site, e)
-                    self.rt.state.forget(NAMESPACE, site)
+            config = self.rt.config
+            guard = restore(self.rt.state, NAMESPACE, site,
+                            lambda raw: RunawayGuard.from_state(raw, config, site), "runaway state")
             guard = guard or RunawayGuard.from_config(self.rt.config, site)
             self.guards[site] = guard
             self._restrain(site, guard)
@@ -104,10 +100,7 @@ class RunawayWatch:
             self.rt.release(site, "trap")
 
     def _save(self, site: str, guard: RunawayGuard) -> None:
-        try:
-            self.rt.state.put(NAMESPACE, site, guard.to_state())
-        except Exception:  # noqa: BLE001
-            log.exception("could not persist runaway state for %s", site)
+        save(self.rt.state, NAMESPACE, site, guard.to_state(), "runaway state")
 
     def done(self) -> None:
         for site, guard in self.guards.items():
