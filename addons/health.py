@@ -40,10 +40,11 @@ from mitmproxy import http
 
 from etiquette_proxy.audit.log import audit_record
 from etiquette_proxy.clock import Clock, wall
-from etiquette_proxy.health.parser import ParserSummary
+from etiquette_proxy.health.parser import ParserSummary, parse_report
 from etiquette_proxy.health.signals import HEAD_BYTES, Signal
 from etiquette_proxy.health.site import Band, BandChange, HealthBook, HealthSettings, SiteHealth
 from etiquette_proxy.robots.policy import RobotsSettings, product_token
+from etiquette_proxy.site_key import SiteKeys
 from etiquette_proxy.state.interface import save
 from etiquette_proxy.visibility.page import Page
 
@@ -52,7 +53,6 @@ log = logging.getLogger(__name__)
 NAMESPACE = "health"
 SOURCE = "health"  # the restraint source pacing sees
 REPORT_PATH = "/report-extraction"
-MAX_REPORT_BYTES = 64 * 1024
 # SPEC §12: whatever clients report is bounded in memory. Reports are per site; a site the
 # proxy has no parser health for yet counts against this many (each is bounded on its own).
 MAX_REPORTED_SITES = 1000
@@ -61,19 +61,6 @@ CANARY_MAX_BYTES = 2 * 1024 * 1024  # the marker may sit anywhere in a normal pa
 ALERT_TIMEOUT_S = 60.0  # an alert command still running after this is killed
 HISTORY_POINTS = 96  # sparkline points in status()
 _FACT_SENT = "health_sent_at"
-
-
-def site_of_url(url: str) -> str:
-    """`https://Example.com/x` -> `example.com:443`, the same key the flows use (notes.site_of)."""
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    if scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"{url!r} is not an http(s) URL")
-    host = parts.hostname.lower()
-    if ":" in host:
-        host = f"[{host}]"
-    port = parts.port or (443 if scheme == "https" else 80)
-    return f"{host}:{port}"
 
 
 def route_label(runtime: Runtime) -> str:
@@ -132,8 +119,10 @@ def change_record(change: BandChange) -> dict[str, Any]:
             "action": change.action, "why": change.why}
 
 
-def canaries_of(config: Any) -> list[tuple[str, str, str]]:
-    """(site, url, marker) for every configured canary, top-level and per-site, once each."""
+def canaries_of(config: Any, keys: SiteKeys | None = None) -> list[tuple[str, str, str]]:
+    """(site, url, marker) for every configured canary, top-level and per-site, once each; the
+    site is the key the canary's own requests get under `pacing.group_by` (`keys`)."""
+    keys = keys or SiteKeys(config.get("pacing.group_by"), config.get("pacing.address_ttl"))
     lists: list[Iterable[dict[str, str]]] = [config.values.get("health.canaries", ())]
     lists += [o.get("health.canaries", ()) for o in config.sites.values()]
     seen: set[tuple[str, str]] = set()
@@ -145,7 +134,7 @@ def canaries_of(config: Any) -> list[tuple[str, str, str]]:
                 continue
             seen.add(key)
             try:
-                out.append((site_of_url(c["url"]), c["url"], c["marker"]))
+                out.append((keys.of_url(c["url"]), c["url"], c["marker"]))
             except ValueError:
                 log.warning("health: canary %r is not an http(s) URL; skipped", c["url"])
     return out
@@ -172,7 +161,7 @@ class HealthWatch:
     def running(self) -> None:
         self.restore()
         self._spawn(self._ticker())
-        for site, url, marker in canaries_of(self.rt.config):
+        for site, url, marker in canaries_of(self.rt.config, self.rt.site_keys()):
             self._spawn(self._canary_loop(site, url, marker))
 
     def done(self) -> None:
@@ -542,7 +531,7 @@ class HealthWatch:
             report = parse_report(body)
         except ValueError as e:
             return 400, {"error": str(e)}
-        site = site_of_url(report["url"])
+        site = self.rt.site_keys().of_url(report["url"])
         self.restore()
         if not self.book.knows_parser(site) and self.book.parser_count() >= MAX_REPORTED_SITES:
             return 429, {"error": f"extraction reports are kept for at most {MAX_REPORTED_SITES} "
@@ -562,36 +551,6 @@ def parser_line(p: ParserSummary) -> str:
     if p.reasons:
         text += ": " + ", ".join(f"{reason} {n}" for reason, n in p.reasons[:3])
     return text
-
-
-def parse_report(body: bytes) -> dict[str, Any]:
-    """Validate an extraction report; ValueError with a message the crawler's author can act on."""
-    if len(body) > MAX_REPORT_BYTES:
-        raise ValueError(f"report too large ({len(body)} bytes; at most {MAX_REPORT_BYTES})")
-    try:
-        data = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"body is not JSON ({e}); expected {{\"url\": ..., \"ok\": true|false, "
-                         "\"reason\": ...}") from None
-    if not isinstance(data, dict):
-        raise ValueError("expected a JSON object {\"url\": ..., \"ok\": true|false, \"reason\": ...}")
-    url, ok, reason = data.get("url"), data.get("ok"), data.get("reason", "")
-    if not isinstance(url, str) or not url:
-        raise ValueError("\"url\" must be the page's absolute http(s) URL")
-    try:
-        site_of_url(url)
-    except ValueError:
-        raise ValueError(f"\"url\" ({url[:200]!r}) must be an absolute http(s) URL") from None
-    if not isinstance(ok, bool):
-        raise ValueError("\"ok\" must be true or false")
-    if reason is None:
-        reason = ""
-    if not isinstance(reason, str):
-        raise ValueError("\"reason\" must be a string")
-    unknown = set(data) - {"url", "ok", "reason"}
-    if unknown:
-        raise ValueError(f"unknown keys {sorted(unknown)}; expected url, ok, reason")
-    return {"url": url, "ok": ok, "reason": reason}
 
 
 def _headers(response: http.Response) -> dict[str, str]:

@@ -8,6 +8,8 @@ from typing import Any
 
 from mitmproxy import http
 
+from etiquette_proxy.site_key import host_site
+
 KEY = "etiquette"
 # notes.facts key: the request passed every gate and was handed to mitmproxy for the site.
 FORWARDED = "forwarded"
@@ -37,10 +39,7 @@ class FlowNotes:
 
 def site_of(request: http.Request) -> str:
     # MITMPROXY-NOTES: key on request.host/port, never pretty_host (it prefers Host:).
-    host = request.host.lower()
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{host}:{request.port}"
+    return host_site(request.host, request.port)
 
 
 def origin_of(request: http.Request) -> str:

@@ -41,10 +41,12 @@ class RobotsGate:
         runtime.site_status.append(self.status)
 
     def status(self, site: str) -> dict[str, object]:
-        """Dashboard fields: the robots.txt state of each origin of `site` (http, https)."""
+        """Dashboard fields: the robots.txt state of each origin of `site` (http, https, and
+        under `pacing.group_by: domain|address` every host of the site)."""
         now = wall()
+        keys = self.rt.site_keys()
         found = [entry.describe(now) for origin, entry in sorted(self.entries.items())
-                 if origin.split("://", 1)[-1] == site]
+                 if keys.of_url(origin) == site]
         return {"robots": found} if found else {}
 
     async def request(self, flow: http.HTTPFlow) -> None:

@@ -14,6 +14,7 @@ from etiquette_addons.side_fetch import UpstreamPath
 from etiquette_proxy.audit.log import AuditLog
 from etiquette_proxy.config import Config, defaults
 from etiquette_proxy.revalidation.store import ValidatorStore
+from etiquette_proxy.site_key import SiteKeys
 from etiquette_proxy.state.interface import StateStore
 from etiquette_proxy.state.memory import MemoryState
 from etiquette_proxy.visibility.board import StatusProvider
@@ -68,6 +69,9 @@ class Runtime:
     # (the operator addon writes <state-dir>/proxy-url there).
     listening: list[Callable[[str, int], None]] = field(default_factory=list)
 
+    # How requests are grouped into sites (`pacing.group_by`): see site_keys().
+    _site_keys: SiteKeys = field(default_factory=SiteKeys)
+
     # site -> source -> restraint; written by feature addons, read by pacing.
     restraints: dict[str, dict[str, Restraint]] = field(default_factory=dict)
 
@@ -85,6 +89,16 @@ class Runtime:
 
     def restraints_for(self, site: str) -> list[Restraint]:
         return list(self.restraints.get(site, {}).values())
+
+    def site_keys(self) -> SiteKeys:
+        """The one site key (SPEC §5 `pacing.group_by`) every addon uses: the flows' sites,
+        canaries, extraction reports and the dashboard's robots.txt column. Rebuilt when the
+        configured grouping changes; under `address` it remembers what names resolved to."""
+        keys = self._site_keys
+        group_by, ttl = self.config.get("pacing.group_by"), self.config.get("pacing.address_ttl")
+        if (group_by, ttl) != (keys.group_by, keys.address_ttl):
+            keys = self._site_keys = SiteKeys(group_by, ttl)
+        return keys
 
     @property
     def observe(self) -> bool:

@@ -25,21 +25,12 @@ RESOLVE_TIMEOUT_S = 10.0
 class SiteGrouping:
     def __init__(self, runtime: Runtime):
         self.rt = runtime
-        self.keys = SiteKeys()
-        self._settings: tuple[str, float] = ("host", self.keys.address_ttl)
         self._lookups: dict[str, asyncio.Future[None]] = {}
-
-    def _current(self) -> SiteKeys:
-        settings = (self.rt.config.get("pacing.group_by"), self.rt.config.get("pacing.address_ttl"))
-        if settings != self._settings:
-            self.keys = SiteKeys(*settings)
-            self._settings = settings
-        return self.keys
 
     async def request(self, flow: http.HTTPFlow) -> None:
         if skip(flow):
             return
-        keys = self._current()
+        keys = self.rt.site_keys()
         if keys.group_by == "host":
             return  # notes.site is already host:port
         request = flow.request

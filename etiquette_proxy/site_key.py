@@ -24,6 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
+from urllib.parse import urlsplit
 
 from etiquette_proxy.target import canonical_host
 
@@ -36,6 +37,19 @@ def host_site(host: str, port: int) -> str:
     """`host:port`, lower case, IPv6 in brackets: the default site key (SPEC §2)."""
     host = host.lower()
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def url_authority(url: str) -> tuple[str, int]:
+    """(host, port) of an absolute http(s) URL (the port defaulted by scheme); ValueError if not."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        raise ValueError(f"{url!r} has a bad port") from None
+    if scheme not in ("http", "https") or not host:
+        raise ValueError(f"{url!r} is not an http(s) URL")
+    return host, port or (443 if scheme == "https" else 80)
 
 
 def ip_literal(host: str) -> str | None:
@@ -104,6 +118,11 @@ class SiteKeys:
         self._addresses[name] = (literal or _UNRESOLVED, self.clock() + ttl)
         while len(self._addresses) > self.LIMIT:
             self._addresses.popitem(last=False)
+
+    def of_url(self, url: str) -> str:
+        """The site key of an absolute http(s) URL or origin (a canary, a reported page, a
+        robots.txt origin): the same key its requests get. ValueError if not http(s)."""
+        return self.site(*url_authority(url))
 
     def site(self, host: str, port: int) -> str:
         """The site key of a request to `host:port`."""

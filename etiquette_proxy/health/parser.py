@@ -10,6 +10,7 @@ breaks every extractor).
 
 from __future__ import annotations
 
+import json
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import Any
 
 from etiquette_proxy.clock import Clock, wall
 from etiquette_proxy.health.history import is_count, is_number
+from etiquette_proxy.site_key import url_authority
 
 DAY = 86400.0
 MAX_REASONS = 8  # distinct failure reasons kept per window; the rest count as "other"
@@ -174,3 +176,36 @@ class ParserHealth:
                 raise ValueError("parser health: bad day")
             ph._days.append([float(d[0]), d[1], d[2]])
         return ph
+
+
+MAX_REPORT_BYTES = 64 * 1024  # one report: a URL, a flag and a short reason
+
+
+def parse_report(body: bytes) -> dict[str, Any]:
+    """Validate an extraction report; ValueError with a message the crawler's author can act on."""
+    if len(body) > MAX_REPORT_BYTES:
+        raise ValueError(f"report too large ({len(body)} bytes; at most {MAX_REPORT_BYTES})")
+    try:
+        data = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"body is not JSON ({e}); expected {{\"url\": ..., \"ok\": true|false, "
+                         "\"reason\": ...}") from None
+    if not isinstance(data, dict):
+        raise ValueError("expected a JSON object {\"url\": ..., \"ok\": true|false, \"reason\": ...}")
+    url, ok, reason = data.get("url"), data.get("ok"), data.get("reason", "")
+    if not isinstance(url, str) or not url:
+        raise ValueError("\"url\" must be the page's absolute http(s) URL")
+    try:
+        url_authority(url)
+    except ValueError:
+        raise ValueError(f"\"url\" ({url[:200]!r}) must be an absolute http(s) URL") from None
+    if not isinstance(ok, bool):
+        raise ValueError("\"ok\" must be true or false")
+    if reason is None:
+        reason = ""
+    if not isinstance(reason, str):
+        raise ValueError("\"reason\" must be a string")
+    unknown = set(data) - {"url", "ok", "reason"}
+    if unknown:
+        raise ValueError(f"unknown keys {sorted(unknown)}; expected url, ok, reason")
+    return {"url": url, "ok": ok, "reason": reason}

@@ -13,11 +13,9 @@ from etiquette_addons.health import (
     HealthWatch,
     body_head,
     canaries_of,
-    parse_report,
     restraint_for,
     route_label,
     run_alert,
-    site_of_url,
 )
 from etiquette_addons.notes import notes_of
 from etiquette_addons.runtime import Runtime
@@ -26,7 +24,9 @@ from mitmproxy.test import tflow, tutils
 
 from etiquette_proxy.audit.log import AuditLog
 from etiquette_proxy.config import load_config
+from etiquette_proxy.health.parser import parse_report
 from etiquette_proxy.health.site import WARMUP_WINDOWS, Band, BandChange
+from etiquette_proxy.site_key import SiteKeys
 from etiquette_proxy.state.memory import MemoryState
 
 ARTICLE = b"<html><body>" + b"words " * 500 + b"</body></html>"
@@ -80,13 +80,13 @@ def windows(watch: HealthWatch, clock, n: int, per: int = 6, **kw) -> list[http.
      ("http://127.0.0.1:8000/a?b", "127.0.0.1:8000"), ("http://[::1]:81/", "[::1]:81")],
 )
 def test_site_of_url_matches_the_flows_key(url, site):
-    assert site_of_url(url) == site
+    assert SiteKeys().of_url(url) == site
 
 
 @pytest.mark.parametrize("url", ["ftp://example.com/", "/relative", "http://", ""])
 def test_site_of_url_refuses_what_is_not_http(url):
     with pytest.raises(ValueError):
-        site_of_url(url)
+        SiteKeys().of_url(url)
 
 
 @pytest.mark.parametrize(
@@ -342,3 +342,15 @@ def test_a_paused_site_checks_its_canaries_against_the_last_robots_copy(tmp_path
     assert asyncio.run(watch._robots_allows("example.com:80", "http://example.com/c", "ua"))
     assert not asyncio.run(watch._robots_allows("example.com:80", "http://example.com/private/c", "ua"))
     assert robots.refreshed == 1
+
+
+def test_canaries_and_extraction_reports_are_keyed_like_the_flows_under_group_by_domain(tmp_path):
+    # SPEC §5 pacing.group_by: a canary or a reported page belongs to the site its requests get.
+    config = load_config('health: {canaries: [{url: "https://www.a.example.co.uk/c", marker: m}]}\n',
+                         "<test>", ["pacing.group_by=domain"])
+    assert canaries_of(config) == [("example.co.uk", "https://www.a.example.co.uk/c", "m")]
+    rt = runtime(tmp_path, "pacing.group_by=domain")
+    watch = HealthWatch(rt)
+    status, answer = watch.report_extraction(b'{"url": "http://www.example.com:8080/x", "ok": false}')
+    assert (status, answer["site"]) == (202, "example.com")
+    assert watch.book.knows_parser("example.com") and not watch.book.knows_parser("www.example.com:8080")
