@@ -40,8 +40,6 @@ class GoneMemory:
 
     def _check(self, flow: http.HTTPFlow) -> None:
         notes = notes_of(flow)
-        if notes.extra.get("internal"):
-            return
         key = url_key(flow, self.rt)
         if key is None:
             return

@@ -172,8 +172,6 @@ class Revalidation:
         if skip(flow) or self.rt.store is None or flow.request.method != "GET":
             return
         notes = notes_of(flow)
-        if notes.extra.get("internal"):
-            return
         try:
             await self._before(flow, notes)
         except Exception:  # noqa: BLE001 - a saving, not a permission: forward unaltered
@@ -247,7 +245,7 @@ class Revalidation:
         if flow.response is None or self.rt.store is None or flow.request.method != "GET":
             return
         notes = notes_of(flow)
-        if notes.local or notes.extra.get("internal"):
+        if notes.local:
             return
         injected: Injected | None = flow.metadata.pop(_INJECTED, None)
         status = flow.response.status_code

@@ -383,13 +383,6 @@ class Config:
     def __getattr__(self, name: str) -> Any:
         return getattr(_View(self.get), name)
 
-    def with_values(self, **changes: Any) -> Config:
-        """A copy with top-level dotted keys changed (keys given with `__` for `.`)."""
-        values = dict(self.values)
-        for k, v in changes.items():
-            values[k.replace("__", ".")] = v
-        return Config(values, self.sites)
-
 
 def defaults() -> Config:
     return Config({k: key.default for k, key in SCHEMA.items()})

@@ -46,6 +46,7 @@ _SLASHES = re.compile(r"/{2,}")
 # Spellings some servers read as a path separator: %2F, %5C and a raw backslash.
 _SEPARATORS = re.compile(r"%2[Ff]|%5[Cc]|\\")
 _PARAMS = re.compile(r";[^/]*")
+_SLASH_ESCAPED = re.compile(r"%2[Ff]")
 
 
 def split_target(target: str) -> tuple[str, str]:
@@ -122,6 +123,11 @@ def robots_forms(target: str) -> tuple[str, ...]:
     separated = _SEPARATORS.sub("/", escaped)
     if separated != escaped:
         spellings.append(separated)
+        # A POSIX server (python3 -m http.server) decodes %2F to a separator but keeps a
+        # backslash as a name character, so `/..%2f/private/%5c/%2e%2e` opens /private/\.
+        slashed = _SLASH_ESCAPED.sub("/", escaped)
+        if slashed not in (escaped, separated):
+            spellings.append(slashed)
     if ";" in separated:
         spellings.append(_PARAMS.sub("", separated))
     forms = [target]

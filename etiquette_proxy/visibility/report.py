@@ -533,9 +533,10 @@ def render_json(report: Report) -> str:
 
 def run_report(path: str, since_s: float | None = None, site: str | None = None, as_json: bool = False,
                out: IO[str] | None = None, err: IO[str] | None = None, now: float | None = None,
-               show_progress: bool | None = None, offset: int = 0) -> int:
+               show_progress: bool | None = None, offset: int = 0,
+               clock: Callable[[], float] = time.monotonic) -> int:
     """The `report` command: 0, or 2 when the log cannot be read; `offset`: read from there
-    (`wrap` reports only its own run of a log kept across runs)."""
+    (`wrap` reports only its own run of a log kept across runs); `clock` paces the progress line."""
     import sys
 
     out = out or sys.stdout
@@ -553,7 +554,7 @@ def run_report(path: str, since_s: float | None = None, site: str | None = None,
             stream.seek(offset)
         if show_progress is None:
             show_progress = err.isatty() or total > 64 * 1024 * 1024
-        progress = _progress_printer(err, path) if show_progress else None
+        progress = _progress_printer(err, path, clock) if show_progress else None
         read_log(stream, report, total, progress)
         if progress is not None:
             err.write("\r" + " " * 60 + "\r")
@@ -563,13 +564,14 @@ def run_report(path: str, since_s: float | None = None, site: str | None = None,
     return 0
 
 
-def _progress_printer(err: IO[str], path: str) -> Progress:
-    started = time.monotonic()
+def _progress_printer(err: IO[str], path: str, clock: Callable[[], float] = time.monotonic) -> Progress:
+    """A progress line on `err`, at most every 0.5 s of `clock`."""
+    started = clock()
     state = {"shown": 0.0}
     name = _clip(os.path.basename(path), 24)
 
     def show(done: int, total: int, lines: int) -> None:
-        now = time.monotonic()
+        now = clock()
         if now - state["shown"] < 0.5:
             return
         state["shown"] = now

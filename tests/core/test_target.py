@@ -6,7 +6,7 @@ import posixpath
 from urllib.parse import unquote
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from etiquette_proxy.revalidation.urlkey import normalise
@@ -153,6 +153,7 @@ SEGMENTS = ["public", "private", "PRIVATE", "a", "b", "x.txt", "", ".", "..", "%
 @settings(max_examples=1000, deadline=None)
 @given(st.lists(st.sampled_from(SEGMENTS), min_size=1, max_size=7),
        st.sampled_from(["", "?q=1", "?a=/private/"]))
+@example(["..%2f", "private", "%5c", "%5c", "%2e%2e"], "")  # %2F a separator, %5C a name (posix)
 def test_fuzz_never_allows_what_the_resolved_path_disallows(segments: list[str], query: str) -> None:
     policy = RobotsPolicy()
     entry = policy.after_fetch("http://site.test:80", FetchResult(200, ROBOTS.encode()), None, RobotsSettings())

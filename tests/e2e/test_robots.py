@@ -255,7 +255,7 @@ STRICTER_THAN_GOOGLE = {"correctness/non-ascii-paths#3.1"}
 
 
 def test_google_suite_sample_through_the_proxy(proxy, sites):
-    from tests.core.test_google_suite import SUITE, body_of, target_of
+    from tests.core.robots.test_google_suite import SUITE, body_of, target_of
 
     cases = {c["id"]: c for c in SUITE["cases"]}
     wrong = []

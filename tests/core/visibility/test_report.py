@@ -189,10 +189,13 @@ def test_text_fits_80_columns_and_json_round_trips(tmp_path):
 def test_progress_goes_to_stderr_when_asked(tmp_path):
     path = tmp_path / "audit.jsonl"
     path.write_bytes(b"".join(line("fetched", i * 0.01) for i in range(70_000)))
+    ticks = iter(range(100))  # a fake clock: one second per reading
     err = io.StringIO()
-    run_report(str(path), out=io.StringIO(), err=err, show_progress=True)
-    # at least the final clearing of the progress line; the count line appears every 0.5 s
-    assert "\r" in err.getvalue()
+    run_report(str(path), out=io.StringIO(), err=err, show_progress=True, clock=lambda: float(next(ticks)))
+    shown = err.getvalue()
+    # a line every 65,536 log lines once 0.5 s has passed on the clock, then the line is cleared
+    assert "\rreading audit.jsonl:  94% (65,536 lines, 1 s)" in shown
+    assert shown.endswith("\r" + " " * 60 + "\r")
 
 
 def test_missing_file_is_exit_2(tmp_path):
