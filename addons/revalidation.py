@@ -38,6 +38,7 @@ from etiquette_addons.side_fetch import SideFetchError, fetch
 from mitmproxy import http
 
 from etiquette_proxy.clock import wall
+from etiquette_proxy.headers import first_value
 from etiquette_proxy.revalidation.fingerprint import Fingerprinter
 from etiquette_proxy.revalidation.revisit import NAMESPACE as REVISIT
 from etiquette_proxy.revalidation.revisit import RevisitPolicy, RevisitState
@@ -46,7 +47,6 @@ from etiquette_proxy.revalidation.validators import (
     HeaderPairs,
     StoredEntry,
     answer_304,
-    header_value,
     inject_headers,
     may_serve_unvalidated,
     should_store,
@@ -343,7 +343,7 @@ class Revalidation:
         fingerprinter = self.fingerprinters.get(notes.site)
 
         def work() -> tuple[dict[str, Any], StoredEntry | None]:
-            digest = self._digest(raw, header_value(response_headers, "content-encoding"),
+            digest = self._digest(raw, first_value(response_headers, "content-encoding"),
                                   fingerprinter, store.max_body)
             revisit = self._revisit(flow, notes, digest, now)
             entry = (StoredEntry.build(key, request_headers, response_headers, raw, now)
@@ -397,8 +397,8 @@ class Revalidation:
 
 def _same_validators(entry: StoredEntry, response_headers: HeaderPairs) -> bool:
     """Would the site have answered 304 to the validators we would have sent? (observe mode)"""
-    etag = header_value(response_headers, "etag")
+    etag = first_value(response_headers, "etag")
     if entry.etag is not None:
         return etag is not None and etag.removeprefix("W/") == entry.etag.removeprefix("W/")
-    modified = header_value(response_headers, "last-modified")
+    modified = first_value(response_headers, "last-modified")
     return entry.last_modified is not None and modified == entry.last_modified

@@ -16,6 +16,8 @@ from enum import StrEnum
 from statistics import median_low
 from typing import Any
 
+from etiquette_proxy.headers import field_text
+
 # Issue 6: inspect only the first ~64 KiB; challenge and block pages put their markers early.
 HEAD_BYTES = 64 * 1024
 
@@ -140,21 +142,6 @@ def _is_text(media: str) -> bool:
     )
 
 
-def header_value(headers: Mapping[str, str], name: str) -> str:
-    """A header value by lower-case name; plain dicts are searched case-insensitively.
-
-    Other mappings (mitmproxy's Headers, requests' CaseInsensitiveDict) already are.
-    """
-    value = headers.get(name)
-    if value is None:
-        if type(headers) is dict:
-            for k, v in headers.items():
-                if isinstance(k, str) and k.lower() == name:
-                    return str(v)
-        return ""
-    return str(value)
-
-
 def _find(haystack: bytes, markers: tuple[bytes, ...]) -> bytes | None:
     for m in markers:
         if m in haystack:
@@ -173,8 +160,8 @@ def classify_response(
     normal_size: float | None = None,
 ) -> Classification:
     """The hostility signal of one response; `normal_size` is the site's median for its type."""
-    media = media_type(header_value(headers, "content-type"))
-    if header_value(headers, "cf-mitigated").strip().lower() == "challenge":
+    media = media_type(field_text(headers, "content-type"))
+    if field_text(headers, "cf-mitigated").strip().lower() == "challenge":
         return Classification(Signal.CHALLENGE, "cf-mitigated: challenge")
     is_2xx = 200 <= status < 300
     # A 2xx of normal size is content (see INTERSTITIAL_FRACTION); anything else may be a
@@ -198,7 +185,7 @@ def classify_response(
                 Signal.CHALLENGE, f"challenge marker {found.decode('utf-8', 'replace')!r}"
             )
     if 300 <= status < 400:
-        location = header_value(headers, "location").lower().encode("utf-8", "replace")
+        location = field_text(headers, "location").lower().encode("utf-8", "replace")
         found = _find(location, markers.site_challenge + markers.challenge) if location else None
         if found is not None:
             return Classification(

@@ -39,6 +39,7 @@ from enum import StrEnum
 from typing import Any
 
 from etiquette_proxy.clock import Clock, wall
+from etiquette_proxy.headers import field_text
 from etiquette_proxy.health.history import (
     DAY,
     HealthHistory,
@@ -55,7 +56,6 @@ from etiquette_proxy.health.signals import (
     SizeNorm,
     classify_error,
     classify_response,
-    header_value,
     media_type,
 )
 from etiquette_proxy.shared_settings import shared
@@ -272,7 +272,7 @@ class SiteHealth:
         route: str | None = None,
     ) -> Observed:
         """Classify one response (first ~64 KiB of body suffices) and count it."""
-        media = media_type(header_value(headers, "content-type"))
+        media = media_type(field_text(headers, "content-type"))
         c = classify_response(
             status,
             headers,

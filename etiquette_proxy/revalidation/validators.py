@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-Headers = Mapping[str, str] | Iterable[tuple[str, str]]
-HeaderPairs = tuple[tuple[str, str], ...]
+from etiquette_proxy.headers import HeaderPairs, Headers, first_value, header_pairs, header_values
 
 FORMAT_VERSION = 1
 # Validators longer than this are refused for injection: real ETags are tens of bytes, and a
@@ -50,24 +48,6 @@ _NOT_UPDATED_BY_304 = _HOP_BY_HOP | {
 
 
 # -- headers ----------------------------------------------------------------------------------
-
-def header_pairs(headers: Headers) -> HeaderPairs:
-    """Headers as a tuple of (name, value) pairs, whatever they came as."""
-    items = headers.items() if isinstance(headers, Mapping) else headers
-    return tuple((str(k), str(v)) for k, v in items)
-
-
-def header_values(headers: HeaderPairs, name: str) -> list[str]:
-    """Every value of `name` (case-insensitive), in order."""
-    lname = name.lower()
-    return [v for k, v in headers if k.lower() == lname]
-
-
-def header_value(headers: HeaderPairs, name: str) -> str | None:
-    """The first value of `name`, or None."""
-    values = header_values(headers, name)
-    return values[0] if values else None
-
 
 def _tokens(headers: HeaderPairs, name: str) -> list[str]:
     """Comma-separated list field (RFC 9110 §5.6.1), lower-cased, directive arguments cut."""
@@ -139,8 +119,8 @@ class StoredEntry:
         return cls(
             url=url,
             headers=storable_headers(resp),
-            etag=header_value(resp, "etag"),
-            last_modified=header_value(resp, "last-modified"),
+            etag=first_value(resp, "etag"),
+            last_modified=first_value(resp, "last-modified"),
             vary=tuple((name, _vary_value(req, name)) for name in vary_names),
             credentials=credentials_digest(req),
             stored_at=float(now),
@@ -249,7 +229,7 @@ class Injection:
 
 
 @dataclass(frozen=True)
-class Revalidation:
+class Answer304:
     """What a 304 to our injected validators becomes: a 200 for the client, or a re-fetch."""
 
     usable: bool
@@ -345,20 +325,20 @@ def _etag_opaque(tag: str) -> tuple[bool, str]:
     return weak, tag[2:] if weak else tag
 
 
-def answer_304(entry: StoredEntry, headers_304: Headers, now: float) -> Revalidation:
+def answer_304(entry: StoredEntry, headers_304: Headers, now: float) -> Answer304:
     """Turn a 304 to our validators into the stored 200, headers updated (RFC 9111 §4.3.4)."""
     fresh = header_pairs(headers_304)
-    new_etag = header_value(fresh, "etag")
-    new_modified = header_value(fresh, "last-modified")
+    new_etag = first_value(fresh, "etag")
+    new_modified = first_value(fresh, "last-modified")
     # RFC 9111 §4.3.4: the validator in the 304 selects the stored response to update; if it
     # names another representation, the 304 is not about our body and must not be used.
     if new_etag is not None and entry.etag is not None:
         if _etag_opaque(new_etag)[1] != _etag_opaque(entry.etag)[1]:
-            return Revalidation(False, f"304 names ETag {new_etag[:80]!r}, stored is "
+            return Answer304(False, f"304 names ETag {new_etag[:80]!r}, stored is "
                                        f"{entry.etag[:80]!r} (RFC 9111 §4.3.4): re-fetch")
     elif (new_etag is None and new_modified is not None and entry.last_modified is not None
           and new_modified != entry.last_modified):
-        return Revalidation(False, f"304 names Last-Modified {new_modified[:80]!r}, stored is "
+        return Answer304(False, f"304 names Last-Modified {new_modified[:80]!r}, stored is "
                                    f"{entry.last_modified[:80]!r} (RFC 9111 §4.3.4): re-fetch")
     listed = _connection_listed(fresh)
     updates = [(k, v) for k, v in fresh
@@ -368,8 +348,8 @@ def answer_304(entry: StoredEntry, headers_304: Headers, now: float) -> Revalida
     refreshed = StoredEntry(
         url=entry.url,
         headers=storable_headers(merged),
-        etag=header_value(merged, "etag"),
-        last_modified=header_value(merged, "last-modified"),
+        etag=first_value(merged, "etag"),
+        last_modified=first_value(merged, "last-modified"),
         vary=entry.vary,
         credentials=entry.credentials,
         stored_at=float(now),
@@ -379,7 +359,7 @@ def answer_304(entry: StoredEntry, headers_304: Headers, now: float) -> Revalida
     # The client gets the merged fields plus the 304's own Set-Cookie, framed for the body.
     cookies = tuple((k, v) for k, v in fresh if k.lower() == "set-cookie")
     client = refreshed.headers + cookies + (("Content-Length", str(entry.body_size)),)
-    return Revalidation(True, "304 to stored validators: stored body with updated headers",
+    return Answer304(True, "304 to stored validators: stored body with updated headers",
                         client, refreshed)
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
+from etiquette_proxy.health.site import band_of
 from etiquette_proxy.operate.endpoint_guard import refusal_for
 
 HOST = "etiquette.proxy"
@@ -173,11 +174,6 @@ def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def band_of(score: float) -> str:
-    """SPEC §8 bands: 80-100 healthy, 50-79 degrading, below 50 hostile (paused)."""
-    return "healthy" if score >= 80 else "degrading" if score >= 50 else "hostile"
-
-
 _BAND_WORDS = {"ok": "healthy", "paused": "hostile"}  # older names for the same bands
 
 
@@ -198,7 +194,7 @@ def health_of(entry: Mapping[str, Any]) -> tuple[float | None, str | None, list[
     if score is None:
         band = "hostile" if band in ("hostile", "paused") else None  # a paused site has no fresh score
     elif band is None:
-        band = band_of(score)
+        band = band_of(score).value
     band = _BAND_WORDS.get(band or "", band)
     if isinstance(reasons, str):
         reasons = [reasons]
@@ -266,7 +262,7 @@ def sparkline(points: list[Any], width: int = 64, height: int = 14) -> str:
     step = width / (len(scores) - 1)
     coords = " ".join(f"{i * step:.1f},{height - max(0.0, min(100.0, s)) / 100 * height:.1f}"
                       for i, s in enumerate(scores))
-    colour = {"healthy": "#1a7f37", "degrading": "#9a6700"}.get(band_of(scores[-1]), "#cf222e")
+    colour = {"healthy": "#1a7f37", "degrading": "#9a6700"}.get(band_of(scores[-1]).value, "#cf222e")
     return (f'<svg class="spark" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
             f'role="img" aria-label="health history, last {scores[-1]:g}">'
             f'<line x1="0" x2="{width}" y1="{height * 0.2:.1f}" y2="{height * 0.2:.1f}" '

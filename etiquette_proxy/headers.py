@@ -1,0 +1,46 @@
+"""Reading header fields (RFC 9110 §5): one place, two named ways.
+
+Header names are case-insensitive (RFC 9110 §5.1). The core sees headers two ways:
+- as `(name, value)` pairs (`HeaderPairs`, what is stored and replayed: revalidation), read
+  with `header_values` (every value, in order) or `first_value` (the first, None if absent);
+- as a mapping (mitmproxy's Headers, requests' CaseInsensitiveDict, or a plain dict keyed in
+  any case: health signals), read with `field_text` ("" if absent, so classifiers can test text).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+Headers = Mapping[str, str] | Iterable[tuple[str, str]]
+HeaderPairs = tuple[tuple[str, str], ...]
+
+
+def header_pairs(headers: Headers) -> HeaderPairs:
+    """Headers as a tuple of (name, value) pairs, whatever they came as."""
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    return tuple((str(k), str(v)) for k, v in items)
+
+
+def header_values(headers: HeaderPairs, name: str) -> list[str]:
+    """Every value of `name` (case-insensitive), in order."""
+    lname = name.lower()
+    return [v for k, v in headers if k.lower() == lname]
+
+
+def first_value(headers: HeaderPairs, name: str) -> str | None:
+    """The first value of `name`, or None."""
+    values = header_values(headers, name)
+    return values[0] if values else None
+
+
+def field_text(headers: Mapping[str, str], name: str) -> str:
+    """The value of lower-case `name` in a mapping, "" if absent; plain dicts are searched
+    case-insensitively (mitmproxy's Headers and requests' CaseInsensitiveDict already are)."""
+    value = headers.get(name)
+    if value is None:
+        if type(headers) is dict:
+            for k, v in headers.items():
+                if isinstance(k, str) and k.lower() == name:
+                    return str(v)
+        return ""
+    return str(value)
