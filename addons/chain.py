@@ -117,8 +117,8 @@ def build_chain(runtime: Runtime | None = None) -> list[Any]:
 
 def members(rt: Runtime) -> list[Any]:
     """Every etiquette addon, sharing one runtime; order matters (see each hook)."""
-    robots, pacing = RobotsGate(rt), Pacing(rt)
-    robots.before_fetch = pacing.before_robots_fetch  # SPEC §4: robots.txt counts against the budget
+    pacing = Pacing(rt)
+    robots = RobotsGate(rt, before_fetch=pacing.before_robots_fetch)  # SPEC §4: robots.txt counts against the budget
     health = HealthWatch(rt, robots=robots)
     return [
         Settings(rt),  # options, config, state, audit log; starts each flow's notes

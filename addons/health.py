@@ -44,7 +44,7 @@ from etiquette_proxy.health.parser import ParserSummary, parse_report
 from etiquette_proxy.health.signals import HEAD_BYTES, Signal
 from etiquette_proxy.health.site import Band, BandChange, HealthBook, HealthSettings, SiteHealth
 from etiquette_proxy.robots.policy import RobotsSettings, product_token
-from etiquette_proxy.site_key import SiteKeys
+from etiquette_proxy.site_key import SiteKeys, host_site, url_authority
 from etiquette_proxy.state.interface import save
 from etiquette_proxy.visibility.page import Page
 
@@ -421,7 +421,9 @@ class HealthWatch:
 
     async def _robots_allows(self, site: str, url: str, ua: str) -> bool:
         parts = urlsplit(url)
-        origin = f"{parts.scheme.lower()}://{site}"
+        # The canary's own origin (RFC 9309 §2.3: robots.txt is per origin), not its site: under
+        # pacing.group_by domain|address one site spans several origins.
+        origin = f"{parts.scheme.lower()}://{host_site(*url_authority(url))}"
         settings = RobotsSettings.from_config(self.rt.config, site)
         entry = self.robots.entries.get(origin) if self.book.site(site).is_paused() else None
         if entry is None:

@@ -16,7 +16,7 @@ this addon only waits and answers:
 - A held request is released early when its client goes away (dropped, never sent) or the
   proxy stops (answered locally 503 `paused`, "proxy stopping"): MITMPROXY-NOTES, release held
   flows before shutdown.
-- robots.txt fetches (RobotsGate.before_fetch) take a token from the same budget. Requests that
+- robots.txt fetches (RobotsGate(before_fetch=...)) take a token from the same budget. Requests that
   wait on robots.txt are not in the budget's line yet (RobotsGate runs before this addon), so
   the fetch they wait on can never be stuck behind them.
 - State (pauses, lowered rates, ceilings, breakers) goes to the state store, namespace "pacing",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from urllib.parse import urljoin
 
 from etiquette_addons.answers import answer_locally, fail_closed
@@ -30,13 +31,15 @@ REDIRECTS = (301, 302, 303, 307, 308)
 
 
 class RobotsGate:
-    def __init__(self, runtime: Runtime):
+    def __init__(self, runtime: Runtime,
+                 before_fetch: Callable[[str], Awaitable[None]] | None = None):
         self.rt = runtime
         self.policy = RobotsPolicy()
         self.entries: dict[str, RobotsEntry] = {}
         self._inflight: dict[str, asyncio.Future[RobotsEntry]] = {}
-        # Set by the pacing addon: robots.txt fetches count against the site's budget (SPEC §4).
-        self.before_fetch = None
+        # Pacing's: robots.txt fetches count against the site's budget (SPEC §4); it may raise
+        # SideFetchError (not sent: the site is paused).
+        self.before_fetch = before_fetch
         self._settings: dict[str, tuple[object, RobotsSettings]] = {}
         runtime.site_status.append(self.status)
 
