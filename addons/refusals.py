@@ -11,22 +11,16 @@ from etiquette_addons.runtime import Runtime
 from mitmproxy import http
 
 from etiquette_proxy.refusals import RefusalPolicy
+from etiquette_proxy.sites import SiteRegistry
 
 
 class RefusalTrimmer:
     def __init__(self, runtime: Runtime):
         self.rt = runtime
-        self._policies: dict[str, RefusalPolicy] = {}
-        self._config = None
+        self._policies: SiteRegistry[RefusalPolicy] = SiteRegistry(RefusalPolicy.from_config)
 
     def _policy(self, site: str) -> RefusalPolicy:
-        if self._config is not self.rt.config:  # config reloaded: per-site policies again
-            self._config = self.rt.config
-            self._policies.clear()
-        policy = self._policies.get(site)
-        if policy is None:
-            policy = self._policies[site] = RefusalPolicy.from_config(self.rt.config, site)
-        return policy
+        return self._policies.get(self.rt.config, site)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         response = flow.response

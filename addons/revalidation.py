@@ -52,6 +52,7 @@ from etiquette_proxy.revalidation.validators import (
     should_store,
     stored_response_headers,
 )
+from etiquette_proxy.sites import SiteRegistry
 
 log = logging.getLogger(__name__)
 
@@ -95,24 +96,14 @@ def url_key(flow: http.HTTPFlow, rt: Runtime) -> str | None:
 
 
 class PerSite(Generic[T]):
-    """Policies built from the config once per site, rebuilt when the config changes."""
-
-    LIMIT = 4096
+    """A feature's per-site policies under the runtime's current config (a SiteRegistry)."""
 
     def __init__(self, runtime: Runtime, build: Callable[[Any, str], T]):
         self.rt = runtime
-        self.build = build
-        self._config: object = None
-        self._built: dict[str, T] = {}
+        self._registry = SiteRegistry(build, limit=4096)
 
     def get(self, site: str) -> T:
-        if self._config is not self.rt.config or len(self._built) > self.LIMIT:
-            self._built.clear()
-            self._config = self.rt.config
-        policy = self._built.get(site)
-        if policy is None:
-            policy = self._built[site] = self.build(self.rt.config, site)
-        return policy
+        return self._registry.get(self.rt.config, site)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from mitmproxy import http
 from etiquette_proxy.audit.log import audit_record
 from etiquette_proxy.clock import wall
 from etiquette_proxy.robots.policy import FetchResult, RobotsEntry, RobotsPolicy, RobotsSettings, product_token
+from etiquette_proxy.sites import SiteRegistry
 from etiquette_proxy.state.interface import restore, save
 from etiquette_proxy.target import resolve, split_target
 
@@ -40,7 +41,7 @@ class RobotsGate:
         # Pacing's: robots.txt fetches count against the site's budget (SPEC §4); it may raise
         # SideFetchError (not sent: the site is paused).
         self.before_fetch = before_fetch
-        self._settings: dict[str, tuple[object, RobotsSettings]] = {}
+        self._settings: SiteRegistry[RobotsSettings] = SiteRegistry(RobotsSettings.from_config)
         runtime.site_status.append(self.status)
 
     def status(self, site: str) -> dict[str, object]:
@@ -115,15 +116,7 @@ class RobotsGate:
 
     def settings_for(self, site: str) -> RobotsSettings:
         """The site's robots.* settings, read from the config once per site and config."""
-        config = self.rt.config  # immutable; a reload replaces the object
-        cached = self._settings.get(site)
-        if cached is not None and cached[0] is config:
-            return cached[1]
-        settings = RobotsSettings.from_config(config, site)
-        if len(self._settings) >= 10_000:  # bounded, like the parser cache
-            self._settings.clear()
-        self._settings[site] = (config, settings)
-        return settings
+        return self._settings.get(self.rt.config, site)
 
     def _answer_robots(self, flow: http.HTTPFlow, entry: RobotsEntry) -> None:
         """A client's own robots.txt request is answered from the cache (SPEC §4)."""
