@@ -34,7 +34,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from etiquette_addons.notes import FlowNotes, notes_of, skip
-from etiquette_addons.runtime import Restraint, Runtime
+from etiquette_addons.runtime import Runtime
 from etiquette_addons.side_fetch import SideFetchError, fetch
 from mitmproxy import http
 
@@ -43,6 +43,7 @@ from etiquette_proxy.clock import Clock, wall
 from etiquette_proxy.health.parser import ParserSummary, parse_report
 from etiquette_proxy.health.signals import HEAD_BYTES, Signal
 from etiquette_proxy.health.site import Band, BandChange, HealthBook, HealthSettings, SiteHealth
+from etiquette_proxy.pacing.restraints import Restraint
 from etiquette_proxy.robots.policy import RobotsSettings, product_token
 from etiquette_proxy.site_key import SiteKeys, host_site, url_authority
 from etiquette_proxy.state.interface import save

@@ -40,6 +40,7 @@ from mitmproxy import connection, http
 
 from etiquette_proxy.pacing.budget import SiteBudget, Turn
 from etiquette_proxy.pacing.per_site import Budgets
+from etiquette_proxy.pacing.restraints import fold, restraint_note
 from etiquette_proxy.pacing.throttle import ThrottleDecision
 from etiquette_proxy.state.interface import restore, save
 
@@ -121,27 +122,16 @@ class Pacing:
 
     def _restrain(self, site: str, budget: SiteBudget) -> str | None:
         """Apply other features' restraints; the reason of a pause among them, if any."""
-        factor, concurrency, cap = 1.0, 1.0, math.inf
-        paused = None
-        for r in self.rt.restraints_for(site):
-            factor *= r.rate_factor
-            concurrency *= r.concurrency_factor
-            if r.rate_cap is not None:
-                cap = min(cap, r.rate_cap)
-            if r.paused and paused is None:
-                paused = r.reason or f"paused by {r.source}"
+        folded = fold(self.rt.restraints_for(site))
         try:
-            budget.restrain(min(1.0, max(factor, 1e-6)), None if cap == math.inf else max(cap, 1e-6),
-                            min(1.0, max(concurrency, 1e-6)))
+            budget.restrain(folded.rate_factor, folded.rate_cap, folded.concurrency_factor)
         except ValueError as e:  # a feature's bad numbers must not take pacing down
             log.warning("%s: restraint ignored: %s", site, e)
-        return paused
+        return folded.paused
 
     def _restraint_note(self, site: str) -> str:
         """Why the site's rate is lower than configured, for a refusal's reason."""
-        said = [f"{r.source}: {r.reason}" if r.reason else r.source
-                for r in self.rt.restraints_for(site) if r.rate_cap is not None or r.rate_factor < 1]
-        return f" (rate {self.budget(site).rate:.3g}/s; {'; '.join(said)})" if said else ""
+        return restraint_note(self.rt.restraints_for(site), lambda: self.budget(site).rate)
 
     # -- waiting -------------------------------------------------------------------------------
 

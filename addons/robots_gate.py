@@ -14,12 +14,13 @@ from urllib.parse import urljoin
 
 from etiquette_addons.answers import answer_locally, fail_closed
 from etiquette_addons.notes import notes_of, skip
-from etiquette_addons.runtime import Restraint, Runtime
+from etiquette_addons.runtime import Runtime
 from etiquette_addons.side_fetch import SideFetchError, fetch
 from mitmproxy import http
 
 from etiquette_proxy.audit.log import audit_record
 from etiquette_proxy.clock import wall
+from etiquette_proxy.pacing.restraints import Restraint
 from etiquette_proxy.robots.policy import FetchResult, RobotsEntry, RobotsPolicy, RobotsSettings, product_token
 from etiquette_proxy.sites import SiteRegistry
 from etiquette_proxy.state.interface import restore, save

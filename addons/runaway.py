@@ -11,9 +11,10 @@ import logging
 
 from etiquette_addons.answers import answer_locally, fail_closed
 from etiquette_addons.notes import notes_of, skip
-from etiquette_addons.runtime import Restraint, Runtime
+from etiquette_addons.runtime import Runtime
 from mitmproxy import http
 
+from etiquette_proxy.pacing.restraints import Restraint
 from etiquette_proxy.runaway.guard import RunawayGuard
 from etiquette_proxy.state.interface import restore, save
 from etiquette_proxy.target import resolve_target

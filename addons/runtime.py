@@ -13,6 +13,7 @@ from etiquette_addons.side_fetch import UpstreamPath
 
 from etiquette_proxy.audit.log import AuditLog
 from etiquette_proxy.config import Config, defaults
+from etiquette_proxy.pacing.restraints import Restraint
 from etiquette_proxy.revalidation.store import ValidatorStore
 from etiquette_proxy.site_key import SiteKeys
 from etiquette_proxy.state.interface import StateStore
@@ -21,24 +22,6 @@ from etiquette_proxy.visibility.board import StatusProvider
 from etiquette_proxy.visibility.page import PostRoute
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Restraint:
-    """What one feature asks of a site's pacing; the pacing addon applies them all.
-
-    Sources: "crawl-delay" (robots.txt), "health" (band actions, SPEC §8), "retired" and
-    "trap" (SPEC §7). The effective rate is the configured (or 429-lowered) rate times every
-    `rate_factor`, then capped by the lowest `rate_cap`; `paused` answers the site's requests
-    locally 503 `paused` with `reason`.
-    """
-
-    source: str
-    rate_factor: float = 1.0
-    rate_cap: float | None = None  # requests/s
-    concurrency_factor: float = 1.0
-    paused: bool = False
-    reason: str = ""
 
 
 @dataclass

@@ -6,10 +6,11 @@ import asyncio
 
 from etiquette_addons.notes import notes_of
 from etiquette_addons.pacing import Pacing
-from etiquette_addons.runtime import Restraint, Runtime
+from etiquette_addons.runtime import Runtime
 from mitmproxy.test import tflow
 
 from etiquette_proxy.config import load_config_file
+from etiquette_proxy.pacing.restraints import Restraint
 
 
 def runtime(*sets: str) -> Runtime:

@@ -124,3 +124,21 @@ def test_pause_reason_and_breaker_questions(clock):
     assert b.pause_reason().startswith("breaker open")
     clock.advance(30)
     assert b.pause_reason() == "" and b.breaker_for_s() == 0
+
+
+def test_fold_multiplies_factors_takes_the_lowest_cap_and_the_first_pause() -> None:
+    from etiquette_proxy.pacing.restraints import Folded, Restraint, fold, restraint_note
+
+    assert fold([]) == Folded(1.0, None, 1.0, None)
+    folded = fold([Restraint("crawl-delay", rate_cap=0.5), Restraint("health", rate_factor=0.5),
+                   Restraint("trap", rate_factor=0.5, rate_cap=2.0, concurrency_factor=0.5),
+                   Restraint("operator", paused=True, reason="paused by the operator"),
+                   Restraint("health", paused=True)])
+    assert folded == Folded(0.25, 0.5, 0.5, "paused by the operator")
+    assert fold([Restraint("x", paused=True)]).paused == "paused by x"
+    # a feature's zero or negative numbers are clamped, never passed on to stop the bucket
+    assert fold([Restraint("bad", rate_factor=0.0, rate_cap=-1.0, concurrency_factor=0.0)]) == Folded(
+        1e-6, 1e-6, 1e-6, None)
+    assert restraint_note([Restraint("retired", rate_cap=0.1, reason="198 of 200 gone")], lambda: 0.1) == (
+        " (rate 0.1/s; retired: 198 of 200 gone)")
+    assert restraint_note([Restraint("operator", paused=True)], lambda: 1 / 0) == ""  # rate not asked
