@@ -28,7 +28,6 @@ import math
 import os
 import shlex
 import time
-import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -39,6 +38,7 @@ from etiquette_addons.side_fetch import SideFetchError, fetch
 from mitmproxy import http
 
 from etiquette_proxy.audit.log import audit_record
+from etiquette_proxy.bodies import ZLIB_CODINGS, decode_head
 from etiquette_proxy.clock import Clock, wall
 from etiquette_proxy.health.parser import ParserSummary, parse_report
 from etiquette_proxy.health.signals import HEAD_BYTES, Signal
@@ -84,12 +84,9 @@ def body_head(response: http.Response) -> tuple[bytes, int]:
     encoding = response.headers.get("content-encoding", "").strip().lower()
     if encoding in ("", "identity"):
         return raw[:HEAD_BYTES], len(raw)
-    if encoding in ("gzip", "x-gzip", "deflate"):
-        try:
-            wbits = 16 + zlib.MAX_WBITS if "gzip" in encoding else zlib.MAX_WBITS
-            return zlib.decompressobj(wbits).decompress(raw, HEAD_BYTES), len(raw)
-        except zlib.error:
-            return raw[:HEAD_BYTES], len(raw)
+    if encoding in ZLIB_CODINGS:
+        decoded = decode_head(raw, encoding, HEAD_BYTES)
+        return (decoded[0] if decoded is not None else raw[:HEAD_BYTES]), len(raw)
     try:  # br, zstd: mitmproxy's decoders, whole body
         return (response.get_content(strict=False) or b"")[:HEAD_BYTES], len(raw)
     except Exception:  # noqa: BLE001 - an undecodable body is classified by status and size

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -37,6 +36,7 @@ from etiquette_addons.runtime import Runtime
 from etiquette_addons.side_fetch import SideFetchError, fetch
 from mitmproxy import http
 
+from etiquette_proxy.bodies import decode_head
 from etiquette_proxy.clock import wall
 from etiquette_proxy.headers import first_value
 from etiquette_proxy.revalidation.fingerprint import Fingerprinter
@@ -134,21 +134,8 @@ def decoded_for_fingerprint(raw: bytes, encoding: str | None, limit: int) -> byt
     coding = (encoding or "identity").strip().lower()
     if coding in ("", "identity"):
         return raw
-    if coding not in ("gzip", "x-gzip", "deflate"):
-        return None  # br, zstd, stacked codings: hashed raw (see README)
-    wbits = 16 + zlib.MAX_WBITS if "gzip" in coding else zlib.MAX_WBITS
-    try:
-        inflater = zlib.decompressobj(wbits)
-        plain = inflater.decompress(raw, limit)
-    except zlib.error:
-        if coding != "deflate":
-            return None
-        try:  # RFC 9110 §8.4.1.2: some sites send raw DEFLATE without the zlib wrapper
-            inflater = zlib.decompressobj(-zlib.MAX_WBITS)
-            plain = inflater.decompress(raw, limit)
-        except zlib.error:
-            return None
-    return None if inflater.unconsumed_tail else plain
+    decoded = decode_head(raw, coding, limit)  # br, zstd, stacked codings: None, hashed raw (README)
+    return decoded[0] if decoded is not None and decoded[1] else None
 
 
 class Revalidation:
