@@ -65,7 +65,8 @@ _FACT_SENT = "health_sent_at"
 
 
 def route_label(runtime: Runtime) -> str:
-    """Issue 6: failures split by route; today one proxy process has one route (its upstream)."""
+    """Failures split by route (an upstream proxy may be what is blocked, not the crawler);
+    one proxy process has one route: its upstream."""
     return runtime.config.upstream.proxy or "direct"
 
 
@@ -559,7 +560,7 @@ def _headers(response: http.Response) -> dict[str, str]:
 
 
 async def run_alert(command: str, change: BandChange) -> None:
-    """Run `health.alert_command` without a shell, never waiting on it in a hook (issue 6).
+    """Run `health.alert_command` without a shell, never waiting on it in a hook (SPEC §8).
 
     Arguments appended: site, score, band, reasons ("; "-joined). The same in the environment:
     ETIQUETTE_SITE, ETIQUETTE_SCORE, ETIQUETTE_BAND, ETIQUETTE_REASONS, ETIQUETTE_ACTION.

@@ -18,7 +18,7 @@ from typing import Any
 
 from etiquette_proxy.headers import field_text
 
-# Issue 6: inspect only the first ~64 KiB; challenge and block pages put their markers early.
+# SPEC §8: inspect only the first ~64 KiB; challenge and block pages put their markers early.
 HEAD_BYTES = 64 * 1024
 
 # Built-in markers, lower-case bytes (bodies may be in any encoding; ASCII markers are searched
@@ -46,7 +46,7 @@ BLOCK_MARKERS: tuple[bytes, ...] = (
 )
 
 # A soft block by size: below 10% of the site's running median for that content type
-# (issue 6), once the median rests on enough samples to mean something.
+# (SPEC §8), once the median rests on enough samples to mean something.
 SMALL_BODY_FRACTION = 0.10
 SIZE_MIN_SAMPLES = 20
 SIZE_SAMPLES = 65

@@ -216,7 +216,7 @@ class SiteHealth:
     """One site's hostility score: observe every response, act on the BandChange returned."""
 
     # One per site seen: slots, shared settings and markers, and the warm-up tally, history
-    # deques and size norms built on first use keep an idle site small (issue 8).
+    # deques and size norms built on first use keep an idle site small (100,000 sites).
     __slots__ = ("site", "settings", "_clock", "_markers", "_sizes", "band", "_smoothed",
                  "_probation", "_warmup", "_warmup_count", "_open", "_history", "_judged",
                  "_baseline_memo")
