@@ -9,9 +9,8 @@ from __future__ import annotations
 import logging
 
 from etiquette_addons.answers import answer_locally
-from etiquette_addons.notes import notes_of, skip
-from etiquette_addons.revalidation import PerSite, url_key
-from etiquette_addons.runtime import Runtime
+from etiquette_addons.notes import notes_of, skip, url_key
+from etiquette_addons.runtime import PerSite, Runtime
 from mitmproxy import http
 
 from etiquette_proxy.clock import wall

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mitmproxy import http
 
+from etiquette_proxy.revalidation.urlkey import normalise
 from etiquette_proxy.site_key import host_site
+
+if TYPE_CHECKING:
+    from etiquette_addons.runtime import Runtime
+
+log = logging.getLogger(__name__)
 
 KEY = "etiquette"
 # notes.facts key: the request passed every gate and was handed to mitmproxy for the site.
 FORWARDED = "forwarded"
+_URL_KEY = "etiquette_url_key"  # flow.metadata: the normalised URL (None when not an http(s) URL)
 
 
 @dataclass
@@ -62,3 +70,16 @@ def skip(flow: http.HTTPFlow) -> bool:
         return True
     notes = flow.metadata.get(KEY)
     return notes is not None and bool(notes.facts.get("internal"))
+
+
+def url_key(flow: http.HTTPFlow, rt: Runtime) -> str | None:
+    """The flow's store key (SPEC §6), computed once per flow; None for a URL that has none."""
+    if _URL_KEY not in flow.metadata:
+        site = notes_of(flow).site
+        try:
+            key: str | None = normalise(flow.request.url, rt.config.get("store.tracking_params", site))
+        except ValueError as e:
+            log.info("no store key for %s: %s", flow.request.url[:200], e)
+            key = None
+        flow.metadata[_URL_KEY] = key
+    return flow.metadata[_URL_KEY]  # type: ignore[no-any-return]

@@ -25,14 +25,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 from etiquette_addons.answers import answer_locally, fail_closed
 from etiquette_addons.audit_log import DECISION_HEADER
-from etiquette_addons.notes import FlowNotes, notes_of, skip
-from etiquette_addons.runtime import Runtime
+from etiquette_addons.notes import FlowNotes, notes_of, skip, url_key
+from etiquette_addons.runtime import PerSite, Runtime
 from etiquette_addons.side_fetch import SideFetchError, fetch
 from mitmproxy import http
 
@@ -42,7 +41,6 @@ from etiquette_proxy.headers import first_value
 from etiquette_proxy.revalidation.fingerprint import Fingerprinter
 from etiquette_proxy.revalidation.revisit import NAMESPACE as REVISIT
 from etiquette_proxy.revalidation.revisit import RevisitPolicy, RevisitState
-from etiquette_proxy.revalidation.urlkey import normalise
 from etiquette_proxy.revalidation.validators import (
     HeaderPairs,
     StoredEntry,
@@ -52,7 +50,6 @@ from etiquette_proxy.revalidation.validators import (
     should_store,
     stored_response_headers,
 )
-from etiquette_proxy.sites import SiteRegistry
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +61,6 @@ DECODE_FACTOR = 4
 REFETCH_TIMEOUT_S = 30.0
 REFRESH_EVERY_S = 60.0  # a stored entry is rewritten after a 304 at most this often
 
-_KEY = "etiquette_url_key"  # flow.metadata: the normalised URL (None when not an http(s) URL)
 _HAD_ENTRY = "etiquette_had_entry"  # a stored entry existed when the request went out
 _INJECTED = "etiquette_injected"  # Injected: what we added, with the entry and body it relied on
 _WOULD_INJECT = "etiquette_would_inject"  # observe mode: the entry we would have revalidated
@@ -80,30 +76,6 @@ def site_headers(message: http.Message) -> HeaderPairs:
     has already added in `responseheaders` (it must never be stored or merged)."""
     decision = DECISION_HEADER.lower()
     return tuple((k, v) for k, v in message.headers.items(multi=True) if k.lower() != decision)
-
-
-def url_key(flow: http.HTTPFlow, rt: Runtime) -> str | None:
-    """The flow's store key (SPEC §6), computed once per flow; None for a URL that has none."""
-    if _KEY not in flow.metadata:
-        site = notes_of(flow).site
-        try:
-            key: str | None = normalise(flow.request.url, rt.config.get("store.tracking_params", site))
-        except ValueError as e:
-            log.info("no store key for %s: %s", flow.request.url[:200], e)
-            key = None
-        flow.metadata[_KEY] = key
-    return flow.metadata[_KEY]  # type: ignore[no-any-return]
-
-
-class PerSite(Generic[T]):
-    """A feature's per-site policies under the runtime's current config (a SiteRegistry)."""
-
-    def __init__(self, runtime: Runtime, build: Callable[[Any, str], T]):
-        self.rt = runtime
-        self._registry = SiteRegistry(build, limit=4096)
-
-    def get(self, site: str) -> T:
-        return self._registry.get(self.rt.config, site)
 
 
 @dataclass(frozen=True)

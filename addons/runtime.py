@@ -7,7 +7,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from etiquette_addons.side_fetch import UpstreamPath
 
@@ -16,12 +16,15 @@ from etiquette_proxy.config import Config, defaults
 from etiquette_proxy.pacing.restraints import Restraint
 from etiquette_proxy.revalidation.store import ValidatorStore
 from etiquette_proxy.site_key import SiteKeys
+from etiquette_proxy.sites import SiteRegistry
 from etiquette_proxy.state.interface import StateStore
 from etiquette_proxy.state.memory import MemoryState
 from etiquette_proxy.visibility.board import StatusProvider
 from etiquette_proxy.visibility.page import PostRoute
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -108,3 +111,14 @@ class Runtime:
 
 def expand_dir(path: str) -> str:
     return os.path.abspath(os.path.expanduser(path))
+
+
+class PerSite(Generic[T]):
+    """A feature's per-site policies under the runtime's current config (a SiteRegistry)."""
+
+    def __init__(self, runtime: Runtime, build: Callable[[Any, str], T]):
+        self.rt = runtime
+        self._registry = SiteRegistry(build, limit=4096)
+
+    def get(self, site: str) -> T:
+        return self._registry.get(self.rt.config, site)
