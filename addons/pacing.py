@@ -27,6 +27,7 @@ this addon only waits and answers:
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import time
@@ -43,11 +44,16 @@ from etiquette_proxy.pacing.per_site import Budgets
 from etiquette_proxy.pacing.restraints import fold, restraint_note
 from etiquette_proxy.pacing.throttle import ThrottleDecision
 from etiquette_proxy.state.interface import restore, save
+from etiquette_proxy.state.redis_store import SharedStateUnavailable
+from etiquette_proxy.state.shared_pacing import Reservation
 
 log = logging.getLogger(__name__)
 
 NAMESPACE = "pacing"
 TICKET = "pacing_ticket"
+LEASE = "pacing_lease"          # the shared budget's concurrency lease (state.backend: redis)
+PUBLISH = "pacing_publish"      # a 429 contract to share before the response goes on
+SHARED_DOWN_RETRY_S = 5         # Retry-After while the shared state (Redis) cannot be asked
 SAVE_EVERY_S = 5.0
 PAUSED_RETRY_S = 60  # Retry-After for a feature's pause (a restraint has no end time of its own)
 # What a parked request is woken with when its turn never comes.
@@ -66,6 +72,11 @@ class Pacing:
         self._timers: dict[str, asyncio.TimerHandle] = {}  # site -> when its line next moves
         self._stop_watch: asyncio.Task[None] | None = None
         self._saved_at: dict[str, float] = {}           # site -> monotonic time of the last save
+        # SPEC §10 shared budget: per site, the in-process line to the shared reservation (FIFO
+        # lock, dropped when unused) and the contract version this process has applied.
+        self._shared_lines: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+        self._versions: dict[str, int] = {}
+        self._background: set[asyncio.Task[None]] = set()
         runtime.rate_of = self.rate_of
         runtime.site_status.append(self.status)
 
@@ -288,6 +299,102 @@ class Pacing:
                            turn.retry_after_s)
             return
         notes.facts[TICKET] = turn.ticket
+        if self.rt.shared is not None:
+            lease, refused, retry_s = await self._shared_start(site, budget, flow.client_conn)
+            if lease is None:
+                self._give_back(flow, notes)
+                answer_locally(flow, 503, "paused", refused, retry_s)
+                return
+            notes.facts[LEASE] = lease
+
+    # -- the shared budget (state.backend: redis) ----------------------------------------------
+
+    async def _shared_start(self, site: str, budget: SiteBudget,
+                            client: connection.Client | None) -> tuple[str | None, str, int]:
+        """SPEC §10: with several proxies on one Redis, the site's shared reservation decides too.
+
+        Called once the local line has started the request, so requests ask in arrival order
+        (an asyncio lock is FIFO). Returns (lease, "", 0) to start, or (None, reason,
+        Retry-After) to answer locally 503 `paused`: the shared wait goes beyond max_hold, the
+        client went away, the proxy stops, or Redis cannot be asked (fail closed).
+        """
+        shared = self.rt.shared
+        assert shared is not None
+        lock, users = self._shared_lines.setdefault(site, (asyncio.Lock(), [0]))
+        users[0] += 1
+        started = time.monotonic()
+        try:
+            async with lock:
+                while True:
+                    answer, lease = await shared.reserve(site, budget.rate, budget.settings.burst,
+                                                         budget.max_concurrency(), self._versions.get(site, 0))
+                    self._learn(site, budget, answer)
+                    if answer.granted:
+                        return lease, "", 0
+                    left = budget.settings.max_hold - (time.monotonic() - started)
+                    if answer.wait_s > left:
+                        return None, (f"shared budget ({answer.why}): expected wait {answer.wait_s:.1f}s "
+                                      f"is beyond pacing.max_hold; not sent to the site"), \
+                            max(1, math.ceil(answer.wait_s))
+                    try:
+                        await asyncio.wait_for(self.rt.stopping.wait(), answer.wait_s)
+                        return None, "proxy stopping; not sent to the site", 1
+                    except asyncio.TimeoutError:
+                        pass
+                    if client is not None and not _connected(client):
+                        return None, "client went away while held; not sent to the site", 1
+        except SharedStateUnavailable as e:
+            return None, f"{e}; not sent to the site", SHARED_DOWN_RETRY_S
+        finally:
+            users[0] -= 1
+            if users[0] == 0:
+                del self._shared_lines[site]
+
+    def _learn(self, site: str, budget: SiteBudget, answer: Reservation) -> None:
+        """Apply a newer 429 contract another instance shared (its pause, rate, ceiling, breaker)."""
+        if answer.version <= self._versions.get(site, 0):
+            return
+        self._versions[site] = answer.version
+        if not answer.contract:
+            return
+        try:
+            budget.from_state(json.loads(answer.contract))
+        except ValueError as e:
+            log.warning("%s: shared pacing state ignored: %s", site, e)
+            return
+        self._pump(site)
+
+    def _shared_release(self, site: str, lease: str | None) -> None:
+        """Free the request's shared concurrency slot (in the background: the lease expires
+        anyway if Redis cannot be told)."""
+        shared = self.rt.shared
+        if lease is None or shared is None:
+            return
+        self._spawn(shared.release(site, lease))
+
+    def _spawn(self, call: Any) -> None:
+        async def run() -> None:
+            try:
+                await call
+            except SharedStateUnavailable:
+                pass  # said once in the log by the store
+        task = asyncio.get_running_loop().create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def response(self, flow: http.HTTPFlow) -> None:
+        """SPEC §10: a 429 seen here pauses the site for every instance before the client hears
+        of it (another instance reads the pause with its next reservation)."""
+        notes = notes_of(flow)
+        publish = notes.facts.pop(PUBLISH, None)
+        shared = self.rt.shared
+        if publish is None or shared is None:
+            return
+        site, pause_s, reason, contract = publish
+        try:
+            self._versions[site] = await shared.publish(site, pause_s, reason, contract)
+        except SharedStateUnavailable:
+            pass  # the next reservation fails closed while Redis is away
 
     def _observe(self, flow: http.HTTPFlow, notes: FlowNotes, budget: SiteBudget, turn: Turn,
                  paused: str | None) -> None:
@@ -317,6 +424,7 @@ class Pacing:
                        f"client went away after {notes.waited_s:.1f}s held; not sent to the site")
 
     def _give_back(self, flow: http.HTTPFlow, notes: FlowNotes) -> None:
+        self._shared_release(notes.site, notes.facts.pop(LEASE, None))
         ticket = notes.facts.pop(TICKET, None)
         if ticket is not None:
             self._give_back_ticket(notes.site, ticket)
@@ -328,6 +436,7 @@ class Pacing:
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         notes = notes_of(flow)
+        self._shared_release(notes.site, notes.facts.pop(LEASE, None))
         ticket = notes.facts.pop(TICKET, None)
         if ticket is None:
             return
@@ -353,6 +462,9 @@ class Pacing:
             return
         self._pump(site)
         self._record(notes, decision)
+        if decision.throttled and self.rt.shared is not None:
+            notes.facts[PUBLISH] = (site, decision.pause_s, decision.reason,
+                                    json.dumps(budget.to_state(), separators=(",", ":")))
         if decision.throttled:
             self.save(site, budget)
         elif time.monotonic() - self._saved_at.get(site, -math.inf) >= SAVE_EVERY_S:
@@ -403,6 +515,13 @@ class Pacing:
             turn = outcome
         if turn.action != "go":
             raise SideFetchError(f"not sent: {turn.reason}")
+        if self.rt.shared is not None and not self.rt.observe:
+            lease, refused, _ = await self._shared_start(site, budget, None)
+            self._shared_release(site, lease)
+            if lease is None:
+                budget.release(turn.ticket)
+                self._pump(site)
+                raise SideFetchError(f"not sent: {refused}")
         # The token is spent; the slot is given back at once (the fetch has no response hook).
         budget.release(turn.ticket)
         self._pump(site)

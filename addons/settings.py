@@ -18,6 +18,7 @@ from etiquette_proxy.config import ConfigError, load_config_file
 from etiquette_proxy.file_modes import private_umask, secure_tree
 from etiquette_proxy.revalidation.store import ValidatorStore
 from etiquette_proxy.state.local import DiskState
+from etiquette_proxy.state.redis_store import RedisPacing
 from etiquette_proxy.webbotauth import key_file_warning, signer_from_config
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,7 @@ class Settings:
         private_umask()  # SPEC §12: every file made from here on (SQLite, stored bodies) is 0600
         os.makedirs(rt.state_dir, mode=0o700, exist_ok=True)
         rt.state = DiskState(os.path.join(rt.state_dir, "state"))
+        self._share(config)
         rt.store = ValidatorStore.from_config(config, os.path.join(rt.state_dir, "store"))
         secure_tree(rt.state_dir)  # an existing dir and files made under an earlier umask
         audit_path = config.audit.log or os.path.join(rt.state_dir, "audit.jsonl")
@@ -101,6 +103,20 @@ class Settings:
         if current != changes:
             ctx.options.update(**changes)
         log.info("etiquette-proxy: mode %s, state in %s, audit log %s", config.mode, rt.state_dir, audit_path)
+
+    def _share(self, config) -> None:  # type: ignore[no-untyped-def]
+        """SPEC §10 `state.backend: redis`: pacing shared through one Redis (kept across reloads
+        while the URL and timeouts stay the same; redis-py connects on first use)."""
+        rt = self.rt
+        if config.state.backend != "redis":
+            rt.shared = None
+            return
+        # A lease outlives the longest a started request may take, then frees its slot even if
+        # the worker holding it died.
+        lease_ttl = float(config.upstream.timeout) + float(config.upstream.read_timeout) + 5.0
+        if rt.shared is None or (rt.shared.url, rt.shared.lease_ttl_s) != (config.state.url, lease_ttl):
+            rt.shared = RedisPacing(config.state.url, lease_ttl)
+            log.info("etiquette-proxy: pacing shared through Redis at %s", rt.shared.where())
 
     @staticmethod
     def _signer(config):  # type: ignore[no-untyped-def]

@@ -140,6 +140,14 @@ def not_supported_yet(accepted: Any, what: str) -> Parser:
     return parse
 
 
+def redis_url(value: Any) -> str:
+    """`state.url`: where the shared Redis is (SPEC §10), as redis-py reads it."""
+    url = text(value)
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError(f"{url!r} is not a Redis URL (expected redis://host:port/db, rediss://… or unix://…)")
+    return url
+
+
 def strippable_headers(value: Any) -> tuple[str, ...]:
     """`refusals.strip`: header names, none of those SPEC §7 says are never dropped."""
     from etiquette_proxy.refusals import is_essential
@@ -212,8 +220,8 @@ SCHEMA: dict[str, Key] = {
     "listen.header_timeout": Key(positive_duration, 30.0),
     "listen.idle_timeout": Key(positive_duration, 300.0),
     "state.dir": Key(text, "~/.local/state/etiquette-proxy"),
-    "state.backend": Key(not_supported_yet("diskcache", "the Redis backend (SPEC §10) is not built"), "diskcache"),
-    "state.url": Key(not_supported_yet(None, "the Redis backend (SPEC §10) is not built"), None),
+    "state.backend": Key(choice("diskcache", "redis"), "diskcache"),
+    "state.url": Key(optional(redis_url), None),
     "audit.log": Key(optional(text), None),
     "upstream.ca_file": Key(optional(text), None),
     "upstream.insecure": Key(boolean, False),
@@ -286,6 +294,10 @@ _RELATIONS: list[tuple[tuple[str, str], Callable[[Any, Any], bool], str]] = [
      "must be <= robots.retry_max (expected the first retry before the longest)"),
     (("revisit.min_interval", "revisit.max_interval"), lambda a, b: a <= b,
      "must be <= revisit.max_interval (expected floor below cap)"),
+    # SPEC §10: the Redis backend needs its server, and a URL without the backend does nothing.
+    (("state.backend", "state.url"), lambda backend, url: (backend == "redis") == (url is not None),
+     "needs state.url set exactly when state.backend is redis (expected backend: redis with "
+     "url: redis://host:port/db, or backend: diskcache without a url)"),
 ]
 
 

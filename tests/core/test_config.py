@@ -86,11 +86,13 @@ ERRORS = [
     ("listen:\n  proxyauth: nocolon-but-long\n", "has no user name before ':'"),
     ("listen:\n  proxyauth: ':twelve-chars-pw'\n", "has no user name before ':'"),
     ("state:\n  backend: redis\n",
-     "f.yaml:2: state.backend: 'redis' is not supported yet: the Redis backend (SPEC §10) is not built "
-     "(expected 'diskcache')"),
+     "f.yaml:2: state.backend: 'redis' needs state.url set exactly when state.backend is redis"),
     ("state:\n  url: redis://127.0.0.1:6379/0\n",
-     "f.yaml:2: state.url: 'redis://127.0.0.1:6379/0' is not supported yet: the Redis backend (SPEC §10) "
-     "is not built (expected None)"),
+     "f.yaml:2: state.url: 'diskcache' needs state.url set exactly when state.backend is redis"),
+    ("state:\n  backend: redis\n  url: http://127.0.0.1:6379/\n",
+     "f.yaml:3: state.url: 'http://127.0.0.1:6379/' is not a Redis URL (expected redis://host:port/db"),
+    ("state:\n  backend: memcached\n", "f.yaml:2: state.backend: 'memcached' is not allowed (expected one of: "
+     "diskcache, redis)"),
     ("listen:\n  header_timeout: 0\n", "f.yaml:2: listen.header_timeout: 0 must be > 0"),
     ("upstream:\n  read_timeout: soon\n", "f.yaml:2: upstream.read_timeout: 'soon' is not a duration"),
     ("upstream:\n  max_connections: 0\n", "f.yaml:2: upstream.max_connections: 0 must be >= 1"),

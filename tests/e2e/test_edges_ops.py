@@ -300,19 +300,20 @@ def test_state_and_audit_log_are_private_whatever_the_umask(tmp_path, site):
 
 
 def test_settings_that_do_nothing_are_refused(tmp_path):
+    # SPEC §10: the Redis backend without its server would be a setting that does nothing.
     bad = tmp_path / "shared.yaml"
-    bad.write_text("state:\n  backend: redis\n  url: redis://127.0.0.1:6379/0\n")
+    bad.write_text("state:\n  backend: redis\n")
     out = run_cli("check-config", str(bad))
     assert out.returncode == 2
     assert out.stderr.splitlines() == [
-        f"{bad}:2: state.backend: 'redis' is not supported yet: the Redis backend (SPEC §10) is not built "
-        "(expected 'diskcache')",
-        f"{bad}:3: state.url: 'redis://127.0.0.1:6379/0' is not supported yet: the Redis backend (SPEC §10) "
-        "is not built (expected None)",
+        f"{bad}:2: state.backend: 'redis' needs state.url set exactly when state.backend is redis "
+        "(expected backend: redis with url: redis://host:port/db, or backend: diskcache without a url)",
     ]
     started = run_cli("run", "--config", str(bad), "--listen-port", "0", "--state-dir", str(tmp_path / "s"))
     assert started.returncode == 2 and "listening" not in started.stdout
-
+    good = tmp_path / "good.yaml"
+    good.write_text("state:\n  backend: redis\n  url: redis://127.0.0.1:6379/0\n")
+    assert run_cli("check-config", str(good)).returncode == 0
 
 def test_site_connections_are_closed_when_idle_and_over_the_cap(start_proxy, make_site):
     a, b = make_site(), make_site()

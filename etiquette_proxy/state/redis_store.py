@@ -1,0 +1,94 @@
+"""The shared budget on Redis (SPEC §10, `state.backend: redis`): the redis-py calls.
+
+`RedisPacing` runs `shared_pacing.RESERVE_LUA` / `PUBLISH_LUA` with redis-py's asyncio client.
+Redis unreachable or slow is an error the caller turns into a local 503 `paused` (fail
+closed: no request leaves un-paced because the shared budget could not be asked). redis-py
+reconnects by itself on the next call; this module says so once in the log when Redis goes
+away and once when it is back, never per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from itertools import count
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from etiquette_proxy.state.shared_pacing import (
+    PUBLISH_LUA,
+    RESERVE_LUA,
+    Reservation,
+    read_reply,
+    site_keys,
+)
+
+log = logging.getLogger(__name__)
+
+PREFIX = "etiquette:pacing:"
+# A call slower than this counts as Redis being unreachable (fail closed, SPEC §10).
+CALL_TIMEOUT_S = 2.0
+
+
+class SharedStateUnavailable(Exception):
+    """Redis could not be asked in time; the message names Redis and why."""
+
+
+class RedisPacing:
+    """The per-site shared reservation, 429 contract and concurrency leases on one Redis."""
+
+    def __init__(self, url: str, lease_ttl_s: float):
+        self.url = url
+        self.lease_ttl_s = lease_ttl_s
+        self._client = aioredis.Redis.from_url(
+            url, socket_timeout=CALL_TIMEOUT_S, socket_connect_timeout=CALL_TIMEOUT_S,
+            health_check_interval=30)
+        self._reserve = self._client.register_script(RESERVE_LUA)
+        self._publish = self._client.register_script(PUBLISH_LUA)
+        # Lease ids unique across processes and machines: host name, pid, a counter.
+        self._lease_prefix = f"{os.uname().nodename}:{os.getpid()}:"
+        self._leases = count(1)
+        self._down: str | None = None
+
+    async def reserve(self, site: str, rate: float, burst: int, max_concurrency: int,
+                      known_version: int) -> tuple[Reservation, str]:
+        """Ask the shared budget for a start now; (its answer, the lease id if granted)."""
+        lease = f"{self._lease_prefix}{next(self._leases)}"
+        reply = await self._call(self._reserve(
+            keys=list(site_keys(PREFIX, site)),
+            args=[repr(rate), burst, max_concurrency, lease, repr(self.lease_ttl_s), known_version]))
+        return read_reply(reply), lease
+
+    async def release(self, site: str, lease: str) -> None:
+        """The request is answered (or failed): its concurrency slot is free for every instance."""
+        await self._call(self._client.zrem(site_keys(PREFIX, site)[1], lease))
+
+    async def publish(self, site: str, pause_s: float, reason: str, contract: str) -> int:
+        """Share a 429's pause (on the server's clock) and the site's contract; its new version."""
+        reply = await self._call(self._publish(keys=[site_keys(PREFIX, site)[0]],
+                                               args=[repr(max(0.0, pause_s)), reason, contract]))
+        return int(reply)
+
+    async def _call(self, call):  # type: ignore[no-untyped-def]
+        try:
+            result = await asyncio.wait_for(call, CALL_TIMEOUT_S)
+        except (RedisError, OSError, asyncio.TimeoutError) as e:
+            why = f"shared state (Redis at {self.where()}) unreachable: {type(e).__name__}"
+            if self._down is None:
+                log.error("%s: %s; requests are answered 503 paused until it is back", why, e)
+            self._down = why
+            raise SharedStateUnavailable(why) from e
+        if self._down is not None:
+            log.warning("shared state (Redis at %s) reachable again", self.where())
+            self._down = None
+        return result
+
+    def where(self) -> str:
+        # The URL without any password (SPEC §12: secrets never reach the log).
+        head, _, tail = self.url.rpartition("@")
+        return tail if head else self.url
+
+    async def close(self) -> None:
+        await self._client.aclose()

@@ -1,0 +1,134 @@
+"""`state.backend: redis` end to end (SPEC §10): two proxy processes on two ports, one real
+redis-server, one site whose own request log is the truth."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.e2e.proxy import Proxy
+from tests.e2e.redis_server import RedisServer
+from tests.e2e.sites import Answer, Site
+
+SLACK = 0.05  # s: thread scheduling between the proxy's decision and the site's timestamp
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path / "redis")
+    yield server
+    server.stop()
+
+
+def shared_sets(redis_server: RedisServer, site: Site, rate: float, burst: int = 1) -> list[str]:
+    return ["state.backend=redis", f"state.url={redis_server.url}",
+            f'sites."127.0.0.1:{site.port}".pacing.rate={rate}',
+            f'sites."127.0.0.1:{site.port}".pacing.burst={burst}',
+            f'sites."127.0.0.1:{site.port}".pacing.max_concurrency=4']
+
+
+def two_proxies(start_proxy, redis_server: RedisServer, site: Site, rate: float) -> tuple[Proxy, Proxy]:
+    sets = shared_sets(redis_server, site, rate)
+    return start_proxy(name="a", sets=sets), start_proxy(name="b", sets=sets)
+
+
+def hammer(proxies: list[Proxy], site: Site, seconds: float, per_proxy: int = 2) -> list[int]:
+    """`per_proxy` clients per proxy, each requesting pages one after another for `seconds`."""
+    statuses: list[int] = []
+    lock = threading.Lock()
+    deadline = time.monotonic() + seconds
+
+    def client(proxy: Proxy, n: int) -> None:
+        session = proxy.session()
+        for i in range(200):  # bounded
+            if time.monotonic() > deadline:
+                return
+            try:
+                status = session.get(site.url(f"/p{n}-{i}"), timeout=15).status_code
+            except requests.RequestException:
+                status = 0
+            with lock:
+                statuses.append(status)
+
+    threads = [threading.Thread(target=client, args=(p, k * per_proxy + j))
+               for k, p in enumerate(proxies) for j in range(per_proxy)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return statuses
+
+
+def most_in_one_window(times: list[float], window: float = 1.0) -> int:
+    times = sorted(times)
+    best, lo = 0, 0
+    for hi, t in enumerate(times):
+        while t - times[lo] > window - SLACK:
+            lo += 1
+        best = max(best, hi - lo + 1)
+    return best
+
+
+def test_two_proxies_keep_one_budget_for_a_site(start_proxy, redis_server, site):
+    site.route("/robots.txt", Answer(404))
+    a, b = two_proxies(start_proxy, redis_server, site, rate=4)
+    started = time.monotonic()
+    statuses = hammer([a, b], site, seconds=4.0)
+    elapsed = time.monotonic() - started
+    arrivals = [x.at for x in site.arrivals]  # robots.txt included: the site counts every request
+    assert statuses.count(200) >= 8, statuses
+    # SPEC §10: one etiquette per site across both processes: at most rate + burst in any 1 s
+    # window (two unshared proxies send twice that), and the total within the budget.
+    assert most_in_one_window(arrivals) <= 4 + 1, sorted(arrivals)
+    assert len(arrivals) <= 4 * elapsed + 1 + 1, (len(arrivals), elapsed)
+    # both processes forwarded requests: the budget was shared, not taken by one of them
+    for proxy in (a, b):
+        assert any(r.get("outcome") == "fetched" for r in proxy.audit()), proxy.audit()[-3:]
+
+
+def test_a_429_through_one_proxy_pauses_the_other(start_proxy, redis_server, site):
+    site.route("/robots.txt", Answer(404))
+    site.route("/limited", Answer(429, b"slow down\n", {"Retry-After": "2"}))
+    a, b = two_proxies(start_proxy, redis_server, site, rate=20)
+    assert b.get(site.url("/warm")).status_code == 200
+    assert a.get(site.url("/limited")).status_code == 429
+    t429 = site.hits("/limited")[0].at
+    statuses = hammer([b, a], site, seconds=3.0, per_proxy=1)
+    assert 200 in statuses
+    after = [x for x in site.arrivals if x.path.startswith("/p")]
+    # SPEC §5, §10: the pause a site asked for through one proxy holds for every proxy.
+    assert after and all(x.at >= t429 + 2.0 - SLACK for x in after), [x.at - t429 for x in after]
+    assert any(r.get("outcome") == "throttled" for r in a.audit())
+
+
+def test_redis_away_fails_closed_and_comes_back_by_itself(start_proxy, redis_server, site):
+    site.route("/robots.txt", Answer(404))
+    a, b = two_proxies(start_proxy, redis_server, site, rate=50)
+    assert [p.get(site.url("/before")).status_code for p in (a, b)] == [200, 200]  # robots.txt known
+    redis_server.stop()
+    seen = len(site.arrivals)
+    answers = [p.get(site.url(f"/down{i}")) for i in range(3) for p in (a, b)]
+    # SPEC §10: fail closed: a local 503 `paused` that names Redis, and nothing reaches the site.
+    assert [r.status_code for r in answers] == [503] * 6
+    assert all(r.headers.get("Retry-After") for r in answers)
+    assert len(site.arrivals) == seen
+    down = [r for p in (a, b) for r in p.audit() if "/down" in r["url"]]
+    assert len(down) == 6 and all(r["outcome"] == "paused" and "Redis" in r["reason"] for r in down), down
+    # said once in the log, not per request
+    assert a.stderr().count("unreachable") == 1, a.stderr()
+
+    redis_server.start()
+    deadline = time.monotonic() + 10
+    statuses: list[int] = []
+    while time.monotonic() < deadline:  # bounded: Redis is back, the proxies reconnect by themselves
+        statuses = [p.get(site.url("/after")).status_code for p in (a, b)]
+        if statuses == [200, 200]:
+            break
+        time.sleep(0.2)
+    assert statuses == [200, 200]
+    assert a.stderr().count("reachable again") == 1
