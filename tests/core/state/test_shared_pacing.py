@@ -1,0 +1,68 @@
+"""The shared reservation's pure parts (SPEC §10): GCRA's rule with a fake clock, reply reading."""
+
+from __future__ import annotations
+
+import pytest
+
+from etiquette_proxy.state.shared_pacing import (
+    PUBLISH_LUA,
+    RESERVE_LUA,
+    GcraModel,
+    read_reply,
+    site_keys,
+)
+
+
+def starts(model: GcraModel, rate: float, burst: int, until: float) -> list[float]:
+    """Times a greedy caller is granted on a fake clock (asking again when told, never early)."""
+    granted, now = [], 0.0
+    for _ in range(100_000):  # bounded
+        if now >= until:
+            break
+        wait = model.reserve(now, rate, burst)
+        if wait == 0.0:
+            granted.append(now)
+        else:
+            assert wait > 0
+            assert model.reserve(now + wait * 0.9, rate, burst) > 0  # asking early still waits
+            now += wait
+    return granted
+
+
+@pytest.mark.parametrize("rate,burst", [(4, 1), (4, 3), (100, 1), (0.5, 2)])
+def test_gcra_holds_rate_plus_burst_in_every_window(rate, burst):
+    granted = starts(GcraModel(), rate, burst, until=20.0)
+    for i, t in enumerate(granted):
+        in_window = [u for u in granted[i:] if u - t < 1.0]
+        assert len(in_window) <= rate + burst
+    # and it is not slower than the rate: the budget is used, not wasted
+    assert len(granted) >= rate * 20 - 1
+
+
+def test_gcra_burst_then_spacing():
+    m = GcraModel()
+    assert [m.reserve(0.0, 2, 3) for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert m.reserve(0.0, 2, 3) == pytest.approx(0.5)
+    assert m.reserve(0.5, 2, 3) == 0.0
+    assert m.reserve(0.6, 2, 3) == pytest.approx(0.4)
+
+
+def test_read_reply_from_redis_bytes():
+    r = read_reply([1, b"0", b"", 3, b'{"v":1}'])
+    assert (r.granted, r.wait_s, r.why, r.version, r.contract) == (True, 0.0, "", 3, '{"v":1}')
+    r = read_reply([0, b"1.250000", b"pause: Retry-After: 2", 4, b""])
+    assert (r.granted, r.wait_s, r.why, r.version) == (False, 1.25, "pause: Retry-After: 2", 4)
+
+
+@pytest.mark.parametrize("reply", [None, [1, 2], [0, b"-1", b"", 0, b""], [0, b"nan", b"", 0, b""],
+                                   [0, b"soon", b"", 0, b""]])
+def test_read_reply_refuses_what_is_not_a_reservation(reply):
+    with pytest.raises(ValueError):
+        read_reply(reply)
+
+
+def test_keys_share_one_cluster_slot_and_scripts_use_the_server_clock():
+    h, leases = site_keys("p:", "example.com:443")
+    assert (h, leases) == ("p:{example.com:443}", "p:{example.com:443}:leases")
+    for script in (RESERVE_LUA, PUBLISH_LUA):
+        assert "redis.call('TIME')" in script
