@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from urllib.parse import urljoin
 
@@ -24,11 +25,13 @@ from etiquette_proxy.pacing.restraints import Restraint
 from etiquette_proxy.robots.policy import FetchResult, RobotsEntry, RobotsPolicy, RobotsSettings, product_token
 from etiquette_proxy.sites import SiteRegistry
 from etiquette_proxy.state.interface import restore, save
+from etiquette_proxy.state.redis_store import RedisShared, SharedStateUnavailable
 from etiquette_proxy.target import resolve, split_target
 
 log = logging.getLogger(__name__)
 
 NAMESPACE = "robots"
+SHARED_ENTRY_S = 86400.0  # how long a shared entry is kept in Redis (its freshness is its own)
 REDIRECTS = (301, 302, 303, 307, 308)
 
 
@@ -160,6 +163,16 @@ class RobotsGate:
 
     async def _refresh(self, origin: str, site: str, client_ua: str | None, previous: RobotsEntry | None,
                        settings: RobotsSettings) -> RobotsEntry:
+        shared, token = self.rt.shared, None
+        if shared is not None:
+            try:
+                found, token = await self._from_other_instance(shared, origin, settings)
+            except SharedStateUnavailable:
+                found = None  # fetched here; the fetch's own pacing turn fails closed meanwhile
+            if found is not None:
+                self.entries[origin] = found
+                save(self.rt.state, NAMESPACE, origin, found.to_state(), "robots.txt entry")
+                return found
         ua = self.rt.config.identity.user_agent or client_ua or "etiquette-proxy"
         try:
             result = await self._fetch(origin, site, ua, settings)
@@ -169,7 +182,39 @@ class RobotsGate:
         entry = self.policy.after_fetch(origin, result, previous, settings)
         self.entries[origin] = entry
         save(self.rt.state, NAMESPACE, origin, entry.to_state(), "robots.txt entry")
+        if shared is not None:
+            try:
+                await shared.put_json(NAMESPACE, origin, entry.to_state(), SHARED_ENTRY_S)
+                if token is not None:
+                    await shared.unlock(f"robots:{origin}", token)
+            except SharedStateUnavailable:
+                pass  # the others fetch for themselves once the lock expires
         return entry
+
+    async def _from_other_instance(self, shared: RedisShared, origin: str,
+                                   settings: RobotsSettings) -> tuple[RobotsEntry | None, str | None]:
+        """SPEC §10: robots.txt fetched once per origin for every instance on one Redis.
+
+        (a fresh entry another instance fetched, None) or (None, our lock token: fetch it here).
+        While another instance holds the origin's lock, wait for its result; a holder that dies
+        frees the lock when it expires, and then this instance fetches itself.
+        """
+        hold = settings.timeout * (settings.max_redirects + 1) + 5.0
+        deadline = time.monotonic() + 2 * hold
+        for _ in range(100_000):  # bounded by the deadline as well
+            raw = await shared.get_json(NAMESPACE, origin)
+            if raw is not None:
+                try:
+                    entry: RobotsEntry | None = RobotsEntry.from_state(raw)
+                except ValueError:
+                    entry = None
+                if entry is not None and self.policy.is_fresh(entry):
+                    return entry, None
+            token = await shared.try_lock(f"robots:{origin}", hold)
+            if token is not None or time.monotonic() > deadline:
+                return None, token
+            await asyncio.sleep(0.05)
+        return None, None
 
     async def _fetch(self, origin: str, site: str, ua: str, settings: RobotsSettings) -> FetchResult:
         url = f"{origin}/robots.txt"

@@ -19,7 +19,7 @@ from etiquette_proxy.site_key import SiteKeys
 from etiquette_proxy.sites import SiteRegistry
 from etiquette_proxy.state.interface import StateStore
 from etiquette_proxy.state.memory import MemoryState
-from etiquette_proxy.state.redis_store import RedisPacing
+from etiquette_proxy.state.redis_store import RedisShared
 from etiquette_proxy.visibility.board import StatusProvider
 from etiquette_proxy.visibility.page import PostRoute
 
@@ -36,7 +36,7 @@ class Runtime:
     state: StateStore = field(default_factory=MemoryState)
     # SPEC §10 `state.backend: redis`: the sites' budgets and 429 contracts shared with every
     # proxy on the same Redis (None: this process alone decides).
-    shared: RedisPacing | None = None
+    shared: RedisShared | None = None
     audit: AuditLog | None = None
     upstream: UpstreamPath = field(default_factory=UpstreamPath)
     state_dir: str = ""

@@ -18,7 +18,7 @@ from etiquette_proxy.config import ConfigError, load_config_file
 from etiquette_proxy.file_modes import private_umask, secure_tree
 from etiquette_proxy.revalidation.store import ValidatorStore
 from etiquette_proxy.state.local import DiskState
-from etiquette_proxy.state.redis_store import RedisPacing
+from etiquette_proxy.state.redis_store import RedisShared
 from etiquette_proxy.webbotauth import key_file_warning, signer_from_config
 
 log = logging.getLogger(__name__)
@@ -115,7 +115,7 @@ class Settings:
         # the worker holding it died.
         lease_ttl = float(config.upstream.timeout) + float(config.upstream.read_timeout) + 5.0
         if rt.shared is None or (rt.shared.url, rt.shared.lease_ttl_s) != (config.state.url, lease_ttl):
-            rt.shared = RedisPacing(config.state.url, lease_ttl)
+            rt.shared = RedisShared(config.state.url, lease_ttl)
             log.info("etiquette-proxy: pacing shared through Redis at %s", rt.shared.where())
 
     @staticmethod

@@ -1,6 +1,6 @@
 """The shared budget on Redis (SPEC §10, `state.backend: redis`): the redis-py calls.
 
-`RedisPacing` runs `shared_pacing.RESERVE_LUA` / `PUBLISH_LUA` with redis-py's asyncio client.
+`RedisShared` runs `shared_pacing.RESERVE_LUA` / `PUBLISH_LUA` with redis-py's asyncio client.
 Redis unreachable or slow is an error the caller turns into a local 503 `paused` (fail
 closed: no request leaves un-paced because the shared budget could not be asked). redis-py
 reconnects by itself on the next call; this module says so once in the log when Redis goes
@@ -10,9 +10,11 @@ away and once when it is back, never per request.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 from itertools import count
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -28,6 +30,8 @@ from etiquette_proxy.state.shared_pacing import (
 log = logging.getLogger(__name__)
 
 PREFIX = "etiquette:pacing:"
+SHARED = "etiquette:shared:"
+UNLOCK_LUA = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 # A call slower than this counts as Redis being unreachable (fail closed, SPEC §10).
 CALL_TIMEOUT_S = 2.0
 
@@ -36,8 +40,9 @@ class SharedStateUnavailable(Exception):
     """Redis could not be asked in time; the message names Redis and why."""
 
 
-class RedisPacing:
-    """The per-site shared reservation, 429 contract and concurrency leases on one Redis."""
+class RedisShared:
+    """On one Redis: the per-site shared reservation, 429 contract and concurrency leases, and
+    the locks and results that let one instance fetch robots.txt for all."""
 
     def __init__(self, url: str, lease_ttl_s: float):
         self.url = url
@@ -47,6 +52,7 @@ class RedisPacing:
             health_check_interval=30)
         self._reserve = self._client.register_script(RESERVE_LUA)
         self._publish = self._client.register_script(PUBLISH_LUA)
+        self._unlock = self._client.register_script(UNLOCK_LUA)
         # Lease ids unique across processes and machines: host name, pid, a counter.
         self._lease_prefix = f"{os.uname().nodename}:{os.getpid()}:"
         self._leases = count(1)
@@ -70,6 +76,37 @@ class RedisPacing:
         reply = await self._call(self._publish(keys=[site_keys(PREFIX, site)[0]],
                                                args=[repr(max(0.0, pause_s)), reason, contract]))
         return int(reply)
+
+    # -- one fetch for all instances (robots.txt, SPEC §10) --------------------------------------
+
+    async def get_json(self, namespace: str, key: str) -> Any | None:
+        """A JSON value another instance shared; None when there is none or it does not decode."""
+        raw = await self._call(self._client.get(f"{SHARED}{namespace}:{key}"))
+        if raw is None:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return None
+
+    async def put_json(self, namespace: str, key: str, value: Any, expire_s: float) -> None:
+        await self._call(self._client.set(f"{SHARED}{namespace}:{key}", json.dumps(value, separators=(",", ":")),
+                                          px=max(1, int(expire_s * 1000))))
+
+    async def try_lock(self, name: str, expire_s: float) -> str | None:
+        """A lock with a timeout (SET NX PX): its token when taken, None when another holds it.
+        A holder that dies frees it when it expires."""
+        token = f"{self._lease_prefix}{next(self._leases)}"
+        taken = await self._call(self._client.set(f"{SHARED}lock:{name}", token, nx=True,
+                                                  px=max(1, int(expire_s * 1000))))
+        return token if taken else None
+
+    async def is_locked(self, name: str) -> bool:
+        return bool(await self._call(self._client.exists(f"{SHARED}lock:{name}")))
+
+    async def unlock(self, name: str, token: str) -> None:
+        # Only our own lock: after expiry another instance may hold it.
+        await self._call(self._unlock(keys=[f"{SHARED}lock:{name}"], args=[token]))
 
     async def _call(self, call):  # type: ignore[no-untyped-def]
         try:

@@ -132,3 +132,14 @@ def test_redis_away_fails_closed_and_comes_back_by_itself(start_proxy, redis_ser
         time.sleep(0.2)
     assert statuses == [200, 200]
     assert a.stderr().count("reachable again") == 1
+
+
+def test_robots_txt_is_fetched_once_for_both_proxies(start_proxy, redis_server, site):
+    site.route("/robots.txt", Answer(200, b"User-agent: *\nDisallow: /private\n", {"Content-Type": "text/plain"}))
+    a, b = two_proxies(start_proxy, redis_server, site, rate=50)
+    statuses = hammer([a, b], site, seconds=1.0)
+    assert 200 in statuses
+    # SPEC §10: one fetch per origin for every instance on one Redis; both obey it.
+    assert len(site.hits("/robots.txt")) == 1, site.paths()
+    assert [p.get(site.url("/private/x")).status_code for p in (a, b)] == [403, 403]
+    assert not site.hits("/private/x")
