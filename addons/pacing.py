@@ -339,7 +339,7 @@ class Pacing:
                     try:
                         await asyncio.wait_for(self.rt.stopping.wait(), answer.wait_s)
                         return None, "proxy stopping; not sent to the site", 1
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         pass
                     if client is not None and not _connected(client):
                         return None, "client went away while held; not sent to the site", 1

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import os
+from collections.abc import Awaitable
 from itertools import count
 from typing import Any
 
@@ -108,10 +109,10 @@ class RedisShared:
         # Only our own lock: after expiry another instance may hold it.
         await self._call(self._unlock(keys=[f"{SHARED}lock:{name}"], args=[token]))
 
-    async def _call(self, call):  # type: ignore[no-untyped-def]
+    async def _call(self, call: Awaitable[Any]) -> Any:
         try:
             result = await asyncio.wait_for(call, CALL_TIMEOUT_S)
-        except (RedisError, OSError, asyncio.TimeoutError) as e:
+        except (TimeoutError, RedisError, OSError) as e:
             why = f"shared state (Redis at {self.where()}) unreachable: {type(e).__name__}"
             if self._down is None:
                 log.error("%s: %s; requests are answered 503 paused until it is back", why, e)
