@@ -320,35 +320,66 @@ class Pacing:
         """
         shared = self.rt.shared
         assert shared is not None
-        lock, users = self._shared_lines.setdefault(site, (asyncio.Lock(), [0]))
-        users[0] += 1
         started = time.monotonic()
         try:
-            async with lock:
-                while True:
-                    answer, lease = await shared.reserve(site, budget.rate, budget.settings.burst,
-                                                         budget.max_concurrency(), self._versions.get(site, 0))
-                    self._learn(site, budget, answer)
-                    if answer.granted:
-                        return lease, "", 0
-                    left = budget.settings.max_hold - (time.monotonic() - started)
-                    if answer.wait_s > left:
-                        return None, (f"shared budget ({answer.why}): expected wait {answer.wait_s:.1f}s "
-                                      f"is beyond pacing.max_hold; not sent to the site"), \
-                            max(1, math.ceil(answer.wait_s))
-                    try:
-                        await asyncio.wait_for(self.rt.stopping.wait(), answer.wait_s)
-                        return None, "proxy stopping; not sent to the site", 1
-                    except TimeoutError:
-                        pass
-                    if client is not None and not _connected(client):
-                        return None, "client went away while held; not sent to the site", 1
+            for _ in range(10_000):  # bounded: each round waits, and max_hold ends the wait
+                answer, lease = await self._shared_book(site, budget, shared, started, client)
+                if not answer.granted:
+                    return None, lease, max(1, math.ceil(answer.wait_s))
+                if answer.wait_s <= 0:
+                    return lease, "", 0
+                # A booked start: sleep until it (outside the line: later bookings are later),
+                # then make sure no 429 paused the site meanwhile (SPEC §5: never inside a pause).
+                gone = await self._sleep(answer.wait_s, client)
+                left, reason = (0.0, "") if gone else await shared.paused_for(site)
+                if gone or left > 0:
+                    self._shared_release(site, lease)
+                if gone:
+                    return None, gone, 1
+                if left <= 0:
+                    return lease, "", 0
+            return None, "shared budget: no turn; not sent to the site", 1
         except SharedStateUnavailable as e:
             return None, f"{e}; not sent to the site", SHARED_DOWN_RETRY_S
+
+    async def _shared_book(self, site: str, budget: SiteBudget, shared: Any, started: float,
+                           client: connection.Client | None) -> tuple[Reservation, str]:
+        """In arrival order (an asyncio lock is FIFO), ask until the shared budget grants a start
+        (now or booked); not granted: (answer, why refused) with the Retry-After in wait_s."""
+        lock, users = self._shared_lines.setdefault(site, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                for _ in range(10_000):  # bounded
+                    left = budget.settings.max_hold - (time.monotonic() - started)
+                    answer, lease = await shared.reserve(site, budget.rate, budget.settings.burst,
+                                                         budget.max_concurrency(), self._versions.get(site, 0),
+                                                         left)
+                    self._learn(site, budget, answer)
+                    if answer.granted:
+                        return answer, lease
+                    if answer.wait_s > left:
+                        return answer, (f"shared budget ({answer.why}): expected wait {answer.wait_s:.1f}s "
+                                        f"is beyond pacing.max_hold; not sent to the site")
+                    gone = await self._sleep(answer.wait_s, client)
+                    if gone:
+                        return Reservation(False, 1.0, gone, 0, ""), gone
+                return Reservation(False, 1.0, "", 0, ""), "shared budget: no turn; not sent to the site"
         finally:
             users[0] -= 1
             if users[0] == 0:
                 del self._shared_lines[site]
+
+    async def _sleep(self, seconds: float, client: connection.Client | None) -> str:
+        """Wait `seconds`; "" when done, or why the request must not go (stopping, client gone)."""
+        try:
+            await asyncio.wait_for(self.rt.stopping.wait(), seconds)
+            return "proxy stopping; not sent to the site"
+        except TimeoutError:
+            pass
+        if client is not None and not _connected(client):
+            return "client went away while held; not sent to the site"
+        return ""
 
     def _learn(self, site: str, budget: SiteBudget, answer: Reservation) -> None:
         """Apply a newer 429 contract another instance shared (its pause, rate, ceiling, breaker)."""

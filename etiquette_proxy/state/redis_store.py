@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from etiquette_proxy.state.shared_pacing import (
+    PAUSE_LUA,
     PUBLISH_LUA,
     RESERVE_LUA,
     Reservation,
@@ -54,19 +55,28 @@ class RedisShared:
         self._reserve = self._client.register_script(RESERVE_LUA)
         self._publish = self._client.register_script(PUBLISH_LUA)
         self._unlock = self._client.register_script(UNLOCK_LUA)
+        self._paused = self._client.register_script(PAUSE_LUA)
         # Lease ids unique across processes and machines: host name, pid, a counter.
         self._lease_prefix = f"{os.uname().nodename}:{os.getpid()}:"
         self._leases = count(1)
         self._down: str | None = None
 
     async def reserve(self, site: str, rate: float, burst: int, max_concurrency: int,
-                      known_version: int) -> tuple[Reservation, str]:
-        """Ask the shared budget for a start now; (its answer, the lease id if granted)."""
+                      known_version: int, horizon_s: float) -> tuple[Reservation, str]:
+        """Ask the shared budget for a start now or booked within `horizon_s`; (its answer, the
+        lease id, the request's if granted)."""
         lease = f"{self._lease_prefix}{next(self._leases)}"
         reply = await self._call(self._reserve(
             keys=list(site_keys(PREFIX, site)),
-            args=[repr(rate), burst, max_concurrency, lease, repr(self.lease_ttl_s), known_version]))
+            args=[repr(rate), burst, max_concurrency, lease, repr(self.lease_ttl_s), known_version,
+                  repr(max(0.0, horizon_s))]))
         return read_reply(reply), lease
+
+    async def paused_for(self, site: str) -> tuple[float, str]:
+        """Seconds of shared pause left for `site` (server clock), and its reason."""
+        reply = await self._call(self._paused(keys=[site_keys(PREFIX, site)[0]]))
+        left, reason = (x.decode() if isinstance(x, bytes) else str(x) for x in reply)
+        return float(left), reason
 
     async def release(self, site: str, lease: str) -> None:
         """The request is answered (or failed): its concurrency slot is free for every instance."""

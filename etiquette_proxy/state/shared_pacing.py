@@ -8,7 +8,8 @@ clock (`redis.call('TIME')`), so processes on several machines agree on one sche
 - a concurrency lease per started request, a sorted set scored by its expiry: a worker that
   dies holding leases frees them when they expire, never holds a slot forever;
 - GCRA (the generic cell rate algorithm, a token bucket kept as one "theoretical arrival time")
-  at the rate and burst the caller's budget has now: granted, or how long to wait.
+  at the rate and burst the caller's budget has now: a start now, or a start booked at the
+  next free slot within the caller's horizon (its max_hold), or how long it would be.
 
 One round trip per started request in the common case (granted at once); the reply also
 carries the site's 429 contract (`ThrottleState.to_state()` JSON) when another instance wrote a
@@ -25,8 +26,13 @@ import math
 from dataclasses import dataclass
 
 # KEYS[1] the site's hash (tat, until, reason, v, json); KEYS[2] its lease set.
-# ARGV: rate/s, burst, max concurrency, lease id, lease ttl s, contract version the caller has.
-# Reply: {granted 0|1, wait_s (string), why, contract version, contract json or ""}.
+# ARGV: rate/s, burst, max concurrency, lease id, lease ttl s, contract version the caller has,
+# horizon s (how far ahead a start may be booked: what is left of the request's max_hold).
+# Reply: {granted 0|1, wait_s (string), why, contract version, contract json or ""}: granted
+# with wait_s > 0 is a booked start (the rate slot and the lease are the caller's; it goes at
+# now + wait_s), so late wake-ups never cost the site's schedule a slot; not granted: ask
+# again after wait_s (a pause, a full concurrency cap) or refuse (the rate slot is beyond the
+# horizon).
 RESERVE_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -49,14 +55,26 @@ end
 local interval = 1 / rate
 local tau = (burst - 1) * interval
 local tat = math.max(tonumber(h[1]) or now, now)
-if now < tat - tau then
-  return {0, string.format('%.6f', tat - tau - now), 'rate', v, contract}
+local start = math.max(now, tat - tau)
+if start - now > tonumber(ARGV[7]) then
+  return {0, string.format('%.6f', start - now), 'rate', v, contract}
 end
 redis.call('HSET', KEYS[1], 'tat', string.format('%.6f', tat + interval))
 redis.call('EXPIRE', KEYS[1], 86400)
-redis.call('ZADD', KEYS[2], now + ttl, ARGV[4])
-redis.call('EXPIRE', KEYS[2], math.ceil(ttl) + 1)
-return {1, '0', '', v, contract}
+redis.call('ZADD', KEYS[2], start + ttl, ARGV[4])
+redis.call('EXPIRE', KEYS[2], math.ceil(start - now + ttl) + 1)
+return {1, string.format('%.6f', start - now), '', v, contract}
+"""
+
+# KEYS[1] the site's hash. Reply: {seconds of pause left (string), its reason, version, json}:
+# asked by a request that booked a start and slept until it, before it goes (a 429 may have
+# paused the site meanwhile).
+PAUSE_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local h = redis.call('HMGET', KEYS[1], 'until', 'reason')
+local left = math.max(0, (tonumber(h[1]) or 0) - now)
+return {string.format('%.6f', left), h[2] or ''}
 """
 
 # KEYS[1] the site's hash. ARGV: pause s (0: none), its reason, the contract JSON.
@@ -114,12 +132,14 @@ class GcraModel:
     def __init__(self) -> None:
         self.tat: float | None = None
 
-    def reserve(self, now: float, rate: float, burst: int) -> float:
-        """0.0 when granted (and recorded), else the seconds to wait."""
+    def reserve(self, now: float, rate: float, burst: int, horizon: float = 0.0) -> tuple[bool, float]:
+        """(granted, wait): a start now (0.0) or booked `wait` s ahead when within `horizon`;
+        not granted: the slot is `wait` s ahead, beyond the horizon (nothing recorded)."""
         interval = 1.0 / rate
         tau = (burst - 1) * interval
         tat = max(self.tat if self.tat is not None else now, now)
-        if now < tat - tau:
-            return tat - tau - now
+        start = max(now, tat - tau)
+        if start - now > horizon:
+            return False, start - now
         self.tat = tat + interval
-        return 0.0
+        return True, start - now

@@ -19,12 +19,13 @@ def starts(model: GcraModel, rate: float, burst: int, until: float) -> list[floa
     for _ in range(100_000):  # bounded
         if now >= until:
             break
-        wait = model.reserve(now, rate, burst)
-        if wait == 0.0:
+        granted_now, wait = model.reserve(now, rate, burst)
+        if granted_now:
+            assert wait == 0.0
             granted.append(now)
         else:
             assert wait > 0
-            assert model.reserve(now + wait * 0.9, rate, burst) > 0  # asking early still waits
+            assert not model.reserve(now + wait * 0.9, rate, burst)[0]  # asking early still waits
             now += wait
     return granted
 
@@ -41,10 +42,25 @@ def test_gcra_holds_rate_plus_burst_in_every_window(rate, burst):
 
 def test_gcra_burst_then_spacing():
     m = GcraModel()
-    assert [m.reserve(0.0, 2, 3) for _ in range(3)] == [0.0, 0.0, 0.0]
-    assert m.reserve(0.0, 2, 3) == pytest.approx(0.5)
-    assert m.reserve(0.5, 2, 3) == 0.0
-    assert m.reserve(0.6, 2, 3) == pytest.approx(0.4)
+    assert [m.reserve(0.0, 2, 3) for _ in range(3)] == [(True, 0.0)] * 3
+    assert m.reserve(0.0, 2, 3) == (False, pytest.approx(0.5))
+    assert m.reserve(0.5, 2, 3) == (True, 0.0)
+    assert m.reserve(0.6, 2, 3) == (False, pytest.approx(0.4))
+
+
+def test_booked_starts_keep_the_schedule_whoever_wakes_late():
+    # Two callers booking one after another at 100/s: their starts are 10 ms apart however late
+    # each asks (within its horizon), so late wake-ups never slow the site's rate.
+    m = GcraModel()
+    starts, now = [], 0.0
+    for i in range(200):
+        granted, wait = m.reserve(now, 100, 1, horizon=5.0)
+        assert granted
+        starts.append(now + wait)
+        now += 0.003 if i % 2 else 0.0  # asks at uneven times
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert all(g == pytest.approx(0.01) for g in gaps)
+    assert m.reserve(now, 100, 1, horizon=0.5) == (False, pytest.approx(starts[-1] + 0.01 - now))
 
 
 def test_read_reply_from_redis_bytes():
