@@ -306,42 +306,26 @@ def test_a_broken_alert_command_is_logged_not_raised(command, caplog):
     assert "alert_command" in caplog.text
 
 
-class _Verdict:
-    def __init__(self, allowed: bool):
-        self.allowed = allowed
-
-
-class _FakeRobots:
-    """Stands in for RobotsGate: a cached entry, and a refresh that pacing would refuse."""
-
-    def __init__(self):
-        self.entries = {"http://example.com:80": "cached"}
-        self.refreshed = 0
-
-        class Policy:
-            def verdict(self, entry, path, token):
-                return _Verdict(entry == "cached" and not path.startswith("/private/"))
-
-        self.policy = Policy()
-
-    async def entry_for(self, origin, site, ua, settings):
-        self.refreshed += 1
-        return "fresh-but-unreachable"
-
-
 def test_a_paused_site_checks_its_canaries_against_the_last_robots_copy(tmp_path, clock):
-    robots = _FakeRobots()
-    watch = HealthWatch(runtime(tmp_path), robots=robots, clock=clock)
-    allowed = asyncio.run(watch._robots_allows("example.com:80", "http://example.com/c", "ua"))
-    assert robots.refreshed == 1 and not allowed  # not paused: robots.txt as the gate has it now
+    # The watch asks the robots gate (RobotsGate.allows, tested in test_robots_gate_status.py)
+    # for the last copy exactly while the site is paused: a refresh would need a turn of the
+    # budget the pause refuses.
+    asked: list[tuple[str, str, bool]] = []
+
+    async def robots_allows(url, site, ua, last_copy):
+        asked.append((url, site, last_copy))
+        return not url.endswith("/private/c")
+
+    watch = HealthWatch(runtime(tmp_path), robots_allows=robots_allows, clock=clock)
+    assert asyncio.run(watch._robots_allows("example.com:80", "http://example.com/c", "ua"))
+    assert asked == [("http://example.com/c", "example.com:80", False)]  # not paused: refreshed as due
     windows(watch, clock, WARMUP_WINDOWS + 1)
     for _ in range(4):
         hostile_window(watch, clock)
     watch.tick()
     assert watch.book.site("example.com:80").is_paused()
-    assert asyncio.run(watch._robots_allows("example.com:80", "http://example.com/c", "ua"))
     assert not asyncio.run(watch._robots_allows("example.com:80", "http://example.com/private/c", "ua"))
-    assert robots.refreshed == 1
+    assert asked[-1] == ("http://example.com/private/c", "example.com:80", True)
 
 
 def test_canaries_and_extraction_reports_are_keyed_like_the_flows_under_group_by_domain(tmp_path):
