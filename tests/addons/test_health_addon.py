@@ -338,3 +338,27 @@ def test_canaries_and_extraction_reports_are_keyed_like_the_flows_under_group_by
     status, answer = watch.report_extraction(b'{"url": "http://www.example.com:8080/x", "ok": false}')
     assert (status, answer["site"]) == (202, "example.com")
     assert watch.book.knows_parser("example.com") and not watch.book.knows_parser("www.example.com:8080")
+
+
+def test_three_percent_challenges_from_day_one_score_healthy_and_five_requests_score_nothing(tmp_path, clock):
+    # SPEC §8: a site's usual share of challenges is its baseline, not a slide; a site with too
+    # few requests to judge gets no score (on its lines, or in the answer to a report).
+    rt = runtime(tmp_path, "health.min_requests=10")
+    watch = HealthWatch(rt, clock=clock)
+    few = [exchange(watch, host="few.example") for _ in range(4)]
+    few.append(exchange(watch, body=b"no", status=403, host="few.example"))
+    n = 0
+    scored: list[dict] = []
+    for _ in range(WARMUP_WINDOWS + 3):
+        for _ in range(33):
+            n += 1
+            flow = exchange(watch, body=CHALLENGE if n % 33 == 0 else ARTICLE)
+            if "health" in notes_of(flow).extra:
+                scored.append(notes_of(flow).extra["health"])
+        clock.advance(10)
+    assert len(scored) >= 33 and all(h["score"] >= 80 and h["band"] == "healthy" for h in scored), scored
+    assert not any("health" in notes_of(f).extra for f in few)
+    status, report = watch.report_extraction(b'{"url": "http://few.example/a", "ok": true}')
+    assert status == 202 and report["score"] is None
+    assert "not enough requests to judge" in report["reasons"][0]
+    assert watch.live_fields("few.example:80")["parser"] == "extraction: 0 of 1 failed (0%)"
