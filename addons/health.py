@@ -45,6 +45,7 @@ from etiquette_proxy.health.signals import HEAD_BYTES, Signal
 from etiquette_proxy.health.site import Band, BandChange, HealthBook, HealthSettings, SiteHealth
 from etiquette_proxy.pacing.restraints import Restraint
 from etiquette_proxy.site_key import SiteKeys
+from etiquette_proxy.sites import SiteRegistry
 from etiquette_proxy.state.interface import save
 from etiquette_proxy.visibility.page import Page
 
@@ -150,7 +151,9 @@ class HealthWatch:
         # RobotsGate.allows: canaries obey robots.txt like everything else (SPEC §8, RFC 9309).
         self.robots_allows = robots_allows
         self._clock = clock  # windows are aligned to the wall clock (health.py)
-        self.book = HealthBook(lambda site: HealthSettings.from_config(self.rt.config, site), clock)
+        # health.* settings per site (with `sites:` overrides) from the one per-site registry.
+        self._settings: SiteRegistry[HealthSettings] = SiteRegistry(HealthSettings.from_config)
+        self.book = HealthBook(lambda site: self._settings.get(self.rt.config, site), clock)
         self._loaded = False
         self._saved_window: dict[str, int] = {}
         self._origins: dict[str, str] = {}
