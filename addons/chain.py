@@ -119,7 +119,7 @@ def members(rt: Runtime) -> list[Any]:
     """Every etiquette addon, sharing one runtime; order matters (see each hook)."""
     pacing = Pacing(rt)
     robots = RobotsGate(rt, before_fetch=pacing.before_robots_fetch)  # SPEC §4: robots.txt counts against the budget
-    health = HealthWatch(rt, robots=robots)
+    health = HealthWatch(rt, robots_allows=robots.allows)
     return [
         Settings(rt),  # options, config, state, audit log; starts each flow's notes
         StopGate(rt),  # SPEC §12: while stopping, new requests are answered, never started

@@ -28,7 +28,7 @@ import math
 import os
 import shlex
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -44,8 +44,8 @@ from etiquette_proxy.health.parser import ParserSummary, parse_report
 from etiquette_proxy.health.signals import HEAD_BYTES, Signal
 from etiquette_proxy.health.site import Band, BandChange, HealthBook, HealthSettings, SiteHealth
 from etiquette_proxy.pacing.restraints import Restraint
-from etiquette_proxy.robots.policy import RobotsSettings, product_token
-from etiquette_proxy.site_key import SiteKeys, host_site, url_authority
+from etiquette_proxy.site_key import SiteKeys
+from etiquette_proxy.sites import SiteRegistry
 from etiquette_proxy.state.interface import save
 from etiquette_proxy.visibility.page import Page
 
@@ -139,14 +139,21 @@ def canaries_of(config: Any, keys: SiteKeys | None = None) -> list[tuple[str, st
     return out
 
 
+# (url, site, client user agent, use the last copy) -> allowed by robots.txt
+RobotsAllows = Callable[[str, str, str, bool], Awaitable[bool]]
+
+
 class HealthWatch:
     """Feeds every response to the site's health and acts on band changes (SPEC §8)."""
 
-    def __init__(self, runtime: Runtime, robots: Any = None, clock: Clock = wall):
+    def __init__(self, runtime: Runtime, robots_allows: RobotsAllows | None = None, clock: Clock = wall):
         self.rt = runtime
-        self.robots = robots  # RobotsGate: canaries obey robots.txt like everything else
+        # RobotsGate.allows: canaries obey robots.txt like everything else (SPEC §8, RFC 9309).
+        self.robots_allows = robots_allows
         self._clock = clock  # windows are aligned to the wall clock (health.py)
-        self.book = HealthBook(lambda site: HealthSettings.from_config(self.rt.config, site), clock)
+        # health.* settings per site (with `sites:` overrides) from the one per-site registry.
+        self._settings: SiteRegistry[HealthSettings] = SiteRegistry(HealthSettings.from_config)
+        self.book = HealthBook(lambda site: self._settings.get(self.rt.config, site), clock)
         self._loaded = False
         self._saved_window: dict[str, int] = {}
         self._origins: dict[str, str] = {}
@@ -377,7 +384,7 @@ class HealthWatch:
     async def canary(self, site: str, url: str, marker: str) -> None:
         """Fetch one canary through the same upstream path; bypasses pacing's pause on purpose."""
         ua = self.rt.config.identity.user_agent or "etiquette-proxy-canary"
-        if self.robots is not None:
+        if self.robots_allows is not None:
             try:
                 async with asyncio.timeout(CANARY_TIMEOUT_S):
                     allowed = await self._robots_allows(site, url, ua)
@@ -419,19 +426,11 @@ class HealthWatch:
         return notes
 
     async def _robots_allows(self, site: str, url: str, ua: str) -> bool:
-        parts = urlsplit(url)
-        # The canary's own origin (RFC 9309 §2.3: robots.txt is per origin), not its site: under
-        # pacing.group_by domain|address one site spans several origins.
-        origin = f"{parts.scheme.lower()}://{host_site(*url_authority(url))}"
-        settings = RobotsSettings.from_config(self.rt.config, site)
-        entry = self.robots.entries.get(origin) if self.book.site(site).is_paused() else None
-        if entry is None:
-            # Refreshing robots.txt takes a turn of the site's budget, which a health pause
-            # refuses; while paused the canary is checked against the last copy instead, or a
-            # pause longer than the robots cache would turn every canary away for good.
-            entry = await self.robots.entry_for(origin, site, ua, settings)
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        return bool(self.robots.policy.verdict(entry, path, product_token(settings.user_agent or ua)).allowed)
+        assert self.robots_allows is not None
+        # Refreshing robots.txt takes a turn of the site's budget, which a health pause
+        # refuses; while paused the canary is checked against the last copy instead, or a
+        # pause longer than the robots cache would turn every canary away for good.
+        return await self.robots_allows(url, site, ua, self.book.site(site).is_paused())
 
     def _canary_line(self, url: str, site: str, ua: str, outcome: str, status: int | None,
                      reason: str, found: bool | None, h: SiteHealth,

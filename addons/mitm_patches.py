@@ -13,16 +13,27 @@ says what the client got) and lets the flow say what the client should get inste
 (the error hook fires once, the client gets one answer, the stream is dropped cleanly).
 
 A third records the 400 mitmproxy sends for request headers it refuses (`check_invalid`).
+
+A fourth gives mitmproxy's listening socket a deeper accept queue (`LISTEN_BACKLOG`): mitmproxy
+11 listens with `asyncio.start_server`'s default backlog of 100, so a herd of new connections
+(10,000 held requests arriving at once, or the normal clients behind 1,000 half-open ones) had
+its SYNs dropped by the kernel and clients timed out before the proxy ever saw them. Only
+`mode_servers` sees the changed `start_server` (its own `asyncio` name is swapped for a copy),
+and the kernel caps the figure at `net.core.somaxconn`.
 All are pinned to mitmproxy 11.0.x: `tests/addons/test_mitm_patches.py` fails if the patched
 names or their call shapes change.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import types
 from collections.abc import Generator
 from typing import Any
 
 from mitmproxy.net.http import status_codes
+from mitmproxy.proxy import mode_servers
 from mitmproxy.proxy.layers import http as http_layer
 from mitmproxy.proxy.layers.http import _http1
 from mitmproxy.proxy.layers.http._events import RequestProtocolError, ResponseProtocolError
@@ -33,6 +44,7 @@ GIVE_UP = "etiquette_give_up"  # flow.metadata key: (status, reason) instead of 
 # (400 for a request it cannot accept, 502 for a site that failed, 504 when given up), so the
 # audit line says what the client got.
 ANSWERED_WITH = "etiquette_answered_with"
+LISTEN_BACKLOG = 4096  # the kernel's default net.core.somaxconn since Linux 5.4
 _NOT_ANSWERS = frozenset({status_codes.NO_RESPONSE, status_codes.CLIENT_CLOSED_REQUEST})
 
 _installed = False
@@ -82,6 +94,13 @@ def install() -> None:
         return (yield from _before_error_hook(check_invalid(self, request), self.flow, code))
 
     http_layer.HttpStream.check_invalid = check_invalid_recorded  # type: ignore[method-assign]
+
+    # mode_servers calls `asyncio.start_server(handle, host, port)`; give it a module of its own
+    # whose start_server listens with a deeper backlog (create_server's `backlog`).
+    listening = types.ModuleType("asyncio")
+    listening.__dict__.update(asyncio.__dict__)
+    listening.start_server = functools.partial(asyncio.start_server, backlog=LISTEN_BACKLOG)  # type: ignore[attr-defined]
+    mode_servers.asyncio = listening  # type: ignore[attr-defined]
 
 
 def _before_error_hook(steps: Generator[Any, Any, Any], flow: Any, code: int) -> Generator[Any, Any, Any]:

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from urllib.parse import urljoin
+from urllib.parse import urljoin, urlsplit
 
 from etiquette_addons.answers import answer_locally, fail_closed
 from etiquette_addons.notes import notes_of, skip
@@ -23,6 +23,7 @@ from etiquette_proxy.audit.log import audit_record
 from etiquette_proxy.clock import wall
 from etiquette_proxy.pacing.restraints import Restraint
 from etiquette_proxy.robots.policy import FetchResult, RobotsEntry, RobotsPolicy, RobotsSettings, product_token
+from etiquette_proxy.site_key import host_site, url_authority
 from etiquette_proxy.sites import SiteRegistry
 from etiquette_proxy.state.interface import restore, save
 from etiquette_proxy.state.redis_store import RedisShared, SharedStateUnavailable
@@ -139,6 +140,21 @@ class RobotsGate:
         flow.response = http.Response.make(
             status, entry.text.encode("utf-8"), {"Content-Type": "text/plain; charset=utf-8"}
         )
+
+    async def allows(self, url: str, site: str, client_ua: str, last_copy: bool = False) -> bool:
+        """Whether robots.txt lets `url` be fetched (the health canaries ask here). With
+        `last_copy`, the copy in memory is used when there is one instead of refreshing it:
+        a refresh takes a turn of the site's budget, which a paused site does not get."""
+        parts = urlsplit(url)
+        # The URL's own origin (RFC 9309 §2.3: robots.txt is per origin), not its site: under
+        # pacing.group_by domain|address one site spans several origins.
+        origin = f"{parts.scheme.lower()}://{host_site(*url_authority(url))}"
+        settings = RobotsSettings.from_config(self.rt.config, site)
+        entry = self.entries.get(origin) if last_copy else None
+        if entry is None:
+            entry = await self.entry_for(origin, site, client_ua, settings)
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        return bool(self.policy.verdict(entry, path, product_token(settings.user_agent or client_ua)).allowed)
 
     async def entry_for(self, origin: str, site: str, client_ua: str | None, settings: RobotsSettings) -> RobotsEntry:
         """The robots.txt entry for `origin`, fetched once for all waiting requests."""

@@ -14,7 +14,6 @@ from etiquette_addons.notes import notes_of, skip
 from etiquette_addons.runtime import Runtime
 from mitmproxy import http
 
-from etiquette_proxy.pacing.restraints import Restraint
 from etiquette_proxy.runaway.guard import RunawayGuard
 from etiquette_proxy.state.interface import restore, save
 from etiquette_proxy.target import resolve_target
@@ -57,7 +56,8 @@ class RunawayWatch:
             guard = self.guard(notes.site)
             check = guard.observe_request(resolve_target(flow.request.path))  # SPEC §4: one URL
             for trap in check.declared:
-                log.warning("%s: %s (action: %s)", notes.site, trap.reason, self.rt.config.get("runaway.trap_action", notes.site))
+                log.warning("%s: %s (action: %s)", notes.site, trap.reason,
+                            self.rt.config.get("runaway.trap_action", notes.site))
                 notes.extra["trap"] = trap.reason
                 self._restrain(notes.site, guard)
                 self._save(notes.site, guard)
@@ -88,17 +88,11 @@ class RunawayWatch:
         self._save(notes.site, guard)
 
     def _restrain(self, site: str, guard: RunawayGuard) -> None:
-        if guard.retired.retired:
-            self.rt.restrain(site, Restraint("retired", rate_cap=guard.retired.settings.rate,
-                                             reason=guard.retired.summary()))
-        else:
-            self.rt.release(site, "retired")
-        factor = guard.traps.rate_factor()
-        if factor < 1:
-            traps = guard.traps.traps()
-            self.rt.restrain(site, Restraint("trap", rate_factor=factor, reason=traps[0].reason if traps else "trap"))
-        else:
-            self.rt.release(site, "trap")
+        for source, restraint in guard.restraints().items():
+            if restraint is None:
+                self.rt.release(site, source)
+            else:
+                self.rt.restrain(site, restraint)
 
     def _save(self, site: str, guard: RunawayGuard) -> None:
         save(self.rt.state, NAMESPACE, site, guard.to_state(), "runaway state")

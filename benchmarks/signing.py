@@ -4,7 +4,8 @@ In-process, no sockets. Per request:
   - Web Bot Auth signature, fresh (a new `created` every request: every request pays Ed25519,
     as at the default pace of 1 request/s per site) — the figure that counts;
   - the same site in the same second (the signer reuses the identical bytes);
-  - the bare Ed25519 sign of a signature base (the floor, from `cryptography`);
+  - the bare Ed25519 sign of a signature base with `cryptography` (what the signer used before
+    it moved to libsodium through PyNaCl);
   - http-message-signatures 3.x building and signing the same request (the reference the
     signer is tested against; not used per request);
   - an audit line written with its chain vs the same line written unchained (to a temp file,
@@ -106,7 +107,7 @@ def main() -> int:
     print(f"{n} calls per round, {rounds} rounds, median CPU time per call:")
     row("Web Bot Auth signature, fresh (Ed25519 every request)", fresh)
     row("  same site, same second (identical bytes reused)", same)
-    row("  bare Ed25519 sign of the signature base (floor)", raw)
+    row("  the same Ed25519 sign with cryptography (was used)", raw)
     row("  http-message-signatures 3.x, same request (reference)", library)
     row("audit line with chain (encode + sha256 + os.write)", chained)
     row("  the same line unchained", plain)

@@ -663,13 +663,6 @@ class HealthBook:
         """Sites with a SiteHealth, in no particular order."""
         return list(self._sites)
 
-    def to_state(self) -> dict[str, Any]:
-        return {
-            "v": STATE_VERSION,
-            "sites": {name: h.to_state() for name, h in self._sites.items()},
-            "parsers": {name: p.to_state() for name, p in self._parsers.items()},
-        }
-
     def load_state(self, state: Any) -> list[str]:
         """Restore what can be restored; returns the sites whose state was unusable (now fresh)."""
         dropped: list[str] = []

@@ -317,21 +317,6 @@ class SiteBudget:
             return self._on_throttle(now, status, retry, hint, echo)
         return self._on_answer(now, status, hint, echo)
 
-    def robots_delay(self, crawl_delay_s: float | None, request_rate: float | None) -> None:
-        """robots.txt `Crawl-delay` (s) / `Request-rate` (requests/s) lower the site's rate."""
-        cap = self.settings.max_crawl_delay
-        rates = []
-        for value, as_rate in ((crawl_delay_s, False), (request_rate, True)):
-            if not _finite(value) or value <= 0:  # absent, junk, negative: no say
-                continue
-            # SPEC §4: capped by robots.max_crawl_delay, so a site cannot stall us for days.
-            rates.append(max(value if as_rate else 1.0 / value, 1.0 / cap))
-        now = self._clock()
-        self._settle(now)
-        self._bank(now)
-        self.throttle.set_robots_rate(rates)
-        self._slowed()
-
     # -- persistence -------------------------------------------------------------------------
 
     def remembers_anything(self) -> bool:

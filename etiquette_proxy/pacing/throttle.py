@@ -62,6 +62,8 @@ class ThrottleState:
     def __init__(self, settings: PacingSettings, random: Callable[[], float] = _random.random):
         self.settings = settings
         self._random = random  # jitter source, injected so tests are deterministic
+        # Never set any more (robots.txt reaches pacing as the crawl-delay restraint); still read
+        # from stored state and written back, so the stored format is unchanged.
         self.robots_rate: float | None = None
         self.rate = settings.rate              # working rate, before a RateLimit hint
         self.ceiling: float | None = None
@@ -176,11 +178,6 @@ class ThrottleState:
     def recover(self, cap: float) -> None:
         """One success: the rate steps up by throttle.recovery_step, up to `cap`."""
         self.rate = min(self.rate + self.settings.recovery_step, cap)
-
-    def set_robots_rate(self, rates: list[float]) -> None:
-        """robots.txt's rate (the lowest asked; none when empty) lowers the working rate."""
-        self.robots_rate = min(rates) if rates else None
-        self.rate = min(self.rate, self.limit())
 
     # -- persistence -------------------------------------------------------------------------
 

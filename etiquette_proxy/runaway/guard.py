@@ -25,6 +25,7 @@ from typing import Any, cast
 from urllib.parse import unquote_plus
 
 from etiquette_proxy.clock import wall
+from etiquette_proxy.pacing.restraints import Restraint
 from etiquette_proxy.refusals import safe_text
 from etiquette_proxy.shared_settings import shared
 
@@ -158,10 +159,6 @@ class RetiredDetector:
     def max_rate(self) -> float | None:
         """The rate ceiling retirement puts on the site (requests/s), or None."""
         return self.settings.rate if self._retired else None
-
-    def rate(self, base: float) -> float:
-        """The site's rate once retirement is taken into account."""
-        return min(base, self.settings.rate) if self._retired else base
 
     def status(self) -> dict[str, Any]:
         """For the dashboard and `/api/sites`."""
@@ -706,9 +703,18 @@ class RunawayGuard:
         """Count a request about to go upstream; refuse=True means answer it locally 429."""
         return self.traps.observe(target)
 
-    def rate(self, base: float) -> float:
-        """The site's rate (requests/s) after retirement and traps (SPEC §7)."""
-        return self.retired.rate(base * self.traps.rate_factor())
+    def restraints(self) -> dict[str, Restraint | None]:
+        """What runaway asks of the site's pacing (SPEC §7), by source; None lifts that source's
+        restraint: a retired site is capped at `runaway.retired.rate`, a slow trap divides it."""
+        retired = self.retired
+        factor = self.traps.rate_factor()
+        traps = self.traps.traps()
+        return {
+            "retired": Restraint("retired", rate_cap=retired.settings.rate, reason=retired.summary())
+            if retired.retired else None,
+            "trap": Restraint("trap", rate_factor=factor, reason=traps[0].reason if traps else "trap")
+            if factor < 1 else None,
+        }
 
     def robots_warning(self, robots_status: object) -> str | None:
         """A warning when robots.txt answered 4xx and the site refuses nearly everything."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import inspect
 import logging
@@ -66,3 +67,18 @@ def test_mitm_patches_still_match_mitmproxy_11():
     assert list(inspect.signature(ResponseProtocolError).parameters) == ["stream_id", "message", "code"]
     mitm_patches.install()  # idempotent: still one header
     assert _http1.make_error_response(504, "x").count(b"X-Etiquette-Decision") == 1
+
+
+def test_mitmproxy_listens_with_the_deeper_backlog():
+    """mode_servers still listens through `asyncio.start_server` (the patched name), and after
+    install that call asks for LISTEN_BACKLOG: the kernel's accept queue the proxy gets."""
+    from mitmproxy.proxy import mode_servers
+
+    assert "asyncio.start_server(self.handle_stream, host, port)" in inspect.getsource(mode_servers)
+    mitm_patches.install()
+    start = mode_servers.asyncio.start_server
+    assert start.keywords == {"backlog": mitm_patches.LISTEN_BACKLOG}
+    assert mode_servers.asyncio.sleep is asyncio.sleep  # the rest of asyncio is untouched
+    import asyncio as real
+
+    assert real.start_server is not start  # only mode_servers sees the change

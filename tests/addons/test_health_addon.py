@@ -306,42 +306,26 @@ def test_a_broken_alert_command_is_logged_not_raised(command, caplog):
     assert "alert_command" in caplog.text
 
 
-class _Verdict:
-    def __init__(self, allowed: bool):
-        self.allowed = allowed
-
-
-class _FakeRobots:
-    """Stands in for RobotsGate: a cached entry, and a refresh that pacing would refuse."""
-
-    def __init__(self):
-        self.entries = {"http://example.com:80": "cached"}
-        self.refreshed = 0
-
-        class Policy:
-            def verdict(self, entry, path, token):
-                return _Verdict(entry == "cached" and not path.startswith("/private/"))
-
-        self.policy = Policy()
-
-    async def entry_for(self, origin, site, ua, settings):
-        self.refreshed += 1
-        return "fresh-but-unreachable"
-
-
 def test_a_paused_site_checks_its_canaries_against_the_last_robots_copy(tmp_path, clock):
-    robots = _FakeRobots()
-    watch = HealthWatch(runtime(tmp_path), robots=robots, clock=clock)
-    allowed = asyncio.run(watch._robots_allows("example.com:80", "http://example.com/c", "ua"))
-    assert robots.refreshed == 1 and not allowed  # not paused: robots.txt as the gate has it now
+    # The watch asks the robots gate (RobotsGate.allows, tested in test_robots_gate_status.py)
+    # for the last copy exactly while the site is paused: a refresh would need a turn of the
+    # budget the pause refuses.
+    asked: list[tuple[str, str, bool]] = []
+
+    async def robots_allows(url, site, ua, last_copy):
+        asked.append((url, site, last_copy))
+        return not url.endswith("/private/c")
+
+    watch = HealthWatch(runtime(tmp_path), robots_allows=robots_allows, clock=clock)
+    assert asyncio.run(watch._robots_allows("example.com:80", "http://example.com/c", "ua"))
+    assert asked == [("http://example.com/c", "example.com:80", False)]  # not paused: refreshed as due
     windows(watch, clock, WARMUP_WINDOWS + 1)
     for _ in range(4):
         hostile_window(watch, clock)
     watch.tick()
     assert watch.book.site("example.com:80").is_paused()
-    assert asyncio.run(watch._robots_allows("example.com:80", "http://example.com/c", "ua"))
     assert not asyncio.run(watch._robots_allows("example.com:80", "http://example.com/private/c", "ua"))
-    assert robots.refreshed == 1
+    assert asked[-1] == ("http://example.com/private/c", "example.com:80", True)
 
 
 def test_canaries_and_extraction_reports_are_keyed_like_the_flows_under_group_by_domain(tmp_path):
@@ -354,3 +338,27 @@ def test_canaries_and_extraction_reports_are_keyed_like_the_flows_under_group_by
     status, answer = watch.report_extraction(b'{"url": "http://www.example.com:8080/x", "ok": false}')
     assert (status, answer["site"]) == (202, "example.com")
     assert watch.book.knows_parser("example.com") and not watch.book.knows_parser("www.example.com:8080")
+
+
+def test_three_percent_challenges_from_day_one_score_healthy_and_five_requests_score_nothing(tmp_path, clock):
+    # SPEC §8: a site's usual share of challenges is its baseline, not a slide; a site with too
+    # few requests to judge gets no score (on its lines, or in the answer to a report).
+    rt = runtime(tmp_path, "health.min_requests=10")
+    watch = HealthWatch(rt, clock=clock)
+    few = [exchange(watch, host="few.example") for _ in range(4)]
+    few.append(exchange(watch, body=b"no", status=403, host="few.example"))
+    n = 0
+    scored: list[dict] = []
+    for _ in range(WARMUP_WINDOWS + 3):
+        for _ in range(33):
+            n += 1
+            flow = exchange(watch, body=CHALLENGE if n % 33 == 0 else ARTICLE)
+            if "health" in notes_of(flow).extra:
+                scored.append(notes_of(flow).extra["health"])
+        clock.advance(10)
+    assert len(scored) >= 33 and all(h["score"] >= 80 and h["band"] == "healthy" for h in scored), scored
+    assert not any("health" in notes_of(f).extra for f in few)
+    status, report = watch.report_extraction(b'{"url": "http://few.example/a", "ok": true}')
+    assert status == 202 and report["score"] is None
+    assert "not enough requests to judge" in report["reasons"][0]
+    assert watch.live_fields("few.example:80")["parser"] == "extraction: 0 of 1 failed (0%)"

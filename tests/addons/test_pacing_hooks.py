@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from etiquette_addons.notes import notes_of
-from etiquette_addons.pacing import Pacing
+from etiquette_addons.pacing import NAMESPACE, Pacing
 from etiquette_addons.runtime import Runtime
 from mitmproxy.test import tflow
 
@@ -67,3 +68,39 @@ def test_bad_restraint_numbers_are_ignored_not_fatal():
     f = flow()
     asyncio.run(Pacing(rt).request(f))
     assert f.response is None and "pacing_ticket" in notes_of(f).facts
+
+
+# -- per-site state through the state store (SPEC §10: a 429's pause survives a restart) ------
+
+def throttled(pacing: Pacing, site: str) -> None:
+    budget = pacing.budget(site)
+    turn = budget.reserve()
+    budget.on_response(turn.ticket, 429, {"Retry-After": "30"})
+
+
+def test_only_sites_worth_remembering_are_saved_and_a_pause_is_restored():
+    rt = runtime("pacing.rate=2")
+    pacing = Pacing(rt)
+    throttled(pacing, "a.example:443")
+    calm = pacing.budget("b.example:443")
+    calm.on_response(calm.reserve().ticket, 200, {})
+    pacing.save_all()
+    assert rt.state.get(NAMESPACE, "a.example:443") is not None
+    assert rt.state.get(NAMESPACE, "b.example:443") is None  # nothing to remember
+    again = Pacing(Runtime(config=rt.config, state=rt.state))  # a restart on the same state
+    assert again.budget("a.example:443").paused_for_s() == pytest.approx(30.0, abs=5.0)
+    assert again.budget("a.example:443").rate == pytest.approx(1.0)  # the 429 halved it
+
+
+@pytest.mark.parametrize("bad", [None, [], "garbage", {"v": 9}, {"v": 1, "rate": "fast"}])
+def test_one_sites_bad_state_is_forgotten_without_spoiling_the_others(bad):
+    rt = runtime()
+    first = Pacing(rt)
+    throttled(first, "a.example:443")
+    first.save_all()
+    if bad is not None:
+        rt.state.put(NAMESPACE, "bad.example:443", bad)
+    again = Pacing(Runtime(config=rt.config, state=rt.state))
+    assert again.budget("bad.example:443").paused_for_s() == 0.0  # a fresh budget: pacing still applies
+    assert rt.state.get(NAMESPACE, "bad.example:443") is None  # forgotten, not read again
+    assert again.budget("a.example:443").paused_for_s() > 0

@@ -1,10 +1,15 @@
-"""The robots gate's dashboard fields: each origin of a site, under every `pacing.group_by`."""
+"""The robots gate's dashboard fields (each origin of a site, under every `pacing.group_by`) and
+the question other addons ask it (`allows`, for the health canaries)."""
 
 from __future__ import annotations
+
+import asyncio
+import dataclasses
 
 import pytest
 from etiquette_addons.robots_gate import RobotsGate
 from etiquette_addons.runtime import Runtime
+from etiquette_addons.side_fetch import SideFetchError
 
 from etiquette_proxy.config import load_config
 from etiquette_proxy.robots.policy import FetchResult, RobotsPolicy, RobotsSettings
@@ -23,3 +28,23 @@ def test_robots_column_finds_the_sites_origins(group_by: str, site: str, origins
                                                   None, RobotsSettings())
     found = gate.status(site)["robots"]
     assert [entry["origin"] for entry in found] == origins
+
+
+def test_allows_uses_the_last_copy_when_asked_and_refreshes_otherwise() -> None:
+    # SPEC §8: a paused site's canaries are checked against the last robots.txt copy, since a
+    # refresh takes a turn of the budget the pause refuses (SPEC §4); RFC 9309 §2.3: per origin.
+    refused: list[str] = []
+
+    async def paused(site: str) -> None:
+        refused.append(site)
+        raise SideFetchError("site paused")
+
+    gate = RobotsGate(Runtime(), before_fetch=paused)
+    rules = FetchResult(200, b"User-agent: *\nDisallow: /private/\n")
+    good = RobotsPolicy().after_fetch("http://example.com:80", rules, None, RobotsSettings())
+    gate.entries["http://example.com:80"] = dataclasses.replace(good, expires_at=0.0)  # due for a refresh
+    assert asyncio.run(gate.allows("http://example.com/c", "example.com:80", "ua", last_copy=True))
+    assert not asyncio.run(gate.allows("http://example.com/private/c", "example.com:80", "ua", last_copy=True))
+    assert refused == []  # nothing fetched: the last copy answered
+    asyncio.run(gate.allows("http://example.com/c", "example.com:80", "ua"))
+    assert refused == ["example.com:80"]  # not asked for the last copy: the due refresh was tried

@@ -135,6 +135,16 @@ def test_at_the_descriptor_limit_half_open_clients_make_room_for_normal_ones(sta
     assert "Traceback" not in proxy.stderr()
 
 
+def test_the_proxy_listens_with_a_deep_accept_queue(start_proxy):
+    # A herd of new connections (10,000 held requests arriving at once) waits in the kernel's
+    # accept queue: with asyncio's default of 100 the kernel dropped their SYNs. `ss` reads the
+    # listening socket's backlog (Send-Q) as the kernel holds it.
+    proxy = start_proxy(sets=FAST_PACING)
+    out = subprocess.run(["ss", "-ltnH", f"sport = :{proxy.port}"], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out[0] == "LISTEN" and int(out[2]) >= 1024, out
+
+
 def test_a_site_that_resets_or_sends_garbage_gets_a_decision_and_a_line(start_proxy, site):
     site.route("/robots.txt", Answer(404))
     site.route("/reset", Answer(reset=True))

@@ -10,6 +10,7 @@ import json
 import sys
 import time
 
+from etiquette_proxy.state.local import DiskState
 from tests.e2e.drift import CANARY_MARKER, CANARY_PATH, AuditTail, DriftSite, Traffic, band_changes
 from tests.e2e.sites import Answer
 
@@ -44,12 +45,20 @@ def rate_of(results, t0, t1):
     return n / (t1 - t0)
 
 
-def test_a_drifting_site_slides_is_halved_paused_and_recovers(start_proxy, site, tmp_path):
+def test_a_drifting_site_slides_is_halved_paused_and_recovers(start_proxy, site, make_site, tmp_path):
+    # One health e2e: band transitions with real 1 s windows; the rules of each transition are
+    # covered with a fake clock in tests/addons/test_health_addon.py and tests/core/health.
     drift = DriftSite(site)
+    few = make_site()  # five requests: too few to judge
+    few.route("/robots.txt", Answer(404))
+    few.route("/blocked", Answer(403, b"no"))
     alert_out = tmp_path / "alerts.jsonl"
     (tmp_path / "alert.py").write_text(ALERT_SCRIPT)
     proxy = start_proxy(sets=health_sets(*canary_set(site),
                                          f"health.alert_command={sys.executable} {tmp_path / 'alert.py'} {alert_out}"))
+    s = proxy.session()
+    for path in ("/a", "/b", "/blocked", "/c", "/d"):
+        s.get(few.url(path), timeout=10)
     tail = AuditTail(proxy.audit_path)
     traffic = Traffic(proxy, site).start()
     try:
@@ -63,6 +72,17 @@ def test_a_drifting_site_slides_is_halved_paused_and_recovers(start_proxy, site,
         scored = [ln["health"] for ln in site_lines(tail.read(), site) if "health" in ln]
         assert scored and all(h["score"] >= 80 and h["band"] == "healthy" for h in scored), scored
         healthy_rate = rate_of(traffic.results, t_healthy, time.monotonic())
+        few_lines = site_lines(tail.lines, few)
+        assert len(few_lines) == 5 and not any("health" in ln for ln in few_lines)
+        r = s.post("http://etiquette.proxy/report-extraction", json={"url": few.url("/a"), "ok": True},
+                   headers={"X-Etiquette-Client": "1"}, timeout=10)
+        assert r.status_code == 202
+        assert r.json()["score"] is None and "not enough requests to judge" in r.json()["reasons"][0]
+        board = {e["site"]: e for e in s.get("http://etiquette.proxy/api/sites", timeout=10).json()["sites"]}
+        live = board[f"127.0.0.1:{site.port}"]["live"]
+        assert live["health"]["score"] >= 80 and live["health"]["band"] == "healthy"
+        assert board[f"127.0.0.1:{site.port}"]["health_history"]
+        assert board[f"127.0.0.1:{few.port}"]["live"]["parser"] == "extraction: 0 of 1 failed (0%)"
 
         # 2. Challenges, a few block pages and slow answers: below 80, the reasons name them.
         drift.set_phase("slide")
@@ -122,61 +142,16 @@ def test_a_drifting_site_slides_is_halved_paused_and_recovers(start_proxy, site,
         traffic.stop()
     canaries = site_lines(tail.read(), site, canary=True)
     assert any(ln["marker_found"] for ln in canaries) and all(ln["outcome"] == "fetched" for ln in canaries)
-
-
-def test_three_percent_challenges_score_healthy_and_five_requests_score_nothing(start_proxy, make_site):
-    steady = make_site()
-    steady.route("/robots.txt", Answer(404))
-    count = {"n": 0}
-
-    def three_percent(arrival):  # a site that challenges 3% of first visits, from day one
-        count["n"] += 1
-        if count["n"] % 33 == 0:
-            return Answer(200, b"<html><title>Just a moment...</title></html>", {"Content-Type": "text/html"})
-        return Answer(200, b"<html><body>" + b"content " * 300 + b"</body></html>", {"Content-Type": "text/html"})
-
-    steady.default = three_percent  # type: ignore[assignment]
-    few = make_site()
-    few.route("/robots.txt", Answer(404))
-    few.route("/blocked", Answer(403, b"no"))
-    proxy = start_proxy(sets=health_sets())
-    s = proxy.session()
-    for path in ("/a", "/b", "/blocked", "/c", "/d"):
-        s.get(few.url(path), timeout=10)
-    tail = AuditTail(proxy.audit_path)
-    traffic = Traffic(proxy, steady, threads=1, pause_s=0.02).start()
-    try:
-        first = tail.wait(lambda ln: "health" in ln and ln["site"].endswith(f":{steady.port}"), timeout=20)
-        assert first is not None
-        time.sleep(3)
-    finally:
-        traffic.stop()
-    scores = [ln["health"]["score"] for ln in site_lines(tail.read(), steady) if "health" in ln]
-    assert len(scores) >= 10 and min(scores) >= 80, scores
-    few_lines = site_lines(tail.lines, few)
-    assert len(few_lines) == 5 and not any("health" in ln for ln in few_lines)
-    r = s.post("http://etiquette.proxy/report-extraction", json={"url": few.url("/a"), "ok": True},
-               headers={"X-Etiquette-Client": "1"}, timeout=10)
-    assert r.status_code == 202
-    report = r.json()
-    assert report["score"] is None and "not enough requests to judge" in report["reasons"][0]
-    board = {e["site"]: e for e in s.get("http://etiquette.proxy/api/sites", timeout=10).json()["sites"]}
-    live = board[f"127.0.0.1:{steady.port}"]["live"]
-    assert live["health"]["score"] >= 80 and live["health"]["band"] == "healthy"
-    assert board[f"127.0.0.1:{steady.port}"]["health_history"]
-    assert board[f"127.0.0.1:{few.port}"]["live"]["parser"] == "extraction: 0 of 1 failed (0%)"
     s.close()
     proxy.stop()
     # Persisted in the state store (namespace "health") for the next run.
-    from etiquette_proxy.state.local import DiskState
-
     store = DiskState(str(proxy.state_dir / "state"))
     try:
         saved = dict(store.items("health"))
     finally:
         store.close()
-    steady_state = saved[f"127.0.0.1:{steady.port}"]["health"]
-    assert steady_state["history"] and steady_state["warmup"][0] == 4
+    site_state = saved[f"127.0.0.1:{site.port}"]["health"]
+    assert site_state["history"] and site_state["warmup"][0] == 4
     assert saved[f"127.0.0.1:{few.port}"]["parser"] is not None
 
 

@@ -12,6 +12,7 @@ from etiquette_proxy.clock import FakeClock
 from etiquette_proxy.config import load_config
 from etiquette_proxy.pacing.budget import SiteBudget
 from etiquette_proxy.pacing.settings import PacingSettings
+from etiquette_proxy.robots.policy import FetchResult, RobotsPolicy, RobotsSettings
 
 
 def make(clock, random_source=lambda: 0.5, **settings) -> SiteBudget:
@@ -436,29 +437,28 @@ def test_a_429_without_retry_after_pauses_until_the_ratelimit_reset(clock):
 
 # -- robots.txt ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("crawl_delay", "request_rate", "rate"), [
-    (10.0, None, 0.1),
-    (None, 0.5, 0.5),
-    (2.0, 0.25, 0.25),
-    (0.1, None, 1.0),           # robots never raises the configured rate
-    (86400.0, None, 1 / 60),    # capped by robots.max_crawl_delay
-    (-3.0, None, 1.0),
-    (float("nan"), float("inf"), 1.0),
-    (None, None, 1.0),
+@pytest.mark.parametrize(("robots_txt", "rate"), [
+    ("Crawl-delay: 10", 0.1),
+    ("Request-rate: 1/2s", 0.5),
+    ("Crawl-delay: 2\nRequest-rate: 1/4s", 0.25),  # the slower of the two
+    ("Crawl-delay: 0.1", 1.0),                      # robots never raises the configured rate
+    ("Crawl-delay: 86400", 1 / 60),                 # capped by robots.max_crawl_delay
+    ("Crawl-delay: -3", 1.0),
+    ("Crawl-delay: nan\nRequest-rate: inf", 1.0),
+    ("", 1.0),
 ])
-def test_robots_delay_lowers_the_base_rate(clock, crawl_delay, request_rate, rate):
+def test_robots_delay_lowers_the_rate_through_the_crawl_delay_restraint(clock, robots_txt, rate):
+    # SPEC §4: Crawl-delay / Request-rate lower the site's rate, capped by robots.max_crawl_delay;
+    # the robots gate turns the policy's delay into a rate cap (addons/robots_gate.py).
+    policy = RobotsPolicy(clock)
+    settings = RobotsSettings()
+    entry = policy.after_fetch("http://s:80", FetchResult(200, f"User-agent: *\n{robots_txt}\n".encode()),
+                               None, settings)
     b = make(clock, rate=1.0)
-    b.robots_delay(crawl_delay, request_rate)
+    delay = policy.crawl_delay(entry, "x", settings)
+    if delay:
+        b.restrain(rate_cap=1 / delay)
     assert b.rate == pytest.approx(rate)
-
-
-def test_robots_delay_lifted_recovers_gradually(clock):
-    b = make(clock, rate=1.0)
-    b.robots_delay(10.0, None)
-    b.robots_delay(None, None)
-    assert b.rate == pytest.approx(0.1)
-    ok(b, clock)
-    assert b.rate == pytest.approx(0.15)
 
 
 # -- persistence -----------------------------------------------------------------------------

@@ -7,7 +7,9 @@ import json
 import pytest
 
 from etiquette_proxy.clock import FakeClock
-from etiquette_proxy.config import defaults
+from etiquette_proxy.config import defaults, load_config
+from etiquette_proxy.pacing.budget import SiteBudget
+from etiquette_proxy.pacing.restraints import fold
 from etiquette_proxy.runaway.guard import (
     RetiredDetector,
     RetiredSettings,
@@ -48,8 +50,6 @@ def test_retired_flips_once_with_reason_and_caps_rate() -> None:
     assert len(flips) == 1
     assert flips[0].retired and flips[0].reason == "retired: 198 of last 200 answers 404/410"
     assert detector.max_rate() == pytest.approx(1 / 60)
-    assert detector.rate(1.0) == pytest.approx(1 / 60)
-    assert detector.rate(0.001) == 0.001  # never faster than it already was
 
 
 def test_revived_by_a_2xx_and_needs_a_fresh_full_window_to_retire_again() -> None:
@@ -58,7 +58,7 @@ def test_revived_by_a_2xx_and_needs_a_fresh_full_window_to_retire_again() -> Non
     flips = feed(detector, [200])
     assert len(flips) == 1 and not flips[0].retired
     assert flips[0].reason.startswith("revived: the site answered 200")
-    assert detector.rate(1.0) == 1.0 and detector.max_rate() is None
+    assert detector.max_rate() is None
     feed(detector, [410] * 199)
     assert not detector.retired
     assert feed(detector, [410])[0].retired
@@ -416,17 +416,30 @@ def test_corrupt_trap_state_raises_value_error(state: object) -> None:
 
 # -- one site ------------------------------------------------------------------------------------
 
-def test_guard_rate_combines_retirement_and_slow_trap(clock: FakeClock) -> None:
+def paced_rate(guard: RunawayGuard, base: float, clock: FakeClock) -> float:
+    """The rate pacing gives a site configured at `base` under the guard's restraints."""
+    budget = SiteBudget.from_config(load_config("", "<test>", [f"pacing.rate={base}"]), "old.example", clock)
+    folded = fold(r for r in guard.restraints().values() if r is not None)
+    budget.restrain(folded.rate_factor, folded.rate_cap, folded.concurrency_factor)
+    return budget.rate
+
+
+def test_guard_restraints_combine_retirement_and_slow_trap(clock: FakeClock) -> None:
     guard = RunawayGuard.from_config(defaults(), "old.example", clock)
-    assert guard.rate(1.0) == 1.0
+    assert guard.restraints() == {"retired": None, "trap": None}
+    assert paced_rate(guard, 1.0, clock) == 1.0
     for i in range(1200):
         guard.observe_request(f"/gone?ref={i}")
-    assert guard.rate(1.0) == 0.25  # SPEC §7: slow quarters the rate
+    assert paced_rate(guard, 1.0, clock) == 0.25  # SPEC §7: slow quarters the rate
     for _ in range(200):
         guard.observe_answer(410)
-    assert guard.rate(1.0) == pytest.approx(1 / 60)
+    retired = guard.restraints()["retired"]
+    assert retired is not None and retired.reason == "200 of last 200 answers 404/410"
+    assert paced_rate(guard, 1.0, clock) == pytest.approx(1 / 60)  # SPEC §7: retired caps the rate
+    assert paced_rate(guard, 0.004, clock) == pytest.approx(0.001)  # a cap: never faster than the trap made it
     guard.observe_answer(200)
-    assert guard.rate(1.0) == 0.25
+    assert guard.restraints()["retired"] is None  # revived: the cap is lifted
+    assert paced_rate(guard, 1.0, clock) == 0.25
     status = guard.status()
     assert status["retired"] is False and status["traps"][0]["param"] == "ref"
 
@@ -441,6 +454,6 @@ def test_guard_state_round_trips(clock: FakeClock) -> None:
     state = json.loads(json.dumps(guard.to_state()))
     again = RunawayGuard.from_state(state, cfg, "old.example", clock)
     assert again.retired.retired and again.traps.has_trap()
-    assert again.rate(1.0) == pytest.approx(1 / 60)
+    assert paced_rate(again, 1.0, clock) == pytest.approx(1 / 60)
     with pytest.raises(ValueError):
         RunawayGuard.from_state({"v": 1, "retired": None, "traps": None}, cfg)
