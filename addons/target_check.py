@@ -2,7 +2,8 @@
 
 Before any gate spends anything on a request: a control byte in its target (raw, or `%00`-
 `%1F`/`%7F` in the path), a port that names no service (`http://127.0.0.1:0/`), or a `Host`
-header that names another authority than the URL or the CONNECT target. Otherwise robots.txt,
+header that names another authority than the URL or the CONNECT target, or a TLS server name
+(SNI) that names another host than the CONNECT target. Otherwise robots.txt,
 the budget, the store and the site would each see a different request.
 """
 
@@ -13,7 +14,7 @@ from etiquette_addons.notes import notes_of, skip
 from etiquette_addons.runtime import Runtime
 from mitmproxy import connection, http
 
-from etiquette_proxy.target import authority_mismatch, control_bytes, port_problem
+from etiquette_proxy.target import authority_mismatch, canonical_host, control_bytes, port_problem, show_authority
 
 
 class TargetCheck:
@@ -49,6 +50,10 @@ class TargetCheck:
         if tunnel is not None:
             # Inside a tunnel mitmproxy takes host and port from the Host header (or
             # :authority): compare that with what the CONNECT named.
+            sni = flow.client_conn.sni  # sent on to the site as is (mitmproxy's TLS layer)
+            if sni and canonical_host(sni) != canonical_host(tunnel[0]):
+                return (f"TLS server name (SNI) {sni[:100]!r} names another host than the CONNECT target "
+                        f"{show_authority(canonical_host(tunnel[0]), tunnel[1])} (SPEC §12: one request, one site)")
             return authority_mismatch(request.scheme, tunnel[0], tunnel[1], request.host_header,
                                       named_by="the CONNECT target")
         return authority_mismatch(request.scheme, request.host, request.port, request.host_header)

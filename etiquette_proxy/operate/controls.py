@@ -23,6 +23,7 @@ from typing import Any
 
 from etiquette_proxy.clock import Clock, wall
 from etiquette_proxy.operate.endpoint_guard import refusal_for
+from etiquette_proxy.target import parse_authority
 
 URL_FILE = "proxy-url"
 TOKEN_FILE = "operator-token"
@@ -80,6 +81,10 @@ def parse_action(body: bytes) -> Action:
         raise ValueError(f"action ({action!r}) must be one of {', '.join(ACTIONS)}")
     if not isinstance(site, str) or not site.strip() or len(site) > 300 or any(c.isspace() for c in site.strip()):
         raise ValueError(f"site ({site!r}) must be host:port or host")
+    try:  # a site key is an authority (site_key.py); a URL or a path names no site, so pauses nothing
+        parse_authority(site.strip(), "http")
+    except ValueError:
+        raise ValueError(f"site ({site[:100]!r}) must be host:port or host, not a URL or a path") from None
     for_s = data.get("for_s")
     if for_s is not None:
         if action != "pause":

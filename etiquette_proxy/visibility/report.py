@@ -53,7 +53,7 @@ KNOWN_KEYS = frozenset(REQUIRED_KEYS) | {
     "health", "would", "would_reason", "would_wait_s", "bytes", "robots", "robots_fetch", "crawl_delay",
     "trimmed", "trap", "retired", "revived", "warning", "health_signal", "ceiling", "breaker",
     "ratelimit", "gone_status", "header_notes", "alert", "band_change", "event", "canary",
-    "marker_found", "action", "purposes", "signals",
+    "marker_found", "action", "purposes", "signals", "client_gone",
     "seq", "chain", "signed", "not_signed", "would_sign",  # SPEC §11 chain, SPEC §9 identity
 }
 # A robots.txt that could not be fetched disallows everything (RFC 9309 §2.3.1.4): those 503s
