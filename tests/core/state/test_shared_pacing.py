@@ -58,7 +58,7 @@ def test_booked_starts_keep_the_schedule_whoever_wakes_late():
         assert granted
         starts.append(now + wait)
         now += 0.003 if i % 2 else 0.0  # asks at uneven times
-    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
     assert all(g == pytest.approx(0.01) for g in gaps)
     assert m.reserve(now, 100, 1, horizon=0.5) == (False, pytest.approx(starts[-1] + 0.01 - now))
 
