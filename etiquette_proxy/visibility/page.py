@@ -6,8 +6,8 @@ JavaScript, no CDN and no build step; the filter box and the pages are a GET for
 so a reload keeps them; `GET /api/sites` is the same snapshot as JSON and
 `GET /metrics` the Prometheus text.
 
-POST routes are an extension point, not part of the dashboard: a feature registers
-`post_routes["/report-extraction"] = handler` (SPEC §8) and gets `(body, headers) -> Page`.
+POST routes are an extension point, not part of the dashboard: the feature that owns a path
+(e.g. "/report-extraction", SPEC §8) hands `post_routes` a `handler(body, headers) -> Page`.
 Every other method is answered 405: the dashboard never changes anything.
 """
 
