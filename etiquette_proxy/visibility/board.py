@@ -29,7 +29,7 @@ from datetime import datetime
 from typing import Any
 
 from etiquette_proxy.clock import Clock, wall
-from etiquette_proxy.visibility.tally import Tally, health_score
+from etiquette_proxy.visibility.tally import SiteCounts, health_score
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def epoch_of(ts: Any) -> float | None:
 
 
 @dataclass(kw_only=True)
-class SiteTally(Tally):
+class SiteTally(SiteCounts):
     """What the audit log said about one site since the proxy started (the counts in tally.py)."""
 
     last_ts: str = ""

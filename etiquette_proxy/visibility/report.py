@@ -45,7 +45,7 @@ from typing import IO, Any
 
 from etiquette_proxy.audit.chain import ChainCheck, ChainVerdict
 from etiquette_proxy.audit.log import OUTCOMES, REQUIRED_KEYS, rfc3339_ms
-from etiquette_proxy.visibility.tally import Tally, byte_count, health_score, is_429
+from etiquette_proxy.visibility.tally import SiteCounts, byte_count, health_score, is_429
 
 # Keys the proxy writes (every addon's notes.extra and audit_record call) or the SPEC documents;
 # anything else is counted as unknown.
@@ -104,7 +104,7 @@ def wait_asked(record: Mapping[str, Any], at: float) -> float | None:
 
 
 @dataclass
-class SiteConduct(Tally):
+class SiteConduct(SiteCounts):
     """One site's tallies while reading (the counts in tally.py, and what grading needs), and
     its grade after."""
 

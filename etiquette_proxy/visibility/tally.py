@@ -6,7 +6,7 @@ robots.txt fetch, the bytes the site sent, the bytes saved. Those rules live her
 reader adds only what it alone needs (the board: signing, health history, recent lines; the
 report: whether 429s were honoured, re-checks, robots.txt violations, events).
 
-What is counted from one decision line (`Tally.count`):
+What is counted from one decision line (`SiteCounts.count`):
 - `received_429`: the site answered 429, or `throttled` with an upstream status (SPEC §5);
 - the proxy's own robots.txt fetch (`robots_fetch`): `robots_fetches` and its bytes, nothing else;
 - otherwise one request: `outcomes`, `would` (observe mode, SPEC §3), bytes the site sent (a line
@@ -45,7 +45,7 @@ def is_429(upstream: Any, outcome: str) -> bool:
 
 
 @dataclass(kw_only=True)
-class Tally:
+class SiteCounts:
     """What a site's decision lines add up to (see the module docstring for each count)."""
 
     requests: int = 0  # client decisions (the proxy's own robots.txt fetches not included)

@@ -11,7 +11,7 @@ from etiquette_proxy.audit.log import audit_record
 from etiquette_proxy.clock import FakeClock
 from etiquette_proxy.visibility.board import SiteBoard
 from etiquette_proxy.visibility.report import Report, read_log
-from etiquette_proxy.visibility.tally import Tally, byte_count, health_score, is_429
+from etiquette_proxy.visibility.tally import SiteCounts, byte_count, health_score, is_429
 
 T0 = 1_800_000_000.0
 SHOP, NEWS = "shop.test:80", "news.test:443"
@@ -48,7 +48,7 @@ COUNTS = ("requests", "outcomes", "would", "robots_fetches", "received_429", "by
           "saved_revalidation", "saved_trimming")
 
 
-def counts(tally: Tally) -> dict[str, object]:
+def counts(tally: SiteCounts) -> dict[str, object]:
     return {name: getattr(tally, name) for name in COUNTS}
 
 
