@@ -16,6 +16,7 @@ from mitmproxy import http
 
 from etiquette_proxy.audit.log import audit_record
 from etiquette_proxy.clock import wall
+from etiquette_proxy.pacing.rates import Rates
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +37,9 @@ def final_outcome(notes: FlowNotes, flow: http.HTTPFlow) -> str:
 class AuditWriter:
     """Writes one audit line per flow and marks responses with the decision."""
 
-    def __init__(self, runtime: Runtime):
+    def __init__(self, runtime: Runtime, rates: Rates | None = None):
         self.rt = runtime
+        self.rates = rates if rates is not None else runtime.configured_rates()  # pacing's, read-only
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         assert flow.response is not None
@@ -101,7 +103,7 @@ class AuditWriter:
                 status=status,
                 upstream_status=None if notes.local else notes.upstream_status,
                 waited_s=notes.waited_s,
-                rate=self.rt.rate_for(notes.site),
+                rate=self.rates.of(notes.site),
                 reason=notes.reason or _default_reason(flow),
                 client_ua=request.headers.get("user-agent"),
                 **extra,

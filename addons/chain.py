@@ -12,7 +12,7 @@ from etiquette_addons.connections import ConnectionLimits, StopGate
 from etiquette_addons.controls import OperatorControls
 from etiquette_addons.dashboard import Dashboard
 from etiquette_addons.gone_memory import GoneMemory
-from etiquette_addons.health import HealthWatch
+from etiquette_addons.health import REPORT_PATH, HealthWatch
 from etiquette_addons.identity import RequestSigning
 from etiquette_addons.pacing import Pacing
 from etiquette_addons.refusals import RefusalTrimmer
@@ -23,6 +23,10 @@ from etiquette_addons.runtime import Runtime
 from etiquette_addons.settings import Settings
 from etiquette_addons.site_grouping import SiteGrouping
 from etiquette_addons.target_check import TargetCheck
+
+from etiquette_proxy.events import Broadcast
+from etiquette_proxy.operate.controls import ROUTE as OPERATOR_ROUTE
+from etiquette_proxy.pacing.restraints import Restraints
 
 log = logging.getLogger(__name__)
 
@@ -116,25 +120,52 @@ def build_chain(runtime: Runtime | None = None) -> list[Any]:
 
 
 def members(rt: Runtime) -> list[Any]:
-    """Every etiquette addon, sharing one runtime; order matters (see each hook)."""
-    pacing = Pacing(rt)
-    robots = RobotsGate(rt, before_fetch=pacing.before_robots_fetch)  # SPEC §4: robots.txt counts against the budget
-    health = HealthWatch(rt, robots_allows=robots.allows)
+    """Every etiquette addon, sharing one runtime; order matters (see each hook).
+
+    The links between addons are made here and nowhere else, each with one owner and one
+    direction; no addon reads another's attributes:
+    - `restraints` (etiquette_proxy/pacing/restraints.py): robots.txt crawl-delay, runaway and
+      health each write their own source; pacing reads them all before every decision; the
+      dashboard shows them;
+    - `pacing.rates` (etiquette_proxy/pacing/rates.py): read-only, the rate each site is paced
+      at now, for every audit line (SPEC §10) and the dashboard;
+    - callables handed one way: robots.txt fetches take pacing's budget (`before_fetch`),
+      canaries ask robots.txt (`robots_allows`), the operator asks pacing what a site asked for
+      and tells health to resume or forget;
+    - the dashboard is handed each feature's status provider and POST route;
+    - `listening` (etiquette_proxy/events.py): Settings emits the address once the proxy
+      listens, the operator controls write <state-dir>/proxy-url; every audit record reaches
+      the dashboard's board through `Runtime.recorded`.
+    """
+    restraints = Restraints()
+    listening: Broadcast[tuple[str, int]] = Broadcast("listening")
+    pacing = Pacing(rt, restraints)
+    rates = pacing.rates
+    robots = RobotsGate(rt, before_fetch=pacing.before_robots_fetch,  # SPEC §4: robots.txt counts against the budget
+                        restraints=restraints, rates=rates)
+    health = HealthWatch(rt, robots_allows=robots.allows, restraints=restraints, rates=rates)
+    controls = OperatorControls(rt, pacing, health, rates=rates)
+    listening.connect(controls.announce)
+    runaway = RunawayWatch(rt, restraints)
+    dashboard = Dashboard(rt, providers=(pacing.status, robots.status, health.live_fields, controls.status,
+                                         runaway.status),
+                          routes={REPORT_PATH: health.post_report, OPERATOR_ROUTE: controls.post},
+                          rates=rates, restraints=restraints)
     return [
-        Settings(rt),  # options, config, state, audit log; starts each flow's notes
+        Settings(rt, listening),  # options, config, state, audit log; starts each flow's notes
         StopGate(rt),  # SPEC §12: while stopping, new requests are answered, never started
-        Dashboard(rt),  # http://etiquette.proxy/ answered here, before any gate sees it
+        dashboard,  # http://etiquette.proxy/ answered here, before any gate sees it
         TargetCheck(rt),  # SPEC §4, §12: control bytes, port 0, Host vs authority -> local 400
         SiteGrouping(rt),  # SPEC §5 pacing.group_by: the site key every later addon reads
-        OperatorControls(rt, pacing, health),  # SPEC §3 `sites pause`: before robots, nothing goes out
+        controls,  # SPEC §3 `sites pause`: before robots, nothing goes out
         robots,  # RFC 9309: refuse before anything else spends the site's budget
         GoneMemory(rt),  # 404/410 remembered: answered locally before any validator work
         Revalidation(rt),  # served-stored, validator injection; 304 -> stored 200 in response
-        RunawayWatch(rt),  # SPEC §7: URL-space traps (requests going upstream), retired sites
+        runaway,  # SPEC §7: URL-space traps (requests going upstream), retired sites
         pacing,  # SPEC §5: hold for the site's turn (request), learn from its answer (responseheaders)
         RefusalTrimmer(rt),  # SPEC §7: page-only headers off refusals (responseheaders)
         health,  # SPEC §8: the request leaves now (its send time)
         RequestSigning(rt),  # SPEC §9: signed last, after every header the proxy adds
         ConnectionLimits(rt),  # SPEC §12: timeouts from here (read_timeout), connection limits
-        AuditWriter(rt),  # decision header and audit line: last, after every decision is made
+        AuditWriter(rt, rates),  # decision header and audit line: last, after every decision is made
     ]

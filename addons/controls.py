@@ -20,7 +20,8 @@ import json
 import logging
 import math
 import os
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 from etiquette_addons.answers import answer_locally
 from etiquette_addons.notes import notes_of, skip
@@ -43,6 +44,7 @@ from etiquette_proxy.operate.controls import (
     site_matches,
     write_private,
 )
+from etiquette_proxy.pacing.rates import Rates
 from etiquette_proxy.state.interface import save
 from etiquette_proxy.visibility.page import Page, human_seconds
 
@@ -56,20 +58,36 @@ def _json_page(status: int, payload: dict[str, Any]) -> Page:
     return Page(status, "application/json", (json.dumps(payload) + "\n").encode(), (("Cache-Control", "no-store"),))
 
 
+class SiteAsked(Protocol):
+    """Pacing, as the controls see it: what the sites asked for themselves (SPEC §5)."""
+
+    def site_asked(self, asked: str) -> list[str]: ...
+
+
+class HealthActions(Protocol):
+    """Health, as the controls see it: the sites it knows; resume and forget (SPEC §8)."""
+
+    def sites(self) -> Iterable[str]: ...
+    def resume(self, site: str, why: str) -> bool: ...
+    def forget(self, site: str) -> bool: ...
+
+
 class OperatorControls:
-    def __init__(self, runtime: Runtime, pacing: Any = None, health: Any = None, clock: Clock = wall):
+    """The `sites` endpoint and the operator's pauses. chain.py connects `announce` to the
+    `listening` event and hands `post` (ROUTE) and `status` to the dashboard."""
+
+    def __init__(self, runtime: Runtime, pacing: SiteAsked | None = None, health: HealthActions | None = None,
+                 clock: Clock = wall, rates: Rates | None = None):
         self.rt = runtime
         self._clock = clock
-        self.pacing = pacing  # Pacing: the site's own pause and breaker, to say what stays
-        self.health = health  # HealthWatch: resume and forget
+        self.pacing = pacing  # the site's own pause and breaker, to say what stays
+        self.health = health  # resume and forget
+        self.rates = rates if rates is not None else runtime.configured_rates()
         self.pauses = OperatorPauses(clock)
         self.token: str | None = None
         self._url_file: str | None = None
         self._url = ""
         self._loaded_from: object = None
-        runtime.post_routes[ROUTE] = self.post
-        runtime.listening.append(self.announce)
-        runtime.site_status.append(self.status)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -86,8 +104,9 @@ class OperatorControls:
     def _save(self) -> None:
         save(self.rt.state, NAMESPACE, "pauses", self.pauses.to_state(), "operator pauses")
 
-    def announce(self, host: str, port: int) -> None:
+    def announce(self, address: tuple[str, int]) -> None:
         """Listening: write the token and the URL into the state dir (0600), for the CLI."""
+        host, port = address
         self._restore()
         directory = self.rt.state_dir
         if not directory:
@@ -189,19 +208,7 @@ class OperatorControls:
 
     def _site_asked(self, asked: str) -> list[str]:
         """Pauses and breakers the site asked for itself: SPEC §5 keeps them whatever we do."""
-        if self.pacing is None or self.pacing.budgets is None:
-            return []
-        out = []
-        for site in self.pacing.budgets:
-            if not site_matches(site, asked):
-                continue
-            budget = self.pacing.budgets.get(site)
-            if budget.is_breaker_open():
-                out.append(f"{site}: breaker tripped, {human_seconds(budget.breaker_for_s())} left (SPEC §5)")
-            elif budget.paused_for_s() > 0:
-                out.append(f"{site}: paused by the site, {human_seconds(budget.paused_for_s())} left "
-                           f"({budget.pause_reason()})")
-        return out
+        return self.pacing.site_asked(asked) if self.pacing is not None else []
 
     def _audit(self, action: Action, reason: str) -> None:
         site = action.site
@@ -212,7 +219,7 @@ class OperatorControls:
             self.rt.record(audit_record(
                 ts=wall(), outcome="paused" if action.action == "pause" else "fetched", method="-",
                 url=f"{ROUTE}#{action.action}", site=site, status=None, upstream_status=None, waited_s=0.0,
-                rate=self.rt.rate_for(site), reason=reason, client_ua=None, **extra,
+                rate=self.rates.of(site), reason=reason, client_ua=None, **extra,
             ))
         except Exception:  # noqa: BLE001
             log.exception("operator: could not write the audit line for %s %s", action.action, action.site)

@@ -6,21 +6,31 @@ upstream (with connection_strategy=lazy no connection, not even a DNS lookup, is
 the audit writer writes no audit line for it (`notes.facts["internal"]`, which every addon's
 response-side hook also skips).
 
-The board is fed through `runtime.listeners` with every audit record the proxy writes.
+The dashboard owns its extension points and is handed what fills them (addons/chain.py):
+- the board hears every audit record the proxy writes (`Runtime.recorded`);
+- `providers`: each feature's `status(site) -> dict` of live fields, merged in the order given
+  after the dashboard's own (the rate from pacing's `Rates`, the `Restraints` on the site);
+- `routes`: POST paths on http://etiquette.proxy/ and their handlers (e.g. "/report-extraction",
+  SPEC §8; "/operator", SPEC §3); the dashboard itself is read-only.
+The features never see the dashboard, and the dashboard never sees the features, only the
+callables it was handed.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from etiquette_addons.notes import notes_of, skip
 from etiquette_addons.runtime import Runtime
 from mitmproxy import http
 
-from etiquette_proxy.visibility.board import SiteBoard
+from etiquette_proxy.pacing.rates import Rates
+from etiquette_proxy.pacing.restraints import Restraints
+from etiquette_proxy.visibility.board import SiteBoard, StatusProvider
 from etiquette_proxy.visibility.metrics import CONTENT_TYPE_LATEST, render_metrics
-from etiquette_proxy.visibility.page import HOST, Page, serve, text_page
+from etiquette_proxy.visibility.page import HOST, Page, PostRoute, serve, text_page
 
 log = logging.getLogger(__name__)
 
@@ -31,16 +41,21 @@ def is_dashboard(flow: http.HTTPFlow) -> bool:
 
 
 class Dashboard:
-    def __init__(self, runtime: Runtime):
+    def __init__(self, runtime: Runtime, providers: Iterable[StatusProvider] = (),
+                 routes: Mapping[str, PostRoute] | None = None, rates: Rates | None = None,
+                 restraints: Restraints | None = None):
         self.rt = runtime
         self.board = SiteBoard()
-        runtime.listeners.append(self.board.add)
+        runtime.recorded.connect(self.board.add)
+        self.rates = rates if rates is not None else runtime.configured_rates()
+        self.restraints = restraints if restraints is not None else Restraints()
         # First provider: the rate as the audit log sees it; pacing's own provider overrides it.
-        runtime.site_status.insert(0, self._rate)
+        self.providers: tuple[StatusProvider, ...] = (self._rate, *providers)
+        self.routes: dict[str, PostRoute] = dict(routes or {})
 
     def _rate(self, site: str) -> dict[str, Any]:
-        fields: dict[str, Any] = {"rate": self.rt.rate_for(site)}
-        restraints = self.rt.restraints_for(site)
+        fields: dict[str, Any] = {"rate": self.rates.of(site)}
+        restraints = self.restraints.on(site)
         if restraints:
             fields["restraints"] = [{"source": r.source, "paused": r.paused, "reason": r.reason}
                                     for r in restraints]
@@ -51,7 +66,7 @@ class Dashboard:
         identity = signer.describe() if signer is not None else None
         if identity is not None and self.rt.observe:
             identity["signing"] = False  # observe mode changes nothing on the wire (SPEC §3)
-        return self.board.snapshot(self.rt.site_status, identity)
+        return self.board.snapshot(self.providers, identity)
 
     def request(self, flow: http.HTTPFlow) -> None:
         if skip(flow) or not is_dashboard(flow):
@@ -63,7 +78,7 @@ class Dashboard:
         try:
             page = serve(request.method, request.path, self.snapshot,
                          lambda: (CONTENT_TYPE_LATEST, render_metrics(self.snapshot)),
-                         self.rt.post_routes, request.raw_content or b"",
+                         self.routes, request.raw_content or b"",
                          {k.lower(): v for k, v in request.headers.items()})
         except Exception:  # noqa: BLE001 - a broken page must not take the proxy down
             log.exception("dashboard failed on %s %s", request.method, request.path)

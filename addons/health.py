@@ -15,8 +15,8 @@ acts on what it returns:
   on shutdown, so scores, baselines and months of history survive restarts.
 
 `POST http://etiquette.proxy/report-extraction` (parser health, beside the score) is a POST
-route on the dashboard (`runtime.post_routes`), answered before any gate sees it; the site's
-health reaches the dashboard through a status provider (`runtime.site_status`).
+route on the dashboard (chain.py hands it `post_report`), answered before any gate sees it; the
+site's health reaches the dashboard through a status provider (`live_fields`, handed the same way).
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ from etiquette_proxy.clock import Clock, wall
 from etiquette_proxy.health.parser import ParserSummary, parse_report
 from etiquette_proxy.health.signals import HEAD_BYTES, Signal
 from etiquette_proxy.health.site import Band, BandChange, HealthBook, HealthSettings, SiteHealth
-from etiquette_proxy.pacing.restraints import Restraint
+from etiquette_proxy.pacing.rates import Rates
+from etiquette_proxy.pacing.restraints import Restraint, Restraints
 from etiquette_proxy.site_key import SiteKeys
 from etiquette_proxy.sites import SiteRegistry
 from etiquette_proxy.state.interface import save
@@ -146,8 +147,12 @@ RobotsAllows = Callable[[str, str, str, bool], Awaitable[bool]]
 class HealthWatch:
     """Feeds every response to the site's health and acts on band changes (SPEC §8)."""
 
-    def __init__(self, runtime: Runtime, robots_allows: RobotsAllows | None = None, clock: Clock = wall):
+    def __init__(self, runtime: Runtime, robots_allows: RobotsAllows | None = None, clock: Clock = wall,
+                 restraints: Restraints | None = None, rates: Rates | None = None):
         self.rt = runtime
+        # Pacing's table: band actions become this addon's "health" restraint; pacing reads it.
+        self.restraints = restraints if restraints is not None else Restraints()
+        self.rates = rates if rates is not None else runtime.configured_rates()  # for its audit lines
         # RobotsGate.allows: canaries obey robots.txt like everything else (SPEC §8, RFC 9309).
         self.robots_allows = robots_allows
         self._clock = clock  # windows are aligned to the wall clock (health.py)
@@ -159,8 +164,6 @@ class HealthWatch:
         self._origins: dict[str, str] = {}
         self._pending: dict[str, list[BandChange]] = {}  # changes no request line has carried yet
         self._tasks: set[asyncio.Task[Any]] = set()
-        runtime.post_routes[REPORT_PATH] = self.post_report
-        runtime.site_status.append(self.live_fields)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -330,9 +333,9 @@ class HealthWatch:
     def _restrain(self, site: str, change: BandChange) -> None:
         restraint = restraint_for(change)
         if restraint is None:
-            self.rt.release(site, SOURCE)
+            self.restraints.release(site, SOURCE)
         else:
-            self.rt.restrain(site, restraint)
+            self.restraints.restrain(site, restraint)
 
     def _alert(self, change: BandChange) -> None:
         """SPEC §8: below 50, an alert event line and the optional alert command."""
@@ -342,7 +345,7 @@ class HealthWatch:
             try:
                 self.rt.record(audit_record(
                     ts=wall(), outcome="paused", method="-", url=f"{origin}/", site=site,
-                    status=None, upstream_status=None, waited_s=0.0, rate=self.rt.rate_for(site),
+                    status=None, upstream_status=None, waited_s=0.0, rate=self.rates.of(site),
                     reason=change.why, client_ua=None, event="health_alert",
                     band_change=change_record(change),
                     health={"score": change.score, "band": change.to_band.value},
@@ -441,7 +444,7 @@ class HealthWatch:
         try:
             self.rt.record(audit_record(
                 ts=wall(), outcome=outcome, method="GET", url=url, site=site, status=status,
-                upstream_status=status, waited_s=0.0, rate=self.rt.rate_for(site), reason=reason,
+                upstream_status=status, waited_s=0.0, rate=self.rates.of(site), reason=reason,
                 client_ua=ua, canary=True, marker_found=found,
                 signed=self.rt.signed_keyid() if status is not None else None, **extra,
             ))
@@ -489,7 +492,7 @@ class HealthWatch:
         """Operator's `sites forget`: health windows, baseline, band and parser health go."""
         self.restore()
         forgotten = self.book.forget(site)
-        self.rt.release(site, SOURCE)
+        self.restraints.release(site, SOURCE)
         self._saved_window.pop(site, None)
         self._pending.pop(site, None)
         self.rt.state.forget(NAMESPACE, site)

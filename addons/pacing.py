@@ -10,8 +10,8 @@ this addon only waits and answers:
   and every response, failure or cancel (a slot may be free), asks `release_due` who starts or
   is refused now and wakes exactly those (SPEC §5: releasing one wakes one, not every held
   request).
-- Other features' restraints (`Runtime.restraints_for`: robots.txt crawl-delay, runaway,
-  health) scale and cap the budget's rate and concurrency before every decision; a `paused`
+- Other features' restraints (the `Restraints` table it is handed: robots.txt crawl-delay,
+  runaway, health) scale and cap the budget's rate and concurrency before every decision; a `paused`
   restraint answers the site's requests locally 503 `paused`.
 - A held request is released early when its client goes away (dropped, never sent) or the
   proxy stops (answered locally 503 `paused`, "proxy stopping"): MITMPROXY-NOTES, release held
@@ -39,13 +39,16 @@ from etiquette_addons.runtime import Runtime
 from etiquette_addons.side_fetch import SideFetchError
 from mitmproxy import connection, http
 
+from etiquette_proxy.operate.controls import site_matches
 from etiquette_proxy.pacing.budget import SiteBudget, Turn
 from etiquette_proxy.pacing.per_site import Budgets
-from etiquette_proxy.pacing.restraints import fold, restraint_note
+from etiquette_proxy.pacing.rates import Rates
+from etiquette_proxy.pacing.restraints import Restraints, fold, restraint_note
 from etiquette_proxy.pacing.throttle import ThrottleDecision
 from etiquette_proxy.state.interface import restore, save
 from etiquette_proxy.state.redis_store import SharedStateUnavailable
 from etiquette_proxy.state.shared_pacing import Reservation
+from etiquette_proxy.visibility.page import human_seconds
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +65,12 @@ STOPPING = "stopping"  # the proxy stops: answered locally 503 `paused`
 
 
 class Pacing:
-    def __init__(self, runtime: Runtime):
+    def __init__(self, runtime: Runtime, restraints: Restraints | None = None):
         self.rt = runtime
+        # Written by the features that restrain (chain.py hands them the same table), read here.
+        self.restraints = restraints if restraints is not None else Restraints()
+        # Read-only for everyone else: the audit line's rate, the dashboard's.
+        self.rates = Rates(runtime.configured_rate, self.rate_of)
         self._config: Any = None
         self.budgets: Budgets | None = None
         # Held requests, one future each: woken one by one as the site's line decides them.
@@ -77,8 +84,6 @@ class Pacing:
         self._shared_lines: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         self._versions: dict[str, int] = {}
         self._background: set[asyncio.Task[None]] = set()
-        runtime.rate_of = self.rate_of
-        runtime.site_status.append(self.status)
 
     # -- budgets -------------------------------------------------------------------------------
 
@@ -131,9 +136,26 @@ class Pacing:
             out["breaker_s"] = round(b.breaker_for_s(), 1)
         return out
 
+    def site_asked(self, asked: str) -> list[str]:
+        """Pauses and breakers the sites matching `asked` asked for themselves (SPEC §5: they
+        stay whatever the operator does; `sites resume` says so)."""
+        if self.budgets is None:
+            return []
+        out = []
+        for site in self.budgets:
+            if not site_matches(site, asked):
+                continue
+            budget = self.budgets.get(site)
+            if budget.is_breaker_open():
+                out.append(f"{site}: breaker tripped, {human_seconds(budget.breaker_for_s())} left (SPEC §5)")
+            elif budget.paused_for_s() > 0:
+                out.append(f"{site}: paused by the site, {human_seconds(budget.paused_for_s())} left "
+                           f"({budget.pause_reason()})")
+        return out
+
     def _restrain(self, site: str, budget: SiteBudget) -> str | None:
         """Apply other features' restraints; the reason of a pause among them, if any."""
-        folded = fold(self.rt.restraints_for(site))
+        folded = fold(self.restraints.on(site))
         try:
             budget.restrain(folded.rate_factor, folded.rate_cap, folded.concurrency_factor)
         except ValueError as e:  # a feature's bad numbers must not take pacing down
@@ -142,7 +164,7 @@ class Pacing:
 
     def _restraint_note(self, site: str) -> str:
         """Why the site's rate is lower than configured, for a refusal's reason."""
-        return restraint_note(self.rt.restraints_for(site), lambda: self.budget(site).rate)
+        return restraint_note(self.restraints.on(site), lambda: self.budget(site).rate)
 
     # -- waiting -------------------------------------------------------------------------------
 

@@ -21,7 +21,8 @@ from mitmproxy import http
 
 from etiquette_proxy.audit.log import audit_record
 from etiquette_proxy.clock import wall
-from etiquette_proxy.pacing.restraints import Restraint
+from etiquette_proxy.pacing.rates import Rates
+from etiquette_proxy.pacing.restraints import Restraint, Restraints
 from etiquette_proxy.robots.policy import FetchResult, RobotsEntry, RobotsPolicy, RobotsSettings, product_token
 from etiquette_proxy.site_key import host_site, url_authority
 from etiquette_proxy.sites import SiteRegistry
@@ -38,8 +39,13 @@ REDIRECTS = (301, 302, 303, 307, 308)
 
 class RobotsGate:
     def __init__(self, runtime: Runtime,
-                 before_fetch: Callable[[str], Awaitable[None]] | None = None):
+                 before_fetch: Callable[[str], Awaitable[None]] | None = None,
+                 restraints: Restraints | None = None, rates: Rates | None = None):
         self.rt = runtime
+        # Pacing's table: this gate writes its "crawl-delay" restraint (RFC 9309 has no
+        # crawl-delay; SPEC §4 honours it as a rate cap); pacing reads it.
+        self.restraints = restraints if restraints is not None else Restraints()
+        self.rates = rates if rates is not None else runtime.configured_rates()  # for its audit lines
         self.policy = RobotsPolicy()
         self.entries: dict[str, RobotsEntry] = {}
         self._inflight: dict[str, asyncio.Future[RobotsEntry]] = {}
@@ -47,7 +53,6 @@ class RobotsGate:
         # SideFetchError (not sent: the site is paused).
         self.before_fetch = before_fetch
         self._settings: SiteRegistry[RobotsSettings] = SiteRegistry(RobotsSettings.from_config)
-        runtime.site_status.append(self.status)
 
     def status(self, site: str) -> dict[str, object]:
         """Dashboard fields: the robots.txt state of each origin of `site` (http, https, and
@@ -90,10 +95,10 @@ class RobotsGate:
             delay = self.policy.crawl_delay(entry, token, settings)
             if delay is not None:
                 notes.extra["crawl_delay"] = delay
-                self.rt.restrain(notes.site, Restraint("crawl-delay", rate_cap=1 / delay,
+                self.restraints.restrain(notes.site, Restraint("crawl-delay", rate_cap=1 / delay,
                                                        reason=f"robots.txt asks {delay:g}s between requests"))
             else:
-                self.rt.release(notes.site, "crawl-delay")
+                self.restraints.release(notes.site, "crawl-delay")
             return
         if self.rt.observe:
             notes.would_do("disallowed", verdict.reason)
@@ -263,7 +268,7 @@ class RobotsGate:
             outcome = "fetched"
         self.rt.record(audit_record(
             ts=wall(), outcome=outcome, method="GET", url=url, site=site, status=status,
-            upstream_status=status, waited_s=0.0, rate=self.rt.rate_for(site), reason=reason,
+            upstream_status=status, waited_s=0.0, rate=self.rates.of(site), reason=reason,
             client_ua=ua, robots_fetch=True, signed=self.rt.signed_keyid() if status is not None else None,
         ))
 

@@ -14,6 +14,7 @@ from etiquette_addons.notes import notes_of, skip
 from etiquette_addons.runtime import Runtime
 from mitmproxy import http
 
+from etiquette_proxy.pacing.restraints import Restraints
 from etiquette_proxy.runaway.guard import RunawayGuard
 from etiquette_proxy.state.interface import restore, save
 from etiquette_proxy.target import resolve_target
@@ -24,10 +25,11 @@ NAMESPACE = "runaway"
 
 
 class RunawayWatch:
-    def __init__(self, runtime: Runtime):
+    def __init__(self, runtime: Runtime, restraints: Restraints | None = None):
         self.rt = runtime
+        # Pacing's table: this addon writes the "retired" and "trap" restraints; pacing reads them.
+        self.restraints = restraints if restraints is not None else Restraints()
         self.guards: dict[str, RunawayGuard] = {}
-        runtime.site_status.append(self.status)
 
     def status(self, site: str) -> dict[str, object]:
         """Dashboard fields: retired or not, and the traps named on this site."""
@@ -90,9 +92,9 @@ class RunawayWatch:
     def _restrain(self, site: str, guard: RunawayGuard) -> None:
         for source, restraint in guard.restraints().items():
             if restraint is None:
-                self.rt.release(site, source)
+                self.restraints.release(site, source)
             else:
-                self.rt.restrain(site, restraint)
+                self.restraints.restrain(site, restraint)
 
     def _save(self, site: str, guard: RunawayGuard) -> None:
         save(self.rt.state, NAMESPACE, site, guard.to_state(), "runaway state")

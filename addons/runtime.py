@@ -1,9 +1,15 @@
-"""What every addon of the chain shares: config, state, audit log, upstream path."""
+"""What every addon of the chain shares: config, state, audit log, upstream path.
+
+The Settings addon fills the Runtime in when options are configured; every other addon reads
+it and writes nothing here but audit records (`record`). How addons hear of each other is not
+here: chain.py hands each one what it needs, each link with one owner and one direction
+(pacing's `Rates`, the `Restraints` table, the dashboard's status providers and POST routes,
+the `listening` event); the one event kept here, `recorded`, belongs to the audit line.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -13,17 +19,14 @@ from etiquette_addons.side_fetch import UpstreamPath
 
 from etiquette_proxy.audit.log import AuditLog
 from etiquette_proxy.config import Config, defaults
-from etiquette_proxy.pacing.restraints import Restraint
+from etiquette_proxy.events import Broadcast
+from etiquette_proxy.pacing.rates import Rates
 from etiquette_proxy.revalidation.store import ValidatorStore
 from etiquette_proxy.site_key import SiteKeys
 from etiquette_proxy.sites import SiteRegistry
 from etiquette_proxy.state.interface import StateStore
 from etiquette_proxy.state.memory import MemoryState
 from etiquette_proxy.state.redis_store import RedisShared
-from etiquette_proxy.visibility.board import StatusProvider
-from etiquette_proxy.visibility.page import PostRoute
-
-log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -45,40 +48,12 @@ class Runtime:
     store: ValidatorStore | None = None
     # Set when the proxy is stopping: held requests are released with a local answer.
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
-    # The site's current rate (requests/s), as the pacing layer sees it; for the audit log.
-    rate_of: Callable[[str], float | None] = lambda site: None
-    # Called with every audit record after it is written (the dashboard's board listens).
-    listeners: list[Callable[[Mapping[str, Any]], None]] = field(default_factory=list)
-    # Each feature may add `provider(site) -> dict` of live fields for the dashboard
-    # (see etiquette_proxy/visibility/board.py for the field names it draws).
-    site_status: list[StatusProvider] = field(default_factory=list)
-    # POST routes on http://etiquette.proxy/ (e.g. "/report-extraction", SPEC §8); the
-    # dashboard itself is read-only.
-    post_routes: dict[str, PostRoute] = field(default_factory=dict)
-    # Called with the proxy's host and port once it listens, before the ready line is printed
-    # (the operator addon writes <state-dir>/proxy-url there).
-    listening: list[Callable[[str, int], None]] = field(default_factory=list)
+    # Every audit record, after its line is written (see record()); the dashboard's board
+    # connects. The other links between addons are made in chain.py, each with one owner.
+    recorded: Broadcast[Mapping[str, Any]] = field(default_factory=lambda: Broadcast("audit record"))
 
     # How requests are grouped into sites (`pacing.group_by`): see site_keys().
     _site_keys: SiteKeys = field(default_factory=SiteKeys)
-
-    # site -> source -> restraint; written by feature addons, read by pacing.
-    restraints: dict[str, dict[str, Restraint]] = field(default_factory=dict)
-
-    def restrain(self, site: str, restraint: Restraint) -> bool:
-        """Set a feature's restraint on a site; True when it changed."""
-        current = self.restraints.setdefault(site, {})
-        if current.get(restraint.source) == restraint:
-            return False
-        current[restraint.source] = restraint
-        return True
-
-    def release(self, site: str, source: str) -> bool:
-        """Lift a feature's restraint; True when there was one."""
-        return self.restraints.get(site, {}).pop(source, None) is not None
-
-    def restraints_for(self, site: str) -> list[Restraint]:
-        return list(self.restraints.get(site, {}).values())
 
     def site_keys(self) -> SiteKeys:
         """The one site key (SPEC §5 `pacing.group_by`) every addon uses: the flows' sites,
@@ -95,22 +70,23 @@ class Runtime:
         return bool(self.config.mode == "observe")
 
     def record(self, record: Mapping[str, Any]) -> None:
-        """Write one audit line, then hand it to every listener (a failing one is logged)."""
+        """Write one audit line, then hand it to every `recorded` handler (a failing one is logged)."""
         if self.audit is not None:
             self.audit.write(dict(record))
-        for listener in self.listeners:
-            try:
-                listener(record)
-            except Exception:  # noqa: BLE001 - a listener must never lose the audit line
-                log.exception("audit listener %r failed", listener)
+        self.recorded.emit(record)
 
     def signed_keyid(self) -> str | None:
         """The keyid the proxy's own requests are signed with (SPEC §9), None when not signing."""
         signer = self.upstream.signer
         return signer.keyid if signer is not None else None
 
-    def rate_for(self, site: str) -> float | None:
-        return self.rate_of(site) or float(self.config.get("pacing.rate", site))
+    def configured_rate(self, site: str) -> float:
+        """`pacing.rate` for `site` under the current config (before pacing knows the site)."""
+        return float(self.config.get("pacing.rate", site))
+
+    def configured_rates(self) -> Rates:
+        """The rates an addon sees when it is handed no pacing's (it runs alone, in a test)."""
+        return Rates(self.configured_rate)
 
 
 def expand_dir(path: str) -> str:

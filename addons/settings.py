@@ -15,6 +15,7 @@ from mitmproxy import ctx, exceptions, http
 
 from etiquette_proxy.audit.log import AuditLog
 from etiquette_proxy.config import ConfigError, load_config_file
+from etiquette_proxy.events import Broadcast
 from etiquette_proxy.file_modes import private_umask, secure_tree
 from etiquette_proxy.revalidation.store import ValidatorStore
 from etiquette_proxy.state.local import DiskState
@@ -36,8 +37,11 @@ def is_loopback(host: str) -> bool:
 
 
 class Settings:
-    def __init__(self, runtime: Runtime):
+    def __init__(self, runtime: Runtime, listening: Broadcast[tuple[str, int]] | None = None):
         self.rt = runtime
+        # Emitted here with (host, port) once the proxy listens, before the ready line (the
+        # operator controls write <state-dir>/proxy-url); chain.py connects the receivers.
+        self.listening: Broadcast[tuple[str, int]] = listening if listening is not None else Broadcast("listening")
         self._loaded_key: tuple[object, ...] | None = None
 
     def load(self, loader) -> None:  # type: ignore[no-untyped-def]
@@ -137,8 +141,7 @@ class Settings:
         server = ctx.master.addons.get("proxyserver")
         addrs = server.listen_addrs() if server else []
         for host, port, *_ in addrs[:1]:
-            for listener in self.rt.listening:
-                listener(host, port)
+            self.listening.emit((host, port))
             if not ctx.options.etiquette_ready_line:
                 return
             shown = f"[{host}]" if ":" in host else host

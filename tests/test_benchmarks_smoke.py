@@ -39,3 +39,11 @@ def test_held_benchmark_runs_at_tiny_size() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "answers: {200: 30} of 30" in proc.stdout
     assert "at the site: 30 requests; 0 of them answered non-200" in proc.stdout
+
+
+def test_layout_figures_name_the_largest_units_and_the_addon_share() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "layout_figures.py"), "--top", "1"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "addon layer / core: lines" in proc.stdout
+    assert "class by lines" in proc.stdout and "etiquette_proxy/" in proc.stdout and "addons/" in proc.stdout

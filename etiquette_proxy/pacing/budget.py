@@ -400,10 +400,9 @@ class SiteBudget:
 
     def _burst(self) -> int:
         # Bursts are what windowed limits punish: none while the site's limit is known (a ceiling
-        # from a 429), robots.txt asks for a delay between requests, or a restraint caps the
-        # rate (a crawl-delay or a retired site: a cap is a spacing, not an average).
-        throttle = self.throttle
-        if throttle.ceiling is not None or throttle.robots_rate is not None or self._restraint[1] < math.inf:
+        # from a 429) or a restraint caps the rate (robots.txt's crawl-delay or a retired site:
+        # a cap is a spacing, not an average).
+        if self.throttle.ceiling is not None or self._restraint[1] < math.inf:
             return 1
         return self.settings.burst
 

@@ -1,9 +1,12 @@
 """Other features' say in a site's pacing (SPEC §4 crawl-delay, §7 retired/trap, §8 health).
 
-Each feature states one `Restraint` per site under its own source name; pacing folds them all
-into the one restraint its budget obeys (`fold`), and names them when it refuses (`note`).
-Restraints only ever slow a site down: factors multiply, caps take the lowest, the first pause
-wins. A feature's bad numbers are clamped here, never allowed to take pacing down.
+Each feature states one `Restraint` per site under its own source name in the one
+`Restraints` table (made in addons/chain.py, handed to every feature that restrains and to the
+readers): features write their own source, pacing reads them all before every decision, folds
+them into the one restraint its budget obeys (`fold`) and names them when it refuses
+(`restraint_note`); the dashboard shows them. Restraints only ever slow a site down: factors
+multiply, caps take the lowest, the first pause wins. A feature's bad numbers are clamped here,
+never allowed to take pacing down.
 """
 
 from __future__ import annotations
@@ -64,3 +67,38 @@ def restraint_note(restraints: Iterable[Restraint], rate: Callable[[], float]) -
     said = [f"{r.source}: {r.reason}" if r.reason else r.source
             for r in restraints if r.rate_cap is not None or r.rate_factor < 1]
     return f" (rate {rate():.3g}/s; {'; '.join(said)})" if said else ""
+
+
+class Restraints:
+    """site -> source -> restraint: what features ask of pacing, each under its own source."""
+
+    __slots__ = ("_by_site",)
+
+    def __init__(self) -> None:
+        self._by_site: dict[str, dict[str, Restraint]] = {}
+
+    def restrain(self, site: str, restraint: Restraint) -> bool:
+        """Set a feature's restraint on a site; True when it changed."""
+        current = self._by_site.setdefault(site, {})
+        if current.get(restraint.source) == restraint:
+            return False
+        current[restraint.source] = restraint
+        return True
+
+    def release(self, site: str, source: str) -> bool:
+        """Lift a feature's restraint; True when there was one."""
+        current = self._by_site.get(site)
+        if current is None or current.pop(source, None) is None:
+            return False
+        if not current:
+            del self._by_site[site]  # a site nothing restrains costs nothing here
+        return True
+
+    def on(self, site: str) -> list[Restraint]:
+        """Every restraint on `site`, in the order the features first set them."""
+        current = self._by_site.get(site)
+        return list(current.values()) if current else []
+
+    def get(self, site: str, source: str) -> Restraint | None:
+        """The restraint `source` keeps on `site`, if any."""
+        return self._by_site.get(site, {}).get(source)

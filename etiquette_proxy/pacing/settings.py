@@ -25,11 +25,10 @@ class PacingSettings:
     rate_floor: float = 0.05
     ceiling_factor: float = 0.8
     recovery_step: float = 0.05
-    max_crawl_delay: float = 60.0
 
     def __post_init__(self) -> None:
         positive = ("rate", "max_retry_after", "ceiling_ttl", "cooldown", "breaker_window",
-                    "rate_floor", "recovery_step", "max_crawl_delay")
+                    "rate_floor", "recovery_step")
         for name in positive:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
@@ -61,5 +60,4 @@ class PacingSettings:
             rate_floor=float(get("throttle.rate_floor")),
             ceiling_factor=float(get("throttle.ceiling_factor")),
             recovery_step=float(get("throttle.recovery_step")),
-            max_crawl_delay=float(get("robots.max_crawl_delay")),
         ))

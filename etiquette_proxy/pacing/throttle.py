@@ -55,16 +55,13 @@ class ThrottleState:
     """One site's persisted 429 contract. Plain fields; the rules that change them."""
 
     # One per site seen: slots and shared constants keep it small at 100,000 sites.
-    __slots__ = ("settings", "_random", "robots_rate", "rate", "ceiling", "last_throttle_at",
+    __slots__ = ("settings", "_random", "rate", "ceiling", "last_throttle_at",
                  "recent", "paused_until", "pause_reason", "breaker_until", "breaker_reason",
                  "hint_rate", "hint_until")
 
     def __init__(self, settings: PacingSettings, random: Callable[[], float] = _random.random):
         self.settings = settings
         self._random = random  # jitter source, injected so tests are deterministic
-        # Never set any more (robots.txt reaches pacing as the crawl-delay restraint); still read
-        # from stored state and written back, so the stored format is unchanged.
-        self.robots_rate: float | None = None
         self.rate = settings.rate              # working rate, before a RateLimit hint
         self.ceiling: float | None = None
         self.last_throttle_at = NEVER          # last counted 429 (ceiling_ttl runs from here)
@@ -78,11 +75,6 @@ class ThrottleState:
         self.hint_until = NEVER
 
     # -- questions ---------------------------------------------------------------------------
-
-    def limit(self) -> float:
-        """The configured rate, lowered by robots.txt."""
-        r = self.settings.rate
-        return min(r, self.robots_rate) if self.robots_rate is not None else r
 
     def working_rate(self, now: float) -> float:
         """The rate the site allows now, before other features' restraints."""
@@ -147,7 +139,7 @@ class ThrottleState:
         self.forget_ceiling(now)
         ceiling = max(s.rate_floor, s.ceiling_factor * slowest)
         self.ceiling = min(ceiling, self.ceiling) if self.ceiling is not None else ceiling
-        self.rate = min(max(s.rate_floor, slowest / 2.0), self.limit())
+        self.rate = min(max(s.rate_floor, slowest / 2.0), s.rate)
         self.last_throttle_at = now
         breaker = k >= s.breaker_count
         if breaker:
@@ -170,7 +162,7 @@ class ThrottleState:
 
     def recovery_cap(self) -> float:
         """SPEC §5: additive recovery stays below the ceiling (and the configured rate)."""
-        cap = self.limit()
+        cap = self.settings.rate
         if self.ceiling is not None:
             cap = min(cap, self.ceiling * (1.0 - _CEILING_MARGIN))
         return cap
@@ -185,8 +177,7 @@ class ThrottleState:
         """True when there is state worth persisting (a pause, ceiling, lowered rate …)."""
         self.forget_ceiling(now)
         return (self.ceiling is not None or self.paused_until > now or self.breaker_until > now
-                or self.rate < self.limit() or self.hint_until > now or bool(self.recent)
-                or self.robots_rate is not None)
+                or self.rate < self.settings.rate or self.hint_until > now or bool(self.recent))
 
     def to_state(self) -> dict[str, Any]:
         """JSON-able state: rates, ceiling, pauses and breaker, with wall-clock times."""
@@ -195,7 +186,6 @@ class ThrottleState:
         return {
             "v": _STATE_VERSION,
             "rate": self.rate,
-            "robots_rate": self.robots_rate,
             "ceiling": self.ceiling,
             "last_throttle_at": t(self.last_throttle_at),
             "recent_throttles": list(self.recent),
@@ -215,7 +205,8 @@ class ThrottleState:
         rate = _num(state, "rate")
         if rate is None or rate <= 0:
             raise ValueError(f"budget state rate {state.get('rate')!r} is not a positive number")
-        robots_rate = _num(state, "robots_rate", positive=True)
+        # A "robots_rate" key (written by versions that kept robots.txt's rate here) is ignored:
+        # a crawl-delay reaches pacing as the "crawl-delay" restraint, restated on every request.
         ceiling = _num(state, "ceiling", positive=True)
         last = _num(state, "last_throttle_at")
         recent = state.get("recent_throttles", [])
@@ -228,8 +219,7 @@ class ThrottleState:
         hint_rate = _num(state, "hint_rate", positive=True)
         hint_until = min(_num(state, "hint_until") or NEVER, now + s.max_retry_after)
 
-        self.robots_rate = max(robots_rate, 1.0 / s.max_crawl_delay) if robots_rate else None
-        self.rate = min(max(rate, min(s.rate_floor, self.limit())), self.limit())
+        self.rate = min(max(rate, min(s.rate_floor, s.rate)), s.rate)
         self.ceiling = max(ceiling, s.rate_floor) if ceiling else None
         self.last_throttle_at = last if last is not None else NEVER
         recent = sorted(x for x in recent if now - s.breaker_window < x <= now)

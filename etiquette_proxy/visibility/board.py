@@ -29,24 +29,14 @@ from datetime import datetime
 from typing import Any
 
 from etiquette_proxy.clock import Clock, wall
+from etiquette_proxy.visibility.tally import SiteCounts, health_score
 
 log = logging.getLogger(__name__)
 
 StatusProvider = Callable[[str], Mapping[str, Any]]
 
-# Outcomes whose `bytes` the site did not send: the proxy answered from what it had stored.
-SAVED_BY_STORE = ("revalidated", "served-stored")
 RECENT_KEYS = ("ts", "site", "outcome", "status", "method", "url", "reason", "waited_s", "would", "event")
 RATE_WINDOW_S = 10.0  # "requests/s now" on the dashboard: decisions in the last 10 s
-
-
-def health_score(value: Any) -> float | None:
-    """The score from an audit line's `health` key: a number, or a dict with `score`."""
-    if isinstance(value, Mapping):
-        value = value.get("score")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return None
 
 
 def epoch_of(ts: Any) -> float | None:
@@ -59,18 +49,10 @@ def epoch_of(ts: Any) -> float | None:
         return None
 
 
-@dataclass
-class SiteTally:
-    """What the audit log said about one site since the proxy started."""
+@dataclass(kw_only=True)
+class SiteTally(SiteCounts):
+    """What the audit log said about one site since the proxy started (the counts in tally.py)."""
 
-    outcomes: Counter[str] = field(default_factory=Counter)
-    would: Counter[str] = field(default_factory=Counter)  # observe mode: what enforce would do
-    requests: int = 0  # client decisions (the proxy's own robots.txt fetches not included)
-    robots_fetches: int = 0
-    bytes_sent: int = 0  # body bytes the site sent us (forwarded answers)
-    saved_revalidation: int = 0  # body bytes answered from the store instead of the site
-    saved_trimming: int = 0  # header bytes dropped from refusals
-    received_429: int = 0
     last_ts: str = ""
     last_rate: float | None = None
     signed: Counter[str] = field(default_factory=Counter)  # SPEC §9: keyid -> requests signed with it
@@ -127,30 +109,14 @@ class SiteBoard:
         rate = record.get("rate")
         if isinstance(rate, (int, float)):
             tally.last_rate = float(rate)
-        upstream = record.get("upstream_status")
-        if upstream == 429 or (outcome == "throttled" and upstream is not None):
-            tally.received_429 += 1
-        size = _int(record.get("bytes"))
         keyid = record.get("signed")
         if isinstance(keyid, str):
             tally.signed[keyid] += 1
         elif record.get("not_signed"):
             tally.not_signed += 1
-        if record.get("robots_fetch"):
-            tally.robots_fetches += 1
-            tally.bytes_sent += size
-            return
-        tally.requests += 1
-        tally.outcomes[outcome] += 1
-        if record.get("would"):
-            tally.would[str(record["would"])] += 1
-        if outcome in SAVED_BY_STORE:
-            tally.saved_revalidation += size
-        elif upstream is not None:
-            tally.bytes_sent += size
-        before, after = record.get("header_bytes"), record.get("header_bytes_sent")
-        if isinstance(before, int) and isinstance(after, int) and before > after:
-            tally.saved_trimming += before - after
+        would = record.get("would")
+        if not tally.count(record, outcome, str(would) if would else None):
+            return  # the proxy's own robots.txt fetch
         score = health_score(record.get("health"))
         if score is not None:
             at = epoch_of(record.get("ts")) or self._clock()
@@ -190,8 +156,3 @@ class SiteBoard:
             "sites": sites,
             "recent": list(reversed(self.recent)),
         }
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-

@@ -6,8 +6,8 @@ JavaScript, no CDN and no build step; the filter box and the pages are a GET for
 so a reload keeps them; `GET /api/sites` is the same snapshot as JSON and
 `GET /metrics` the Prometheus text.
 
-POST routes are an extension point, not part of the dashboard: a feature registers
-`post_routes["/report-extraction"] = handler` (SPEC §8) and gets `(body, headers) -> Page`.
+POST routes are an extension point, not part of the dashboard: the feature that owns a path
+(e.g. "/report-extraction", SPEC §8) hands `post_routes` a `handler(body, headers) -> Page`.
 Every other method is answered 405: the dashboard never changes anything.
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
-from etiquette_proxy.health.site import band_of
+from etiquette_proxy.health.site import Band, band_of
 from etiquette_proxy.operate.endpoint_guard import refusal_for
 
 HOST = "etiquette.proxy"
@@ -174,7 +174,8 @@ def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-_BAND_WORDS = {"ok": "healthy", "paused": "hostile"}  # older names for the same bands
+# SPEC §8's bands, in the health package's words (Band); the dashboard knows no others.
+_BANDS = frozenset(b.value for b in Band)
 
 
 def health_of(entry: Mapping[str, Any]) -> tuple[float | None, str | None, list[str]]:
@@ -187,15 +188,14 @@ def health_of(entry: Mapping[str, Any]) -> tuple[float | None, str | None, list[
     band = None
     if isinstance(health, Mapping):
         score = _num(health.get("score"))
-        band = health.get("band") if isinstance(health.get("band"), str) else None
+        band = health.get("band") if health.get("band") in _BANDS else None
         reasons = health.get("reasons") or []
     if score is None and history and isinstance(history[-1], (list, tuple)) and len(history[-1]) == 2:
         score = _num(history[-1][1])
     if score is None:
-        band = "hostile" if band in ("hostile", "paused") else None  # a paused site has no fresh score
+        band = "hostile" if band == Band.HOSTILE.value else None  # a paused site has no fresh score
     elif band is None:
         band = band_of(score).value
-    band = _BAND_WORDS.get(band or "", band)
     if isinstance(reasons, str):
         reasons = [reasons]
     return score, band, [str(r) for r in reasons] if isinstance(reasons, list) else []

@@ -45,6 +45,7 @@ from typing import IO, Any
 
 from etiquette_proxy.audit.chain import ChainCheck, ChainVerdict
 from etiquette_proxy.audit.log import OUTCOMES, REQUIRED_KEYS, rfc3339_ms
+from etiquette_proxy.visibility.tally import SiteCounts, byte_count, health_score, is_429
 
 # Keys the proxy writes (every addon's notes.extra and audit_record call) or the SPEC documents;
 # anything else is counted as unknown.
@@ -59,7 +60,6 @@ KNOWN_KEYS = frozenset(REQUIRED_KEYS) | {
 # A robots.txt that could not be fetched disallows everything (RFC 9309 §2.3.1.4): those 503s
 # are the proxy waiting for robots.txt, not a crawler trying a disallowed path.
 UNREACHABLE = "robots.txt unreachable"
-SAVED_BY_STORE = ("revalidated", "served-stored")
 TOLERANCE_S = 0.05  # timestamps are to the millisecond; scheduling jitter on top
 NO_HINT_WAIT_S = 1.0  # a 429 without Retry-After: at least the proxy's smallest backoff
 
@@ -104,19 +104,15 @@ def wait_asked(record: Mapping[str, Any], at: float) -> float | None:
 
 
 @dataclass
-class SiteConduct:
-    """One site's tallies while reading, and its grade after."""
+class SiteConduct(SiteCounts):
+    """One site's tallies while reading (the counts in tally.py, and what grading needs), and
+    its grade after."""
 
     site: str
-    outcomes: Counter[str] = field(default_factory=Counter)
-    would: Counter[str] = field(default_factory=Counter)
-    requests: int = 0
-    robots_fetches: int = 0
     for_purpose: int = 0  # requests refused (or that observe mode would refuse) for a declared purpose
     robots_unreachable: int = 0  # answered 503 while robots.txt could not be fetched
     events: Counter[str] = field(default_factory=Counter)  # operator actions, health alerts
     reached: int = 0  # lines that reached the site (upstream_status set), robots fetches included
-    received_429: int = 0
     honoured: int = 0
     too_soon: int = 0
     too_soon_examples: list[tuple[float, float]] = field(default_factory=list)  # (gap, asked)
@@ -124,9 +120,6 @@ class SiteConduct:
     changed: int = 0
     unchanged_downloads: int = 0
     wasted_bytes: int = 0
-    bytes_sent: int = 0
-    saved_revalidation: int = 0
-    saved_trimming: int = 0
     health_min: float | None = None
     health_max: float | None = None
     first_ts: str = ""
@@ -312,8 +305,6 @@ class Report:
             c.events[str(event)] += 1
             return
         upstream = record.get("upstream_status")
-        size = record.get("bytes")
-        size = size if type(size) is int and size > 0 else 0
         if upstream is not None:
             c.reached += 1
             if c._pending is not None:
@@ -331,10 +322,9 @@ class Report:
                 c._pending = None
             if c.received_429:
                 c.reached_since_429 += 1
-            if upstream == 429 or outcome == "throttled":
+            if is_429(upstream, outcome):  # counted in received_429 by c.count below
                 if not c.received_429:
                     c.reached_since_429 = 1
-                c.received_429 += 1
                 try:
                     at = parse_epoch(ts)
                 except ValueError:
@@ -342,40 +332,24 @@ class Report:
                 else:
                     hint = wait_asked(record, at)
                     c._pending = (at, NO_HINT_WAIT_S if hint is None else hint)
-        if record.get("robots_fetch"):
-            c.robots_fetches += 1
-            c.bytes_sent += size
-            return
-        c.requests += 1
-        c.outcomes[outcome] += 1
+        would = record.get("would")
+        if would == "disallowed" and str(record.get("would_reason", "")).startswith(UNREACHABLE):
+            would = "robots.txt unreachable"  # not a violation: robots.txt disallowed everything
+        if not c.count(record, outcome, str(would) if would else None):
+            return  # the proxy's own robots.txt fetch
         if isinstance(record.get("purposes"), dict) and "disallowed" in (outcome, record.get("would")):
             c.for_purpose += 1
         if outcome == "disallowed" and str(record.get("reason", "")).startswith(UNREACHABLE):
             c.robots_unreachable += 1
-        would = record.get("would")
-        if would == "disallowed" and str(record.get("would_reason", "")).startswith(UNREACHABLE):
-            c.would["robots.txt unreachable"] += 1
-        elif would:
-            c.would[str(would)] += 1
-        if outcome in SAVED_BY_STORE:
-            c.saved_revalidation += size
-        elif upstream is not None:
-            c.bytes_sent += size
         changed = record.get("changed")
         if outcome == "fetched" and changed is not None:
             if changed is False:
                 c.unchanged_downloads += 1
-                c.wasted_bytes += size
+                c.wasted_bytes += byte_count(record.get("bytes"))
             else:
                 c.changed += 1
-        before, after = record.get("header_bytes"), record.get("header_bytes_sent")
-        if type(before) is int and type(after) is int and before > after:
-            c.saved_trimming += before - after
-        health = record.get("health")
-        if isinstance(health, dict):
-            health = health.get("score")
-        if isinstance(health, (int, float)) and not isinstance(health, bool):
-            h = float(health)
+        h = health_score(record.get("health"))
+        if h is not None:
             c.health_min = h if c.health_min is None else min(c.health_min, h)
             c.health_max = h if c.health_max is None else max(c.health_max, h)
 

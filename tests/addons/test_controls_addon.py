@@ -24,7 +24,7 @@ def hostile(tmp_path, clock):
     for _ in range(4):
         hostile_window(watch, clock)
         watch.tick()
-    assert rt.restraints[SITE]["health"].paused
+    assert watch.restraints.get(SITE, "health").paused
     return rt, watch
 
 
@@ -32,7 +32,8 @@ def test_resume_lifts_a_health_pause_and_writes_an_operator_line(tmp_path, clock
     rt, watch = hostile(tmp_path, clock)
     controls = OperatorControls(rt, Pacing(rt), watch)
     result = controls.act(Action("resume", "example.com"))
-    assert rt.restraints[SITE]["health"].rate_factor == 0.5 and not rt.restraints[SITE]["health"].paused
+    restraint = watch.restraints.get(SITE, "health")
+    assert restraint.rate_factor == 0.5 and not restraint.paused
     assert any("health pause lifted" in d for d in result["done"])
     line = [ln for ln in audit_lines(tmp_path) if ln.get("event") == "operator"][-1]
     assert line["action"] == "resume" and "health pause lifted" in line["reason"]
@@ -42,7 +43,7 @@ def test_forget_drops_health_history_and_its_restraint(tmp_path, clock):
     rt, watch = hostile(tmp_path, clock)
     controls = OperatorControls(rt, Pacing(rt), watch)
     controls.act(Action("forget", SITE))
-    assert not watch.book.knows(SITE) and "health" not in rt.restraints.get(SITE, {})
+    assert not watch.book.knows(SITE) and watch.restraints.get(SITE, "health") is None
     assert rt.state.get("health", SITE) is None
 
 

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from etiquette_addons.chain import members
+from etiquette_addons.dashboard import Dashboard
 from etiquette_addons.health import (
     HealthWatch,
     body_head,
@@ -172,11 +174,11 @@ def test_no_score_before_warm_up_then_health_key_and_band_actions(tmp_path, cloc
     for _ in range(4):
         hostile += hostile_window(watch, clock)
         watch.tick()  # closes the window now; the change rides on the site's next line
-        r = rt.restraints["example.com:80"].get("health")
+        r = watch.restraints.get("example.com:80", "health")
         factors.append(None if r is None else ("paused" if r.paused else r.rate_factor))
     assert factors == [0.5, 0.5, 0.5, "paused"]
     hostile.append(exchange(watch))
-    restraint = rt.restraints["example.com:80"]["health"]
+    restraint = watch.restraints.get("example.com:80", "health")
     assert restraint.paused and restraint.reason.startswith("health ")
     changes = [notes_of(f).extra["band_change"] for f in hostile if "band_change" in notes_of(f).extra]
     assert [(c["from"], c["to"], c["action"]) for c in changes] == [
@@ -190,7 +192,7 @@ def test_no_score_before_warm_up_then_health_key_and_band_actions(tmp_path, cloc
 
     # the operator's way out: degrading (half rate), the restraint follows
     assert watch.resume("example.com:80")
-    assert rt.restraints["example.com:80"]["health"].rate_factor == 0.5
+    assert watch.restraints.get("example.com:80", "health").rate_factor == 0.5
     assert not watch.resume("example.com:80")
 
 
@@ -200,7 +202,7 @@ def test_a_band_change_closed_by_the_ticker_rides_on_the_next_line(tmp_path, clo
     windows(watch, clock, WARMUP_WINDOWS + 1)
     hostile_window(watch, clock)
     watch.tick()  # no traffic: the ticker closes the window
-    assert rt.restraints["example.com:80"]["health"].rate_factor == 0.5
+    assert watch.restraints.get("example.com:80", "health").rate_factor == 0.5
     nxt = exchange(watch)
     assert notes_of(nxt).extra["band_change"]["to"] == "degrading"
     assert "band_change" not in notes_of(exchange(watch)).extra  # carried once
@@ -245,7 +247,7 @@ def test_state_survives_a_restart_and_the_pause_is_reapplied(tmp_path, clock):
     restored = HealthWatch(again, clock=clock)
     restored.restore()
     assert restored.book.site("example.com:80").band is Band.HOSTILE
-    assert again.restraints["example.com:80"]["health"].paused
+    assert restored.restraints.get("example.com:80", "health").paused
     assert restored.status("example.com:80")["parser"]["failed"] == 1
 
 
@@ -260,8 +262,9 @@ def test_unusable_stored_state_starts_fresh(tmp_path, clock):
 
 def test_the_extraction_route_is_registered_and_validates(tmp_path, clock):
     rt = runtime(tmp_path)
-    watch = HealthWatch(rt, clock=clock)
-    route = rt.post_routes["/report-extraction"]
+    chain = members(rt)
+    watch = next(m for m in chain if isinstance(m, HealthWatch))
+    route = next(m for m in chain if isinstance(m, Dashboard)).routes["/report-extraction"]
     ok = route(b'{"url": "http://example.com/a", "ok": false, "reason": "no price"}', {})
     assert ok.status == 202 and ok.content_type == "application/json"
     assert json.loads(ok.body)["parser"]["reasons"] == [["no price", 1]]
@@ -280,7 +283,7 @@ def test_live_fields_for_the_dashboard(tmp_path, clock):
     learning = watch.live_fields("example.com:80")["health"]
     assert learning["score"] is None and learning["note"].startswith("not enough requests to judge")
     windows(watch, clock, WARMUP_WINDOWS + 2)
-    fields = [provider("example.com:80") for provider in rt.site_status][-1]
+    fields = watch.live_fields("example.com:80")
     assert fields["health"]["score"] == 100 and fields["health"]["band"] == "healthy"
     assert fields["health_history"] and fields["health_history"][-1][1] == 100
 

@@ -11,7 +11,7 @@ from etiquette_addons.runtime import Runtime
 from mitmproxy.test import tflow
 
 from etiquette_proxy.config import load_config_file
-from etiquette_proxy.pacing.restraints import Restraint
+from etiquette_proxy.pacing.restraints import Restraint, Restraints
 
 
 def runtime(*sets: str) -> Runtime:
@@ -25,10 +25,10 @@ def flow():
 
 
 def test_a_paused_restraint_answers_locally_503_paused():
-    rt = runtime()
-    rt.restrain("site.test:80", Restraint("health", paused=True, reason="health 12: hostile"))
+    rt, restraints = runtime(), Restraints()
+    restraints.restrain("site.test:80", Restraint("health", paused=True, reason="health 12: hostile"))
     f = flow()
-    asyncio.run(Pacing(rt).request(f))
+    asyncio.run(Pacing(rt, restraints).request(f))
     assert f.response is not None and f.response.status_code == 503
     assert f.response.headers["Retry-After"] == "60"
     notes = notes_of(f)
@@ -36,37 +36,38 @@ def test_a_paused_restraint_answers_locally_503_paused():
 
 
 def test_a_paused_restraint_in_observe_mode_is_only_logged():
-    rt = runtime("mode=observe")
-    rt.restrain("site.test:80", Restraint("health", paused=True, reason="health 12: hostile"))
+    rt, restraints = runtime("mode=observe"), Restraints()
+    restraints.restrain("site.test:80", Restraint("health", paused=True, reason="health 12: hostile"))
     f = flow()
-    asyncio.run(Pacing(rt).request(f))
+    asyncio.run(Pacing(rt, restraints).request(f))
     assert f.response is None and notes_of(f).would == "paused"
 
 
 def test_restraints_multiply_rates_take_the_lowest_cap_and_scale_concurrency():
-    rt = runtime("pacing.max_concurrency=4")
+    rt, restraints = runtime("pacing.max_concurrency=4"), Restraints()
     site = "site.test:80"
-    rt.restrain(site, Restraint("trap", rate_factor=0.25))
-    rt.restrain(site, Restraint("health", rate_factor=0.5, concurrency_factor=0.5))
-    rt.restrain(site, Restraint("crawl-delay", rate_cap=100.0))
-    rt.restrain(site, Restraint("retired", rate_cap=50.0))
-    pacing = Pacing(rt)
+    restraints.restrain(site, Restraint("trap", rate_factor=0.25))
+    restraints.restrain(site, Restraint("health", rate_factor=0.5, concurrency_factor=0.5))
+    restraints.restrain(site, Restraint("crawl-delay", rate_cap=100.0))
+    restraints.restrain(site, Restraint("retired", rate_cap=50.0))
+    pacing = Pacing(rt, restraints)
+    assert pacing.rates.of(site) == 1000.0  # before the first request: the configured rate
     f = flow()
     asyncio.run(pacing.request(f))
     budget = pacing.budget(site)
     assert budget.rate == 50.0 and budget.max_concurrency() == 2  # 1000 x 0.125 = 125 > cap 50
-    assert rt.rate_for(site) == 50.0  # the audit log's rate
-    rt.release(site, "retired")
-    rt.release(site, "crawl-delay")
+    assert pacing.rates.of(site) == 50.0  # the audit log's rate
+    restraints.release(site, "retired")
+    restraints.release(site, "crawl-delay")
     asyncio.run(pacing.request(flow()))
     assert budget.rate == 125.0
 
 
 def test_bad_restraint_numbers_are_ignored_not_fatal():
-    rt = runtime()
-    rt.restrain("site.test:80", Restraint("odd", rate_factor=float("nan")))
+    rt, restraints = runtime(), Restraints()
+    restraints.restrain("site.test:80", Restraint("odd", rate_factor=float("nan")))
     f = flow()
-    asyncio.run(Pacing(rt).request(f))
+    asyncio.run(Pacing(rt, restraints).request(f))
     assert f.response is None and "pacing_ticket" in notes_of(f).facts
 
 

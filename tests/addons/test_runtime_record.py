@@ -1,4 +1,4 @@
-"""Runtime.record: the one point every audit line passes, feeding the dashboard's board."""
+"""Runtime.record: the one point every audit line passes, feeding the dashboard's board (`recorded`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ def test_record_writes_the_line_then_feeds_every_listener_even_past_a_broken_one
     def broken(record):
         raise RuntimeError("listener bug")
 
-    rt.listeners += [broken, seen.append]
+    rt.recorded.connect(broken)
+    rt.recorded.connect(seen.append)
     rt.record({"site": "a:1", "outcome": "fetched"})
     rt.audit.close()
     assert seen == [{"site": "a:1", "outcome": "fetched"}]

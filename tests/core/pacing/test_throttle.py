@@ -52,3 +52,21 @@ def test_a_row_the_state_rejects_is_forgotten() -> None:
     t = ThrottleState(PacingSettings())
     assert restore(store, "pacing", "s:80", lambda raw: t.from_state(raw, T0), "pacing state") is None
     assert store.get("pacing", "s:80") is None and t.rate == 1.0
+
+
+@pytest.mark.parametrize("robots_rate", [None, 0.5, "bad"])
+def test_state_stored_with_the_old_robots_rate_field_still_loads(robots_rate) -> None:
+    # Stored by versions that kept a robots.txt rate in the contract (always null in practice):
+    # the field is read past, the rest of the contract restored, and it is not written back.
+    old = {"v": 1, "rate": 2.0, "robots_rate": robots_rate, "ceiling": 3.0, "last_throttle_at": T0,
+           "recent_throttles": [T0], "paused_until": T0 + 30, "pause_reason": "Retry-After: 30",
+           "breaker_until": None, "breaker_reason": "", "hint_rate": None, "hint_until": None}
+    store = MemoryState()
+    store.put("pacing", "example.com:443", old)
+    t = ThrottleState(PacingSettings(rate=4.0))
+    restore(store, "pacing", "example.com:443", lambda raw: t.from_state(raw, T0 + 1), "pacing state")
+    assert t.rate == 2.0 and t.ceiling == 3.0 and t.not_before(T0 + 1) == T0 + 30
+    assert t.reason_paused(T0 + 1) == "Retry-After: 30"
+    state = t.to_state()
+    assert "robots_rate" not in state
+    assert state == {k: v for k, v in old.items() if k != "robots_rate"}

@@ -34,7 +34,7 @@ def board(clock) -> SiteBoard:
     b.add(line("refused", 410, 410, header_bytes=1949, header_bytes_sent=435, bytes=415))
     b.add(line("fetched", robots_fetch=True, bytes=50))
     b.add(line("fetched", health=72, ts=1_800_000_001.0))
-    b.add(line("fetched", health={"score": 40, "band": "paused"}, ts=1_800_000_002.0))
+    b.add(line("fetched", health={"score": 40, "band": "hostile"}, ts=1_800_000_002.0))
     b.add(line("fetched", site="other.test:80", would="disallowed"))
     return b
 

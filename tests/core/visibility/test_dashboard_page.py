@@ -10,6 +10,7 @@ import pytest
 from etiquette_proxy.visibility.page import (
     PAGE_SIZE,
     View,
+    health_of,
     need_of,
     pause_words,
     render_html,
@@ -102,3 +103,14 @@ def test_serve_reads_the_view_from_the_query():
     snap = {"sites": [site("a.test:80"), site("b.test:80")], "recent": []}
     page = serve("GET", "/?q=b.test", lambda: snap, lambda: ("text/plain", b""))
     assert re.findall(r'data-site="([^"]+)"', page.body.decode()) == ["b.test:80"]
+
+
+@pytest.mark.parametrize(("health", "band"), [
+    ({"score": 90, "band": "healthy"}, "healthy"),
+    ({"score": 90, "band": "ok"}, "healthy"),  # not a band (SPEC §8): the score decides
+    ({"score": 40, "band": "sunny"}, "hostile"),
+    ({"score": None, "band": "hostile"}, "hostile"),  # paused by health: no fresh score
+    ({"score": None, "band": "paused"}, None),  # not a band: no band shown
+])
+def test_only_the_health_bands_are_shown(health, band):
+    assert health_of({"live": {"health": health}})[1] == band
