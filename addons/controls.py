@@ -189,13 +189,13 @@ class OperatorControls:
 
     def _site_asked(self, asked: str) -> list[str]:
         """Pauses and breakers the site asked for itself: SPEC §5 keeps them whatever we do."""
-        if self.pacing is None or self.pacing.budgets is None:
+        if self.pacing is None:
             return []
         out = []
-        for site in self.pacing.budgets:
-            if not site_matches(site, asked):
+        for site in self.pacing.budgets:  # the sites in memory (a site at rest left it)
+            budget = self.pacing.budgets.peek(site)
+            if budget is None or not site_matches(site, asked):
                 continue
-            budget = self.pacing.budgets.get(site)
             if budget.is_breaker_open():
                 out.append(f"{site}: breaker tripped, {human_seconds(budget.breaker_for_s())} left (SPEC §5)")
             elif budget.paused_for_s() > 0:
