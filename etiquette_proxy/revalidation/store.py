@@ -53,6 +53,11 @@ ENTRY_RECORDS = frozenset({"revisit"})
 # The size limit is checked after this many writes, or this fraction of it written.
 CHECK_WRITES = 64
 CHECK_FRACTION = 64
+# Entries (and absences) get() keeps parsed in memory, least recently used out: a hot URL is
+# answered without a SQLite read, a JSON parse and a StoredEntry check (~2/3 of a lookup,
+# benchmarks/decisions.py). ~1 KB each. Valid while no other connection wrote the database
+# (SQLite's PRAGMA data_version, checked on every get); this process's own writes drop the key.
+HOT_ENTRIES = 4096
 
 
 def _as_dict(data: Any) -> dict[str, Any]:
@@ -96,6 +101,8 @@ class ValidatorStore:
         )
         self._writes = 0
         self._written = 0
+        self._hot: dict[str, StoredEntry | None] = {}  # url key -> entry or absent; LRU first
+        self._hot_version: object = None
 
     @classmethod
     def from_config(cls, config: Any, directory: str | Path) -> ValidatorStore:
@@ -115,7 +122,24 @@ class ValidatorStore:
 
     def get(self, key: str) -> StoredEntry | None:
         """The entry stored for a URL key, or None (corrupt entries are dropped, never served)."""
-        return self._entry(key, self._read_json(f"e|{key}"))
+        hot = self._hot
+        try:
+            version = self._cache._sql("PRAGMA data_version").fetchone()  # noqa: SLF001
+        except Exception:  # noqa: BLE001 - no answer: no hot set this time
+            version = None
+            hot.clear()
+        if version != self._hot_version:  # another connection wrote: anything may have changed
+            hot.clear()
+            self._hot_version = version
+        if key in hot:
+            entry = hot.pop(key)
+        else:
+            entry = self._entry(key, self._read_json(f"e|{key}"))
+            if len(hot) >= HOT_ENTRIES:
+                del hot[next(iter(hot))]
+        if version is not None:
+            hot[key] = entry  # most recently used last
+        return entry
 
     def get_with_record(self, key: str, namespace: str,
                         parse: Callable[[Any], T] = _as_dict,  # type: ignore[assignment]
@@ -150,6 +174,7 @@ class ValidatorStore:
             raise ValueError(f"body is {len(body)} bytes, entry says {entry.body_size}")
         if len(body) > self.max_body:
             return False
+        self._hot.pop(entry.url, None)
         with self._cache.transact():
             row = self._row(entry, records)
             # Body first: a crash between the two leaves an orphan body (evicted in time),
@@ -167,9 +192,10 @@ class ValidatorStore:
         """Replace an entry's headers after a 304, keeping its body (a use: the body row is
         touched too); False (nothing written) when the stored entry is gone or names another
         body by now."""
+        self._hot.pop(entry.url, None)
         with self._cache.transact():
             row = self._row(entry, records)
-            current = self.get(entry.url)
+            current = self._entry(entry.url, self._read_json(f"e|{entry.url}"))
             if current is None or (current.body_size, current.body_sha256) != (
                     entry.body_size, entry.body_sha256):
                 return False
@@ -191,6 +217,7 @@ class ValidatorStore:
 
     def forget(self, key: str) -> None:
         """Drop the entry and body for a URL key (records riding in its row are kept)."""
+        self._hot.pop(key, None)
         with self._cache.transact():
             row = self._read_json(f"e|{key}")
             records = row.get("records") if isinstance(row, dict) else None
@@ -220,6 +247,7 @@ class ValidatorStore:
         """Store a JSON-able record; `ttl_s` lets diskcache expire it (cleanup only)."""
         cache_key = f"{_checked(namespace)}|{key}"
         data = _json(record)
+        self._hot.pop(key, None)
         if namespace in ENTRY_RECORDS and ttl_s is None:
             with self._cache.transact():
                 row = self._read_json(f"e|{key}")
@@ -238,6 +266,7 @@ class ValidatorStore:
     def forget_record(self, namespace: str, key: str) -> None:
         """Drop a record."""
         cache_key = f"{_checked(namespace)}|{key}"
+        self._hot.pop(key, None)
         if namespace in ENTRY_RECORDS:
             with self._cache.transact():
                 row = self._read_json(f"e|{key}")
@@ -317,6 +346,7 @@ class ValidatorStore:
         if self._writes >= CHECK_WRITES or self._written >= self.size_limit // CHECK_FRACTION:
             self._writes = self._written = 0
             if self._cache.volume() > self.size_limit:
+                self._hot.clear()
                 self._cache.cull()
 
     def _read(self, cache_key: str) -> Any:
@@ -340,6 +370,7 @@ class ValidatorStore:
 
     def _drop(self, cache_key: str, why: str) -> None:
         log.warning("dropping corrupt store row %r: %s", cache_key[:200], why)
+        self._hot.clear()
         try:
             self._cache.delete(cache_key)
         except Exception as e:
