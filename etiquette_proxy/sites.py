@@ -19,13 +19,18 @@ With `persisted` (a `Persisted`: namespace, load, dump, at_rest) the values are 
 - A site evicted with nothing to store is remembered as clean (a name in a bounded set), so its
   next request skips the state read: exactly what keeping it in memory would have done (a
   value is read from the state store once, on first sight).
+
+Per-site *settings* (frozen, hashable) are shared: `site_settings(config, site, read)` gives
+every site without a `sites:` override the one value read for the config, and `shared()`
+interns the others, so 100,000 sites hold a handful of settings objects, not 100,000, and
+a site rebuilt after eviction costs no config reads.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -34,6 +39,7 @@ from etiquette_proxy.state.interface import StateStore, restore, save
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+H = TypeVar("H", bound=Hashable)
 
 # How many least recently used sites an insert looks at for one at rest (busy ones are moved
 # to the recent end, so the next insert looks at others).
@@ -263,3 +269,40 @@ class SiteRegistry(Generic[T]):
         if len(clean) > 16 * self.limit:  # bounded too: the oldest names are read again
             for old in list(clean)[: len(clean) // 2]:
                 del clean[old]
+
+
+# -- shared settings ---------------------------------------------------------------------------
+
+_SHARED_LIMIT = 1024
+_SHARED: dict[object, object] = {}
+_DEFAULTS: dict[tuple[int, object], tuple[object, object]] = {}
+
+
+def shared(settings: H) -> H:
+    """The shared object equal to `settings` (frozen, hashable), or `settings` itself.
+
+    Bounded: distinct values are few (one per distinct per-site override); past the bound a
+    copy is merely not shared."""
+    kept = _SHARED.get(settings)
+    if kept is None:
+        if len(_SHARED) >= _SHARED_LIMIT:
+            return settings
+        kept = _SHARED[settings] = settings
+    return kept  # type: ignore[return-value]
+
+
+def site_settings(config: Any, site: str | None, read: Callable[[Any, str | None], H]) -> H:
+    """`read(config, site)`, shared; a site without `sites:` overrides gets the value read for
+    the config itself (read once per config object and reader, then one dict lookup)."""
+    overrides = getattr(config, "site_overrides", None)
+    if site is not None and (overrides is None or overrides(site)):
+        return shared(read(config, site))
+    key = (id(config), read)
+    kept = _DEFAULTS.get(key)
+    if kept is not None and kept[0] is config:
+        return kept[1]  # type: ignore[return-value]
+    value = shared(read(config, None))
+    if len(_DEFAULTS) >= 64:  # a few readers per config; old configs are let go
+        _DEFAULTS.clear()
+    _DEFAULTS[key] = (config, value)
+    return value

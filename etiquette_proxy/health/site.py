@@ -58,8 +58,7 @@ from etiquette_proxy.health.signals import (
     classify_response,
     media_type,
 )
-from etiquette_proxy.shared_settings import shared
-from etiquette_proxy.sites import Persisted, SiteRegistry
+from etiquette_proxy.sites import Persisted, SiteRegistry, site_settings
 from etiquette_proxy.state.interface import StateStore
 
 log = logging.getLogger(__name__)
@@ -132,14 +131,16 @@ class HealthSettings:
     @classmethod
     def from_config(cls, config: Any, site: str | None = None) -> HealthSettings:
         """Settings for `site` from a loaded Config (per-site overrides applied, shared)."""
-        return shared(
-            cls(
-                window_s=float(config.get("health.window", site)),
-                min_requests=int(config.get("health.min_requests", site)),
-                baseline_days=int(config.get("health.baseline_days", site)),
-                challenge_markers=tuple(config.get("health.challenge_markers", site)),
-                block_markers=tuple(config.get("health.block_markers", site)),
-            )
+        return site_settings(config, site, cls._read)
+
+    @classmethod
+    def _read(cls, config: Any, site: str | None) -> HealthSettings:
+        return cls(
+            window_s=float(config.get("health.window", site)),
+            min_requests=int(config.get("health.min_requests", site)),
+            baseline_days=int(config.get("health.baseline_days", site)),
+            challenge_markers=tuple(config.get("health.challenge_markers", site)),
+            block_markers=tuple(config.get("health.block_markers", site)),
         )
 
 

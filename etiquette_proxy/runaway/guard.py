@@ -27,8 +27,7 @@ from urllib.parse import unquote_plus
 from etiquette_proxy.clock import wall
 from etiquette_proxy.pacing.restraints import Restraint
 from etiquette_proxy.refusals import safe_text
-from etiquette_proxy.shared_settings import shared
-from etiquette_proxy.sites import Persisted, SiteRegistry
+from etiquette_proxy.sites import Persisted, SiteRegistry, site_settings
 from etiquette_proxy.state.interface import StateStore
 
 GONE_STATUSES = frozenset({404, 410})
@@ -86,11 +85,13 @@ class RetiredSettings:
     @classmethod
     def from_config(cls, config: Any, site: str | None = None) -> RetiredSettings:
         """Settings for `site` from a loaded Config (shared with sites of equal settings)."""
-        return shared(cls(
-            window=config.get("runaway.retired_window", site),
-            share=config.get("runaway.retired_share", site),
-            rate=config.get("runaway.retired_rate", site),
-        ))
+        return site_settings(config, site, cls._read)
+
+    @classmethod
+    def _read(cls, config: Any, site: str | None) -> RetiredSettings:
+        return cls(window=config.get("runaway.retired_window", site),
+                   share=config.get("runaway.retired_share", site),
+                   rate=config.get("runaway.retired_rate", site))
 
 
 _DEFAULT_RETIRED = RetiredSettings()
@@ -281,11 +282,15 @@ class TrapSettings:
 
     @classmethod
     def from_config(cls, config: Any, site: str | None = None) -> TrapSettings:
-        """Settings for `site` from a loaded Config."""
+        """Settings for `site` from a loaded Config (shared with sites of equal settings)."""
+        return site_settings(config, site, cls._read)
+
+    @classmethod
+    def _read(cls, config: Any, site: str | None) -> TrapSettings:
         max_distinct = config.get("runaway.max_distinct", site)
         # The novelty window never needs to be longer than the distinct count it confirms.
-        return shared(cls(max_distinct=max_distinct, action=config.get("runaway.trap_action", site),
-                           novelty_window=min(TrapSettings().novelty_window, max_distinct)))
+        return cls(max_distinct=max_distinct, action=config.get("runaway.trap_action", site),
+                   novelty_window=min(TrapSettings().novelty_window, max_distinct))
 
 
 _DEFAULT_TRAPS = TrapSettings()
