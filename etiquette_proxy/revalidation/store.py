@@ -56,8 +56,10 @@ CHECK_FRACTION = 64
 # Entries (and absences) get() keeps parsed in memory, least recently used out: a hot URL is
 # answered without a SQLite read, a JSON parse and a StoredEntry check (~2/3 of a lookup,
 # benchmarks/decisions.py). ~1 KB each. Valid while no other connection wrote the database
-# (SQLite's PRAGMA data_version, checked on every get); this process's own writes drop the key.
+# (SQLite's PRAGMA data_version, asked at most every HOT_CHECK_S); this process's own writes
+# drop the key.
 HOT_ENTRIES = 4096
+HOT_CHECK_S = 0.001  # how often data_version is asked (at most)
 
 
 def _as_dict(data: Any) -> dict[str, Any]:
@@ -103,6 +105,7 @@ class ValidatorStore:
         self._written = 0
         self._hot: dict[str, StoredEntry | None] = {}  # url key -> entry or absent; LRU first
         self._hot_version: object = None
+        self._hot_until = 0.0
 
     @classmethod
     def from_config(cls, config: Any, directory: str | Path) -> ValidatorStore:
@@ -123,14 +126,19 @@ class ValidatorStore:
     def get(self, key: str) -> StoredEntry | None:
         """The entry stored for a URL key, or None (corrupt entries are dropped, never served)."""
         hot = self._hot
-        try:
-            version = self._cache._sql("PRAGMA data_version").fetchone()  # noqa: SLF001
-        except Exception:  # noqa: BLE001 - no answer: no hot set this time
-            version = None
-            hot.clear()
-        if version != self._hot_version:  # another connection wrote: anything may have changed
-            hot.clear()
+        now = time.monotonic()
+        version = self._hot_version
+        if now >= self._hot_until or version is None:
+            # Asked at most every HOT_CHECK_S: a write by another process up to that long ago
+            # may be unseen, as it would be by a read made that much earlier.
+            try:
+                version = self._cache._sql("PRAGMA data_version").fetchone()  # noqa: SLF001
+            except Exception:  # noqa: BLE001 - no answer: no hot set this time
+                version = None
+            if version is None or version != self._hot_version:  # another connection wrote
+                hot.clear()
             self._hot_version = version
+            self._hot_until = now + HOT_CHECK_S
         if key in hot:
             entry = hot.pop(key)
         else:

@@ -19,8 +19,10 @@ def make(etag: str, body: bytes = b"<html>hi</html>") -> StoredEntry:
 
 
 @pytest.fixture
-def stores(tmp_path: Path):  # type: ignore[no-untyped-def]
-    """Two stores on one directory: two processes (workers) sharing the store."""
+def stores(tmp_path: Path, monkeypatch):  # type: ignore[no-untyped-def]
+    """Two stores on one directory: two processes (workers) sharing the store; data_version
+    asked on every get (the 1 ms between asks is what a slower read would see too)."""
+    monkeypatch.setattr(store_module, "HOT_CHECK_S", 0.0)
     with ValidatorStore(tmp_path) as mine, ValidatorStore(tmp_path) as theirs:
         yield mine, theirs
 
