@@ -266,7 +266,7 @@ class SiteRegistry(Generic[T]):
     def _remember_clean(self, site: str) -> None:
         clean = self._clean
         clean[site] = None
-        if len(clean) > 16 * self.limit:  # bounded too: the oldest names are read again
+        if len(clean) > 4 * self.limit:  # bounded too: the oldest names are read again
             for old in list(clean)[: len(clean) // 2]:
                 del clean[old]
 
