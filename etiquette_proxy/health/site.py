@@ -673,8 +673,8 @@ class HealthBook:
         if stored.get("parser") is not None and site not in self._parsers:
             self._parsers[site] = ParserHealth.from_state(
                 stored["parser"], self._settings(site).window_s, self._clock)
-        if stored.get("health") is None:
-            raise ValueError("health: no site health stored")
+        if stored.get("health") is None:  # parser health alone: the site's health starts fresh
+            return SiteHealth(site, self._settings(site), self._clock)
         return SiteHealth.from_state(site, stored["health"], self._settings(site), self._clock)
 
     def parser(self, site: str) -> ParserHealth:
