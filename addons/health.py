@@ -158,7 +158,10 @@ class HealthWatch:
         self._clock = clock  # windows are aligned to the wall clock (health.py)
         # health.* settings per site (with `sites:` overrides) from the one per-site registry.
         self._settings: SiteRegistry[HealthSettings] = SiteRegistry(HealthSettings.from_config)
-        self.book = HealthBook(lambda site: self._settings.get(self.rt.config, site), clock)
+        # Bounded by state.max_sites_in_memory: a healthy site with an empty open window leaves
+        # memory for the state store and is read back on its next response (HealthBook).
+        self.book = HealthBook(lambda site: self._settings.get(self.rt.config, site), clock,
+                               state=lambda: self.rt.state, on_evict=self._evicted)
         self._loaded = False
         self._saved_window: dict[str, int] = {}
         self._origins: dict[str, str] = {}
@@ -188,15 +191,22 @@ class HealthWatch:
         if self._loaded:
             return
         self._loaded = True
+        self.book.set_limit(int(self.rt.config.get("state.max_sites_in_memory")))
         sites: dict[str, Any] = {}
         parsers: dict[str, Any] = {}
         try:
             for site, value in self.rt.state.items(NAMESPACE):
                 if isinstance(value, dict):
-                    if value.get("health") is not None:
-                        sites[site] = value["health"]
+                    # A healthy site is read when it is next used; a site in another band is
+                    # read now: its restraint (pause, halved rate) applies from the start.
+                    health = value.get("health")
+                    if health is not None and (not isinstance(health, dict)
+                                               or health.get("band") != Band.HEALTHY.value):
+                        sites[site] = health
                     if value.get("parser") is not None:
                         parsers[site] = value["parser"]
+                        if health is not None:
+                            sites[site] = health
         except Exception:  # noqa: BLE001 - unreadable state: start fresh, never fail to start
             log.exception("health: could not read stored state; starting fresh")
         dropped = self.book.load_state({"v": 1, "sites": sites, "parsers": parsers})
@@ -211,6 +221,10 @@ class HealthWatch:
                                     "pause" if h.band is Band.HOSTILE else "halve",
                                     h.rate_factor(), False, wall())
                 self._restrain(site, change)
+
+    def _evicted(self, site: str) -> None:
+        self._saved_window.pop(site, None)
+        self._origins.pop(site, None)
 
     def save(self, site: str) -> None:
         value = {"health": self.book.site(site).to_state(), "parser": None}
@@ -455,7 +469,7 @@ class HealthWatch:
 
     def status(self, site: str) -> dict[str, Any]:
         """Per-site health for the dashboard: score, band, reasons, history points, parser."""
-        h = self.book.site(site) if self.book.knows(site) else None
+        h = self.book.stored(site)
         out: dict[str, Any] = {"site": site}
         if h is None:
             out.update(score=None, band=Band.HEALTHY.value,
@@ -501,8 +515,7 @@ class HealthWatch:
     def live_fields(self, site: str) -> dict[str, Any]:
         """Dashboard status provider: `health`, `health_history` and `parser` for a site."""
         fields: dict[str, Any] = {}
-        if self.book.knows(site):
-            h = self.book.site(site)
+        if (h := self.book.stored(site)) is not None:
             a = h.assessment()
             health: dict[str, Any] = {"score": a.score, "band": a.band.value, "reasons": list(a.reasons)}
             if a.score is None:

@@ -41,23 +41,21 @@ from mitmproxy import connection, http
 
 from etiquette_proxy.operate.controls import site_matches
 from etiquette_proxy.pacing.budget import SiteBudget, Turn
-from etiquette_proxy.pacing.per_site import Budgets
+from etiquette_proxy.pacing.per_site import budget_registry
 from etiquette_proxy.pacing.rates import Rates
 from etiquette_proxy.pacing.restraints import Restraints, fold, restraint_note
 from etiquette_proxy.pacing.throttle import ThrottleDecision
-from etiquette_proxy.state.interface import restore, save
+from etiquette_proxy.sites import SiteRegistry
 from etiquette_proxy.state.redis_store import SharedStateUnavailable
 from etiquette_proxy.state.shared_pacing import Reservation
 from etiquette_proxy.visibility.page import human_seconds
 
 log = logging.getLogger(__name__)
 
-NAMESPACE = "pacing"
 TICKET = "pacing_ticket"
 LEASE = "pacing_lease"          # the shared budget's concurrency lease (state.backend: redis)
 PUBLISH = "pacing_publish"      # a 429 contract to share before the response goes on
 SHARED_DOWN_RETRY_S = 5         # Retry-After while the shared state (Redis) cannot be asked
-SAVE_EVERY_S = 5.0
 PAUSED_RETRY_S = 60  # Retry-After for a feature's pause (a restraint has no end time of its own)
 # What a parked request is woken with when its turn never comes.
 GONE = "gone"          # its client went away: dropped, never sent
@@ -72,13 +70,14 @@ class Pacing:
         # Read-only for everyone else: the audit line's rate, the dashboard's.
         self.rates = Rates(runtime.configured_rate, self.rate_of)
         self._config: Any = None
-        self.budgets: Budgets | None = None
+        # Every site's budget: bounded by state.max_sites_in_memory, a site at rest leaves
+        # memory (its 429 contract saved) and is rebuilt from config + state on its next request.
+        self.budgets: SiteRegistry[SiteBudget] = budget_registry(lambda: self.rt.state, on_load=self._loaded)
         # Held requests, one future each: woken one by one as the site's line decides them.
         self._parked: dict[str, dict[int, asyncio.Future[Turn | str]]] = {}  # site -> ticket ->
         self._by_client: dict[int, list[asyncio.Future[Turn | str]]] = {}   # id(client) -> its own
         self._timers: dict[str, asyncio.TimerHandle] = {}  # site -> when its line next moves
         self._stop_watch: asyncio.Task[None] | None = None
-        self._saved_at: dict[str, float] = {}           # site -> monotonic time of the last save
         # SPEC §10 shared budget: per site, the in-process line to the shared reservation (FIFO
         # lock, dropped when unused) and the contract version this process has applied.
         self._shared_lines: dict[str, tuple[asyncio.Lock, list[int]]] = {}
@@ -88,21 +87,18 @@ class Pacing:
     # -- budgets -------------------------------------------------------------------------------
 
     def budget(self, site: str) -> SiteBudget:
-        """The site's budget, restored from the state store the first time the site is seen."""
-        if self.budgets is None or self._config is not self.rt.config:
+        """The site's budget, restored from the state store the first time the site is seen
+        (and again after it left memory at rest: sites.py)."""
+        if self._config is not self.rt.config:
             self._reset()
-        assert self.budgets is not None
-        if site in self.budgets:
-            return self.budgets.get(site)
-        budget = self.budgets.get(site)
-        restore(self.rt.state, NAMESPACE, site, budget.from_state, "pacing state")
+        return self.budgets.get(self._config, site.lower())
+
+    @staticmethod
+    def _loaded(site: str, budget: SiteBudget) -> None:
         if budget.paused_for_s() > 0:
             log.info("%s: pause restored, %.1fs left", site, budget.paused_for_s())
-        return budget
 
     def _reset(self) -> None:
-        if self.budgets is not None:
-            self.save_all()
         # The lines belong to the old budgets: whoever waits in them asks again later.
         for parked in self._parked.values():
             for ticket, future in list(parked.items()):
@@ -112,19 +108,19 @@ class Pacing:
             timer.cancel()
         self._timers.clear()
         self._config = self.rt.config
-        self.budgets = Budgets(self.rt.config)
+        self.budgets.reset(self._config)  # saves every budget; each is rebuilt on its next use
 
     def rate_of(self, site: str) -> float | None:
         """The site's effective rate (audit `rate`), or None before its first request."""
-        if self.budgets is None or site not in self.budgets:
-            return None
-        return self.budgets.get(site).rate
+        budget = self.budgets.peek(site.lower())
+        return None if budget is None else budget.rate
 
     def status(self, site: str) -> dict[str, object]:
-        """Dashboard fields: the site's rate, ceiling, pause, breaker and line."""
-        if self.budgets is None or site not in self.budgets:
+        """Dashboard fields: the site's rate, ceiling, pause, breaker and line (a site out of
+        memory: from its stored state)."""
+        b = self.budgets.view(self.rt.config, site.lower())
+        if b is None:
             return {}
-        b = self.budgets.get(site)
         out: dict[str, object] = {"rate": round(b.rate, 4), "held": b.held(), "in_flight": b.in_flight()}
         if (ceiling := b.ceiling) is not None:
             out["ceiling"] = round(ceiling, 4)
@@ -139,13 +135,11 @@ class Pacing:
     def site_asked(self, asked: str) -> list[str]:
         """Pauses and breakers the sites matching `asked` asked for themselves (SPEC §5: they
         stay whatever the operator does; `sites resume` says so)."""
-        if self.budgets is None:
-            return []
         out = []
-        for site in self.budgets:
-            if not site_matches(site, asked):
+        for site in self.budgets:  # the sites in memory (a site at rest left it)
+            budget = self.budgets.peek(site)
+            if budget is None or not site_matches(site, asked):
                 continue
-            budget = self.budgets.get(site)
             if budget.is_breaker_open():
                 out.append(f"{site}: breaker tripped, {human_seconds(budget.breaker_for_s())} left (SPEC §5)")
             elif budget.paused_for_s() > 0:
@@ -483,9 +477,8 @@ class Pacing:
             self._give_back_ticket(notes.site, ticket)
 
     def _give_back_ticket(self, site: str, ticket: int) -> None:
-        if self.budgets is not None:
-            self.budget(site).release(ticket)
-            self._pump(site)
+        self.budget(site).release(ticket)
+        self._pump(site)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         notes = notes_of(flow)
@@ -519,9 +512,9 @@ class Pacing:
             notes.facts[PUBLISH] = (site, decision.pause_s, decision.reason,
                                     json.dumps(budget.to_state(), separators=(",", ":")))
         if decision.throttled:
-            self.save(site, budget)
-        elif time.monotonic() - self._saved_at.get(site, -math.inf) >= SAVE_EVERY_S:
-            self.save(site, budget)
+            self.budgets.save(site)
+        else:
+            self.budgets.save_due(site)
 
     def _record(self, notes: FlowNotes, decision: ThrottleDecision) -> None:
         for note in decision.notes:
@@ -581,16 +574,8 @@ class Pacing:
 
     # -- persistence ---------------------------------------------------------------------------
 
-    def save(self, site: str, budget: SiteBudget) -> None:
-        self._saved_at[site] = time.monotonic()
-        value = budget.to_state() if budget.remembers_anything() else None
-        save(self.rt.state, NAMESPACE, site, value, "pacing state")
-
     def save_all(self) -> None:
-        if self.budgets is None:
-            return
-        for site in self.budgets:
-            self.save(site, self.budgets.get(site))
+        self.budgets.save_all()
 
     def done(self) -> None:
         self.save_all()

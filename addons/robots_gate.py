@@ -23,16 +23,22 @@ from etiquette_proxy.audit.log import audit_record
 from etiquette_proxy.clock import wall
 from etiquette_proxy.pacing.rates import Rates
 from etiquette_proxy.pacing.restraints import Restraint, Restraints
-from etiquette_proxy.robots.policy import FetchResult, RobotsEntry, RobotsPolicy, RobotsSettings, product_token
+from etiquette_proxy.robots.policy import (
+    NAMESPACE,
+    FetchResult,
+    RobotsEntry,
+    RobotsPolicy,
+    RobotsSettings,
+    entry_registry,
+    product_token,
+)
 from etiquette_proxy.site_key import host_site, url_authority
 from etiquette_proxy.sites import SiteRegistry
-from etiquette_proxy.state.interface import restore, save
 from etiquette_proxy.state.redis_store import RedisShared, SharedStateUnavailable
 from etiquette_proxy.target import resolve, split_target
 
 log = logging.getLogger(__name__)
 
-NAMESPACE = "robots"
 SHARED_ENTRY_S = 86400.0  # how long a shared entry is kept in Redis (its freshness is its own)
 REDIRECTS = (301, 302, 303, 307, 308)
 
@@ -47,7 +53,10 @@ class RobotsGate:
         self.restraints = restraints if restraints is not None else Restraints()
         self.rates = rates if rates is not None else runtime.configured_rates()  # for its audit lines
         self.policy = RobotsPolicy()
-        self.entries: dict[str, RobotsEntry] = {}
+        # origin -> robots.txt entry, bounded by state.max_sites_in_memory: every entry is in the
+        # state store from the moment it is fetched, so one that leaves memory is read back on
+        # the origin's next request (its compiled rules stay in the policy's own cache).
+        self.entries: SiteRegistry[RobotsEntry] = entry_registry(lambda: self.rt.state)
         self._inflight: dict[str, asyncio.Future[RobotsEntry]] = {}
         # Pacing's: robots.txt fetches count against the site's budget (SPEC §4); it may raise
         # SideFetchError (not sent: the site is paused).
@@ -59,8 +68,9 @@ class RobotsGate:
         under `pacing.group_by: domain|address` every host of the site)."""
         now = wall()
         keys = self.rt.site_keys()
-        found = [entry.describe(now) for origin, entry in sorted(self.entries.items())
-                 if keys.of_url(origin) == site]
+        entries = self.entries
+        found = [entry.describe(now) for origin in sorted(entries)
+                 if (entry := entries.peek(origin)) is not None and keys.of_url(origin) == site]
         return {"robots": found} if found else {}
 
     async def request(self, flow: http.HTTPFlow) -> None:
@@ -155,7 +165,7 @@ class RobotsGate:
         # pacing.group_by domain|address one site spans several origins.
         origin = f"{parts.scheme.lower()}://{host_site(*url_authority(url))}"
         settings = RobotsSettings.from_config(self.rt.config, site)
-        entry = self.entries.get(origin) if last_copy else None
+        entry = self.entries.find(self.rt.config, origin) if last_copy else None
         if entry is None:
             entry = await self.entry_for(origin, site, client_ua, settings)
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
@@ -163,7 +173,7 @@ class RobotsGate:
 
     async def entry_for(self, origin: str, site: str, client_ua: str | None, settings: RobotsSettings) -> RobotsEntry:
         """The robots.txt entry for `origin`, fetched once for all waiting requests."""
-        entry = self.entries.get(origin) or self._load(origin)
+        entry = self.entries.find(self.rt.config, origin)
         if self.policy.is_fresh(entry):
             assert entry is not None
             return entry
@@ -175,12 +185,10 @@ class RobotsGate:
         # shield: a client that goes away must not cancel the fetch others wait on
         return await asyncio.shield(future)
 
-    def _load(self, origin: str) -> RobotsEntry | None:
-        entry = restore(self.rt.state, NAMESPACE, origin, RobotsEntry.from_state, "robots.txt entry")
-        if entry is None:
-            return None
-        self.entries[origin] = entry
-        return entry
+    def _keep(self, origin: str, entry: RobotsEntry) -> None:
+        """The origin's new entry, in memory and in the state store."""
+        self.entries.put(self.rt.config, origin, entry)
+        self.entries.save(origin)
 
     async def _refresh(self, origin: str, site: str, client_ua: str | None, previous: RobotsEntry | None,
                        settings: RobotsSettings) -> RobotsEntry:
@@ -191,8 +199,7 @@ class RobotsGate:
             except SharedStateUnavailable:
                 found = None  # fetched here; the fetch's own pacing turn fails closed meanwhile
             if found is not None:
-                self.entries[origin] = found
-                save(self.rt.state, NAMESPACE, origin, found.to_state(), "robots.txt entry")
+                self._keep(origin, found)
                 return found
         ua = self.rt.config.identity.user_agent or client_ua or "etiquette-proxy"
         try:
@@ -201,8 +208,7 @@ class RobotsGate:
             log.exception("robots.txt fetch for %s failed unexpectedly", origin)
             result = FetchResult(None, error=f"{type(e).__name__}")
         entry = self.policy.after_fetch(origin, result, previous, settings)
-        self.entries[origin] = entry
-        save(self.rt.state, NAMESPACE, origin, entry.to_state(), "robots.txt entry")
+        self._keep(origin, entry)
         if shared is not None:
             try:
                 await shared.put_json(NAMESPACE, origin, entry.to_state(), SHARED_ENTRY_S)
@@ -271,4 +277,5 @@ class RobotsGate:
             upstream_status=status, waited_s=0.0, rate=self.rates.of(site), reason=reason,
             client_ua=ua, robots_fetch=True, signed=self.rt.signed_keyid() if status is not None else None,
         ))
+
 

@@ -15,13 +15,12 @@ from etiquette_addons.runtime import Runtime
 from mitmproxy import http
 
 from etiquette_proxy.pacing.restraints import Restraints
-from etiquette_proxy.runaway.guard import RunawayGuard
-from etiquette_proxy.state.interface import restore, save
+from etiquette_proxy.runaway.guard import RunawayGuard, guard_registry
+from etiquette_proxy.sites import SiteRegistry
 from etiquette_proxy.target import resolve_target
 
 log = logging.getLogger(__name__)
 
-NAMESPACE = "runaway"
 
 
 class RunawayWatch:
@@ -29,26 +28,21 @@ class RunawayWatch:
         self.rt = runtime
         # Pacing's table: this addon writes the "retired" and "trap" restraints; pacing reads them.
         self.restraints = restraints if restraints is not None else Restraints()
-        self.guards: dict[str, RunawayGuard] = {}
+        # Every site's guard, bounded by state.max_sites_in_memory: a guard leaving memory is
+        # saved (retired window and declared traps, as on a restart) and rebuilt on next use.
+        self.guards: SiteRegistry[RunawayGuard] = guard_registry(lambda: self.rt.state, self._restrain)
 
     def status(self, site: str) -> dict[str, object]:
         """Dashboard fields: retired or not, and the traps named on this site."""
-        guard = self.guards.get(site)
+        guard = self.guards.view(self.rt.config, site)
         if guard is None:
             return {}
         traps = [{"path": t.path, "param": t.param, "distinct": t.distinct} for t in guard.traps.traps()]
         return {"retired": guard.retired.retired, "traps": traps}
 
     def guard(self, site: str) -> RunawayGuard:
-        guard = self.guards.get(site)
-        if guard is None:
-            config = self.rt.config
-            guard = restore(self.rt.state, NAMESPACE, site,
-                            lambda raw: RunawayGuard.from_state(raw, config, site), "runaway state")
-            guard = guard or RunawayGuard.from_config(self.rt.config, site)
-            self.guards[site] = guard
-            self._restrain(site, guard)
-        return guard
+        """The site's guard, from the state store the first time it is seen (restraints reapplied)."""
+        return self.guards.get(self.rt.config, site)
 
     def request(self, flow: http.HTTPFlow) -> None:
         if skip(flow):
@@ -97,8 +91,7 @@ class RunawayWatch:
                 self.restraints.restrain(site, restraint)
 
     def _save(self, site: str, guard: RunawayGuard) -> None:
-        save(self.rt.state, NAMESPACE, site, guard.to_state(), "runaway state")
+        self.guards.save(site)
 
     def done(self) -> None:
-        for site, guard in self.guards.items():
-            self._save(site, guard)
+        self.guards.save_all()

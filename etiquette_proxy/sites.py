@@ -1,44 +1,308 @@
-"""Per-site objects built from the config: one registry instead of one cache per feature.
+"""Per-site objects built from the config: the one per-site registry of every feature.
 
-`SiteRegistry(build)` keeps `build(config, site)` per site (a feature's per-site settings or
-policy: robots.*, gone.*, revisit.*, fingerprint.*, refusals.*), rebuilds them all when the
-config object changes (a reload replaces it; configs are immutable), and stays bounded: past
-`limit` sites it starts again, so a crawl over many sites never grows it without end. Values
-are cheap to rebuild and hold no state of their own (per-site *state* goes through
-`state/interface.py`).
+`SiteRegistry(build)` keeps `build(config, site)` per site (a feature's per-site settings,
+policy or state: robots.*, gone.*, revisit.*, fingerprint.*, refusals.*, pacing budgets,
+runaway guards, robots.txt entries), rebuilds them when the config object changes (a reload
+replaces it; configs are immutable), and stays bounded: past `limit` sites the least recently
+used site leaves memory.
+
+With `persisted` (a `Persisted`: namespace, load, dump, at_rest) the values are per-site
+*state* kept in the state store (`state/interface.py`, SPEC §10):
+- loaded on first sight (`load(stored, fresh value)`); a stored value `load` rejects
+  (ValueError) is forgotten with a warning and the site starts fresh;
+- saved on eviction, on `save(site)`, on `save_due(site)` at most every `every_s`, and by
+  `save_all()` (on done() and before a config change rebuilds them);
+- evicted only when `at_rest(value)`: nothing about the site lives only in memory (no request
+  held or in flight, bucket full), so the value rebuilt from config + state on the next
+  request decides exactly as the evicted one would have. A site that is not at rest stays in
+  memory past the limit (the bound is soft by the number of busy sites, never by a promise).
+- A site evicted with nothing to store is remembered as clean (a name in a bounded set), so its
+  next request skips the state read: exactly what keeping it in memory would have done (a
+  value is read from the state store once, on first sight).
+
+Per-site *settings* (frozen, hashable) are shared: `site_settings(config, site, read)` gives
+every site without a `sites:` override the one value read for the config, and `shared()`
+interns the others, so 100,000 sites hold a handful of settings objects, not 100,000, and
+a site rebuilt after eviction costs no config reads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+import time
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from etiquette_proxy.state.interface import StateStore, restore, save
+
+log = logging.getLogger(__name__)
+
 T = TypeVar("T")
+H = TypeVar("H", bound=Hashable)
+
+# How many least recently used sites an insert looks at for one at rest (busy ones are moved
+# to the recent end, so the next insert looks at others).
+_EVICT_SCAN = 8
+
+
+def _always_at_rest(value: object) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Persisted(Generic[T]):
+    """How a registry's values live in the state store."""
+
+    namespace: str
+    what: str  # for log lines: "pacing state"
+    # (stored value, config, site) -> the value; ValueError: not ours (forgotten)
+    load: Callable[[Any, Any, str], T]
+    # value -> JSON-able state, or None when there is nothing to remember (the row is forgotten)
+    dump: Callable[[T], Any | None]
+    # True when the value holds nothing that only memory knows: it may leave memory
+    at_rest: Callable[[T], bool] = _always_at_rest
+    every_s: float = 5.0  # save_due() saves a site at most this often
+    # True when the feature saves every change as it makes it (save(site) after put()): an
+    # eviction then writes nothing.
+    saved_on_change: bool = False
 
 
 class SiteRegistry(Generic[T]):
-    """`build(config, site)` once per site and config; bounded by `limit` sites."""
+    """`build(config, site)` once per site and config; bounded by `limit` sites in memory."""
 
-    def __init__(self, build: Callable[[Any, str], T], limit: int = 10_000):
+    def __init__(self, build: Callable[[Any, str], T], limit: int = 10_000,
+                 persisted: Persisted[T] | None = None, limit_key: str | None = None,
+                 state: Callable[[], StateStore] | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 on_load: Callable[[str, T], None] | None = None,
+                 on_evict: Callable[[str], None] | None = None):
         if limit < 1:
             raise ValueError(f"limit ({limit!r}) must be >= 1")
+        if persisted is not None and state is None:
+            raise ValueError("a persisted registry needs a state store")
         self.build = build
         self.limit = limit
+        # A config key that sets the limit (read again on every config change).
+        self._limit_key = limit_key
+        self.persisted = persisted
+        self._state = state
+        self._clock = clock
+        # Called with every value built for a site that was not in memory (a feature re-applies
+        # what the value implies elsewhere, e.g. its restraints on pacing).
+        self._on_load = on_load
+        self._on_evict = on_evict  # called with every site that left memory (its extras go too)
         self._config: object = None
-        self._built: dict[str, T] = {}
+        self._built: dict[str, T] = {}        # least recently used first
+        self._saved_at: dict[str, float] = {}  # persisted: site -> clock time of its last save
+        self._stored: set[str] = set()         # persisted: sites in memory with a stored row
+        self._clean: dict[str, None] = {}      # persisted: evicted with nothing stored
+        self.evictions = 0
+
+    # -- reading -------------------------------------------------------------------------------
 
     def get(self, config: Any, site: str) -> T:
-        """The object for `site` under `config`, built on first use."""
+        """The value for `site` under `config`: in memory, or built (and loaded) on first use."""
         built = self._built
         if self._config is not config:
-            built.clear()
-            self._config = config
-        value = built.get(site)
-        if value is None:
-            if len(built) >= self.limit:
-                built.clear()
-            value = built[site] = self.build(config, site)
+            self.reset(config)
+        value = built.pop(site, None)
+        if value is not None:
+            built[site] = value  # most recently used now
+            return value
+        found = self._load(config, site) if self.persisted is not None else None
+        value = self.build(config, site) if found is None else found
+        self._keep(site, value)
         return value
+
+    def find(self, config: Any, site: str) -> T | None:
+        """The value in memory, else the stored one (kept in memory), else None: for values
+        that are not built from config but put() (robots.txt entries)."""
+        if self._config is not config:
+            self.reset(config)
+        value = self._built.pop(site, None)
+        if value is not None:
+            self._built[site] = value
+            return value
+        value = self._load(config, site) if self.persisted is not None else None
+        if value is not None:
+            self._keep(site, value)
+        return value
+
+    def put(self, config: Any, site: str, value: T) -> None:
+        """Keep `value` for `site` (the caller has stored it, or saves it with save(site))."""
+        if self._config is not config:
+            self.reset(config)
+        self._built.pop(site, None)
+        self._clean.pop(site, None)
+        self._built[site] = value
+        if len(self._built) > self.limit:
+            self._evict_some()
+
+    def peek(self, site: str) -> T | None:
+        """The value in memory for `site`, or None (never builds, loads or reorders)."""
+        return self._built.get(site)
+
+    def view(self, config: Any, site: str) -> T | None:
+        """The value in memory, else the stored one built apart (not kept), else None: for
+        status pages, which must not pull every site they show back into memory."""
+        value = self._built.get(site) if self._config is config else None
+        if value is not None or self.persisted is None or site in self._clean:
+            return value
+        assert self._state is not None
+        p = self.persisted
+        return restore(self._state(), p.namespace, site, lambda raw: p.load(raw, config, site), p.what)
+
+    def __contains__(self, site: object) -> bool:
+        return site in self._built
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._built))
 
     def __len__(self) -> int:
         return len(self._built)
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def reset(self, config: Any) -> None:
+        """A new config: every value is saved, then rebuilt on its next use."""
+        if self.persisted is not None and not self.persisted.saved_on_change:
+            self.save_all()
+        if self._limit_key is not None:
+            self.limit = max(1, int(config.get(self._limit_key)))
+        self._built.clear()
+        self._saved_at.clear()
+        self._stored.clear()
+        self._config = config
+
+    def save(self, site: str) -> None:
+        """Store the site's value now (its dump; None forgets the stored row)."""
+        p = self.persisted
+        value = self._built.get(site)
+        if p is None or value is None:
+            return
+        assert self._state is not None
+        self._saved_at[site] = self._clock()
+        state = p.dump(value)
+        if state is None and site not in self._stored:
+            return  # nothing stored, nothing to store: no write
+        save(self._state(), p.namespace, site, state, p.what)
+        if state is None:
+            self._stored.discard(site)
+        else:
+            self._stored.add(site)
+
+    def save_due(self, site: str) -> None:
+        """`save(site)` when `every_s` has passed since its last save (or it was never saved)."""
+        p = self.persisted
+        if p is None:
+            return
+        last = self._saved_at.get(site)
+        if last is None or self._clock() - last >= p.every_s:
+            self.save(site)
+
+    def save_all(self) -> None:
+        for site in list(self._built):
+            self.save(site)
+
+    def evict(self, site: str) -> bool:
+        """Save the site and drop it from memory if it is at rest; True when dropped."""
+        value = self._built.get(site)
+        if value is None:
+            return False
+        p = self.persisted
+        if p is not None:
+            if not p.at_rest(value):
+                return False
+            if not p.saved_on_change:
+                self.save(site)
+            self._saved_at.pop(site, None)
+            if site in self._stored:
+                self._stored.discard(site)
+            else:
+                self._remember_clean(site)
+        del self._built[site]
+        self.evictions += 1
+        if self._on_evict is not None:
+            self._on_evict(site)
+        return True
+
+    def drop(self, site: str) -> bool:
+        """Forget the site's value in memory, saving nothing (the operator's `sites forget`);
+        True when there was one."""
+        self._saved_at.pop(site, None)
+        self._stored.discard(site)
+        self._clean.pop(site, None)
+        return self._built.pop(site, None) is not None
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _keep(self, site: str, value: T) -> None:
+        self._built[site] = value
+        if self._on_load is not None:
+            self._on_load(site, value)
+        if len(self._built) > self.limit:
+            self._evict_some()
+
+    def _load(self, config: Any, site: str) -> T | None:
+        p = self.persisted
+        assert p is not None and self._state is not None
+        if self._clean.pop(site, 0) is None:  # evicted clean: nothing stored since, by us
+            return None
+        loaded = restore(self._state(), p.namespace, site, lambda raw: p.load(raw, config, site), p.what)
+        if loaded is not None:
+            self._stored.add(site)
+        return loaded
+
+    def _evict_some(self) -> None:
+        built = self._built
+        for _ in range(min(_EVICT_SCAN, len(built) - 1)):
+            if len(built) <= self.limit:
+                return
+            oldest = next(iter(built))
+            if not self.evict(oldest):
+                built[oldest] = built.pop(oldest)  # busy: to the recent end, looked at later
+
+    def _remember_clean(self, site: str) -> None:
+        clean = self._clean
+        clean[site] = None
+        if len(clean) > 4 * self.limit:  # bounded too: the oldest names are read again
+            for old in list(clean)[: len(clean) // 2]:
+                del clean[old]
+
+
+# -- shared settings ---------------------------------------------------------------------------
+
+_SHARED_LIMIT = 1024
+_SHARED: dict[object, object] = {}
+_DEFAULTS: dict[tuple[int, object], tuple[object, object]] = {}
+
+
+def shared(settings: H) -> H:
+    """The shared object equal to `settings` (frozen, hashable), or `settings` itself.
+
+    Bounded: distinct values are few (one per distinct per-site override); past the bound a
+    copy is merely not shared."""
+    kept = _SHARED.get(settings)
+    if kept is None:
+        if len(_SHARED) >= _SHARED_LIMIT:
+            return settings
+        kept = _SHARED[settings] = settings
+    return kept  # type: ignore[return-value]
+
+
+def site_settings(config: Any, site: str | None, read: Callable[[Any, str | None], H]) -> H:
+    """`read(config, site)`, shared; a site without `sites:` overrides gets the value read for
+    the config itself (read once per config object and reader, then one dict lookup)."""
+    overrides = getattr(config, "site_overrides", None)
+    if site is not None and (overrides is None or overrides(site)):
+        return shared(read(config, site))
+    key = (id(config), read)
+    kept = _DEFAULTS.get(key)
+    if kept is not None and kept[0] is config:
+        return kept[1]  # type: ignore[return-value]
+    value = shared(read(config, None))
+    if len(_DEFAULTS) >= 64:  # a few readers per config; old configs are let go
+        _DEFAULTS.clear()
+    _DEFAULTS[key] = (config, value)
+    return value

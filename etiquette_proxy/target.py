@@ -34,6 +34,8 @@ _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz01
 _LITERAL = _UNRESERVED | frozenset(b"!$&'()*+,;=:@/?%")
 _HEX = frozenset(b"0123456789abcdefABCDEF")
 _UNRESERVED_TEXT = {f"{b:02X}": chr(b) for b in _UNRESERVED}
+# Text normalise_escapes() leaves as it is: literal characters only, no "%" (the common case).
+_AS_IS = re.compile("[" + re.escape("".join(chr(b) for b in sorted(_LITERAL) if b != 0x25)) + "]*")
 
 # A path that is already what a server resolves it to: literal characters only, no escape, no
 # backslash, no parameters, no empty segment and no segment starting with a dot.
@@ -62,6 +64,8 @@ def is_normal(path: str) -> bool:
 
 def normalise_escapes(text: str) -> str:
     """Percent-encoding normalised: unreserved decoded, other escapes upper-case, rest encoded."""
+    if _AS_IS.fullmatch(text):
+        return text
     out: list[str] = []
     raw = text.encode("utf-8", "surrogateescape")
     i, n = 0, len(raw)

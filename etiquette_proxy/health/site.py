@@ -58,7 +58,8 @@ from etiquette_proxy.health.signals import (
     classify_response,
     media_type,
 )
-from etiquette_proxy.shared_settings import shared
+from etiquette_proxy.sites import Persisted, SiteRegistry, site_settings
+from etiquette_proxy.state.interface import StateStore
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ PROBATION_WINDOWS = 4
 RESUME_SCORE = 65.0
 MAX_ROUTES = 32
 STATE_VERSION = 1
+NAMESPACE = "health"  # the state store's namespace: one row per site {"health", "parser"}
 
 
 class Band(StrEnum):
@@ -129,14 +131,16 @@ class HealthSettings:
     @classmethod
     def from_config(cls, config: Any, site: str | None = None) -> HealthSettings:
         """Settings for `site` from a loaded Config (per-site overrides applied, shared)."""
-        return shared(
-            cls(
-                window_s=float(config.get("health.window", site)),
-                min_requests=int(config.get("health.min_requests", site)),
-                baseline_days=int(config.get("health.baseline_days", site)),
-                challenge_markers=tuple(config.get("health.challenge_markers", site)),
-                block_markers=tuple(config.get("health.block_markers", site)),
-            )
+        return site_settings(config, site, cls._read)
+
+    @classmethod
+    def _read(cls, config: Any, site: str | None) -> HealthSettings:
+        return cls(
+            window_s=float(config.get("health.window", site)),
+            min_requests=int(config.get("health.min_requests", site)),
+            baseline_days=int(config.get("health.baseline_days", site)),
+            challenge_markers=tuple(config.get("health.challenge_markers", site)),
+            block_markers=tuple(config.get("health.block_markers", site)),
         )
 
 
@@ -610,6 +614,9 @@ class HealthBook:
         self,
         settings: Callable[[str], HealthSettings] | HealthSettings | None = None,
         clock: Clock = wall,
+        state: Callable[[], StateStore] | None = None,
+        limit: int = 1 << 62,
+        on_evict: Callable[[str], None] | None = None,
     ):
         if settings is None or isinstance(settings, HealthSettings):
             fixed = settings or HealthSettings()
@@ -617,7 +624,14 @@ class HealthBook:
         else:
             self._settings = settings
         self._clock = clock
-        self._sites: dict[str, SiteHealth] = {}
+        # SiteHealth per site in the per-site registry (sites.py). With a state store, a site
+        # at rest (`_at_rest`: healthy, its open window empty, no parser health) leaves memory
+        # past `limit` and is read back on its next use, exactly as it was.
+        self._sites: SiteRegistry[SiteHealth] = SiteRegistry(
+            lambda _, site: SiteHealth(site, self._settings(site), self._clock), limit,
+            persisted=None if state is None else Persisted(
+                NAMESPACE, "health", self._load, self._dump, at_rest=self._at_rest),
+            state=state, on_evict=on_evict)
         self._parsers: dict[str, ParserHealth] = {}
 
     @classmethod
@@ -626,11 +640,42 @@ class HealthBook:
         return cls(lambda site: HealthSettings.from_config(config, site), clock)
 
     def site(self, site: str) -> SiteHealth:
-        """The SiteHealth for `site` (host:port), created on first use."""
-        h = self._sites.get(site)
-        if h is None:
-            h = self._sites[site] = SiteHealth(site, self._settings(site), self._clock)
-        return h
+        """The SiteHealth for `site` (host:port), created on first use (or read back from the
+        state store when it left memory)."""
+        return self._sites.get(self._settings, site)
+
+    def stored(self, site: str) -> SiteHealth | None:
+        """The SiteHealth in memory, else the one stored (read apart, not kept), else None."""
+        return self._sites.view(self._settings, site)
+
+    def set_limit(self, limit: int) -> None:
+        """At most `limit` sites in memory (`state.max_sites_in_memory`)."""
+        self._sites.limit = max(1, limit)
+
+    def save(self, site: str) -> None:
+        """Store the site's health (and parser health) now."""
+        self._sites.save(site)
+
+    # -- persistence through the registry: one row per site, {"health": ..., "parser": ...} ---
+
+    def _at_rest(self, h: SiteHealth) -> bool:
+        # Healthy with nothing in the open window: closing it later changes nothing, so the
+        # site read back from state decides exactly as the one in memory would have.
+        return h.band is Band.HEALTHY and h._open.empty() and h.site not in self._parsers
+
+    def _dump(self, h: SiteHealth) -> dict[str, Any]:
+        parser = self._parsers.get(h.site)
+        return {"health": h.to_state(), "parser": None if parser is None else parser.to_state()}
+
+    def _load(self, stored: Any, _: object, site: str) -> SiteHealth:
+        if not isinstance(stored, dict):
+            raise ValueError("health: not a stored site")
+        if stored.get("parser") is not None and site not in self._parsers:
+            self._parsers[site] = ParserHealth.from_state(
+                stored["parser"], self._settings(site).window_s, self._clock)
+        if stored.get("health") is None:  # parser health alone: the site's health starts fresh
+            return SiteHealth(site, self._settings(site), self._clock)
+        return SiteHealth.from_state(site, stored["health"], self._settings(site), self._clock)
 
     def parser(self, site: str) -> ParserHealth:
         """The ParserHealth for `site`, created on first use."""
@@ -643,7 +688,7 @@ class HealthBook:
         return sorted(set(self._sites) | set(self._parsers))
 
     def knows(self, site: str) -> bool:
-        """True when `site` has a SiteHealth (asking never creates one)."""
+        """True when `site` has a SiteHealth in memory (asking never creates one)."""
         return site in self._sites
 
     def knows_parser(self, site: str) -> bool:
@@ -652,7 +697,7 @@ class HealthBook:
 
     def forget(self, site: str) -> bool:
         """Drop everything learned about `site` (operator `sites forget`); True if anything was."""
-        known = self._sites.pop(site, None) is not None
+        known = self._sites.drop(site)
         return self._parsers.pop(site, None) is not None or known
 
     def parser_count(self) -> int:
@@ -678,9 +723,9 @@ class HealthBook:
                     continue
                 try:
                     if kind is SiteHealth:
-                        self._sites[name] = SiteHealth.from_state(
+                        self._sites.put(self._settings, name, SiteHealth.from_state(
                             name, site_state, self._settings(name), self._clock
-                        )
+                        ))
                     else:
                         self._parsers[name] = ParserHealth.from_state(
                             site_state, self._settings(name).window_s, self._clock

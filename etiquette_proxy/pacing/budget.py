@@ -33,7 +33,7 @@ ticket (the polling form, for callers without wake-ups).
 Observe mode (`--mode observe`): `reserve()` says what enforce mode would do (log it as
 `would`), then `admit(ticket, force=True)` starts the request at once, so the bucket still
 tracks what the site really received. Persistence: `to_state()` / `from_state()` are the
-throttle's (pacing/per_site.py `Budgets` holds every site's budget).
+throttle's (addons/pacing.py keeps every site's budget in a `SiteRegistry`, sites.py).
 
 Time: one injected clock, the wall clock by default, because pauses, ceilings and breakers are
 persisted and must mean the same instant after a restart. A clock that steps backwards only
@@ -322,6 +322,20 @@ class SiteBudget:
     def remembers_anything(self) -> bool:
         """True when there is state worth persisting (a pause, ceiling, lowered rate …)."""
         return self.throttle.remembers_anything(self._clock())
+
+    def at_rest(self) -> bool:
+        """True when a budget rebuilt from config and `to_state()` would decide exactly as this
+        one: nothing held or in flight, the bucket full, and no recent send at a rate slower
+        than now (the rate a 429 halves is the slowest sent at lately). Only then may the site
+        leave memory (sites.py)."""
+        if self._queue or self._in_flight:
+            return False
+        now = self._clock()
+        self._settle(now)
+        if self._tokens_now(now) < float(self._burst()) - _EPS:
+            return False
+        rate = self._effective_rate(now)
+        return all(sent_rate >= rate for _, sent_rate in self._recent_sends(now))
 
     def to_state(self) -> dict[str, Any]:
         """JSON-able state: the 429 contract (`ThrottleState.to_state`)."""

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from etiquette_proxy.shared_settings import shared
+from etiquette_proxy.sites import site_settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,10 +44,14 @@ class PacingSettings:
 
     @classmethod
     def from_config(cls, config: Any, site: str | None = None) -> PacingSettings:
-        """Settings for `site` from a `Config` (per-site overrides applied)."""
+        """Settings for `site` from a `Config` (per-site overrides applied, shared)."""
+        return site_settings(config, site, cls._read)
+
+    @classmethod
+    def _read(cls, config: Any, site: str | None) -> PacingSettings:
         def get(key: str) -> Any:
             return config.get(key, site)
-        return shared(cls(
+        return cls(
             rate=float(get("pacing.rate")),
             burst=int(get("pacing.burst")),
             max_concurrency=int(get("pacing.max_concurrency")),
@@ -60,4 +64,4 @@ class PacingSettings:
             rate_floor=float(get("throttle.rate_floor")),
             ceiling_factor=float(get("throttle.ceiling_factor")),
             recovery_step=float(get("throttle.recovery_step")),
-        ))
+        )

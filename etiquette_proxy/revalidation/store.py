@@ -53,6 +53,13 @@ ENTRY_RECORDS = frozenset({"revisit"})
 # The size limit is checked after this many writes, or this fraction of it written.
 CHECK_WRITES = 64
 CHECK_FRACTION = 64
+# Entries (and absences) get() keeps parsed in memory, least recently used out: a hot URL is
+# answered without a SQLite read, a JSON parse and a StoredEntry check (~2/3 of a lookup,
+# benchmarks/decisions.py). ~1 KB each. Valid while no other connection wrote the database
+# (SQLite's PRAGMA data_version, asked at most every HOT_CHECK_S); this process's own writes
+# drop the key.
+HOT_ENTRIES = 4096
+HOT_CHECK_S = 0.001  # how often data_version is asked (at most)
 
 
 def _as_dict(data: Any) -> dict[str, Any]:
@@ -96,6 +103,9 @@ class ValidatorStore:
         )
         self._writes = 0
         self._written = 0
+        self._hot: dict[str, StoredEntry | None] = {}  # url key -> entry or absent; LRU first
+        self._hot_version: object = None
+        self._hot_until = 0.0
 
     @classmethod
     def from_config(cls, config: Any, directory: str | Path) -> ValidatorStore:
@@ -115,7 +125,29 @@ class ValidatorStore:
 
     def get(self, key: str) -> StoredEntry | None:
         """The entry stored for a URL key, or None (corrupt entries are dropped, never served)."""
-        return self._entry(key, self._read_json(f"e|{key}"))
+        hot = self._hot
+        now = time.monotonic()
+        version = self._hot_version
+        if now >= self._hot_until or version is None:
+            # Asked at most every HOT_CHECK_S: a write by another process up to that long ago
+            # may be unseen, as it would be by a read made that much earlier.
+            try:
+                version = self._cache._sql("PRAGMA data_version").fetchone()  # noqa: SLF001
+            except Exception:  # noqa: BLE001 - no answer: no hot set this time
+                version = None
+            if version is None or version != self._hot_version:  # another connection wrote
+                hot.clear()
+            self._hot_version = version
+            self._hot_until = now + HOT_CHECK_S
+        if key in hot:
+            entry = hot.pop(key)
+        else:
+            entry = self._entry(key, self._read_json(f"e|{key}"))
+            if len(hot) >= HOT_ENTRIES:
+                del hot[next(iter(hot))]
+        if version is not None:
+            hot[key] = entry  # most recently used last
+        return entry
 
     def get_with_record(self, key: str, namespace: str,
                         parse: Callable[[Any], T] = _as_dict,  # type: ignore[assignment]
@@ -150,6 +182,7 @@ class ValidatorStore:
             raise ValueError(f"body is {len(body)} bytes, entry says {entry.body_size}")
         if len(body) > self.max_body:
             return False
+        self._hot.pop(entry.url, None)
         with self._cache.transact():
             row = self._row(entry, records)
             # Body first: a crash between the two leaves an orphan body (evicted in time),
@@ -167,9 +200,10 @@ class ValidatorStore:
         """Replace an entry's headers after a 304, keeping its body (a use: the body row is
         touched too); False (nothing written) when the stored entry is gone or names another
         body by now."""
+        self._hot.pop(entry.url, None)
         with self._cache.transact():
             row = self._row(entry, records)
-            current = self.get(entry.url)
+            current = self._entry(entry.url, self._read_json(f"e|{entry.url}"))
             if current is None or (current.body_size, current.body_sha256) != (
                     entry.body_size, entry.body_sha256):
                 return False
@@ -191,6 +225,7 @@ class ValidatorStore:
 
     def forget(self, key: str) -> None:
         """Drop the entry and body for a URL key (records riding in its row are kept)."""
+        self._hot.pop(key, None)
         with self._cache.transact():
             row = self._read_json(f"e|{key}")
             records = row.get("records") if isinstance(row, dict) else None
@@ -220,6 +255,7 @@ class ValidatorStore:
         """Store a JSON-able record; `ttl_s` lets diskcache expire it (cleanup only)."""
         cache_key = f"{_checked(namespace)}|{key}"
         data = _json(record)
+        self._hot.pop(key, None)
         if namespace in ENTRY_RECORDS and ttl_s is None:
             with self._cache.transact():
                 row = self._read_json(f"e|{key}")
@@ -238,6 +274,7 @@ class ValidatorStore:
     def forget_record(self, namespace: str, key: str) -> None:
         """Drop a record."""
         cache_key = f"{_checked(namespace)}|{key}"
+        self._hot.pop(key, None)
         if namespace in ENTRY_RECORDS:
             with self._cache.transact():
                 row = self._read_json(f"e|{key}")
@@ -317,6 +354,7 @@ class ValidatorStore:
         if self._writes >= CHECK_WRITES or self._written >= self.size_limit // CHECK_FRACTION:
             self._writes = self._written = 0
             if self._cache.volume() > self.size_limit:
+                self._hot.clear()
                 self._cache.cull()
 
     def _read(self, cache_key: str) -> Any:
@@ -340,6 +378,7 @@ class ValidatorStore:
 
     def _drop(self, cache_key: str, why: str) -> None:
         log.warning("dropping corrupt store row %r: %s", cache_key[:200], why)
+        self._hot.clear()
         try:
             self._cache.delete(cache_key)
         except Exception as e:

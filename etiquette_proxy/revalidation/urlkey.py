@@ -80,7 +80,7 @@ def _query(query: str, matcher: tuple[frozenset[str], tuple[str, ...]]) -> str:
             continue
         piece = normalise_escapes(piece)
         name = piece.split("=", 1)[0]
-        plain = _PCT.sub(lambda m: chr(int(m.group(1), 16)), name).lower()
+        plain = (_PCT.sub(lambda m: chr(int(m.group(1), 16)), name) if "%" in name else name).lower()
         if plain in exact or (prefixes and plain.startswith(prefixes)):
             continue
         kept.append((name, piece))

@@ -269,7 +269,10 @@ def should_store(method: str, status: int, request_headers: Headers, response_he
 
 def matches(entry: StoredEntry, request_headers: Headers) -> Match:
     """Does `entry` answer a request with these headers? (Vary, RFC 9111 §4.1; credentials)."""
-    req = header_pairs(request_headers)
+    return _matches(entry, header_pairs(request_headers))
+
+
+def _matches(entry: StoredEntry, req: HeaderPairs) -> Match:
     for name, stored in entry.vary:
         if name == "*":
             return Match(False, "stored with Vary: * (RFC 9111 §4.1)")
@@ -282,10 +285,12 @@ def matches(entry: StoredEntry, request_headers: Headers) -> Match:
 
 def is_safe_validator(value: str) -> bool:
     """Printable ASCII only, at most MAX_VALIDATOR_LEN: no CR/LF/NUL header injection."""
+    # For ASCII text, printable is exactly 0x20-0x7E.
     return (
         isinstance(value, str)
         and 0 < len(value) <= MAX_VALIDATOR_LEN
-        and all(0x20 <= ord(c) <= 0x7E for c in value)
+        and value.isascii()
+        and value.isprintable()
     )
 
 
@@ -299,7 +304,7 @@ def inject_headers(entry: StoredEntry | None, method: str, request_headers: Head
         return Injection((), f"client sent {', '.join(own)}: its own answer passes through")
     if entry is None:
         return Injection((), "nothing stored for this URL")
-    match = matches(entry, req)
+    match = _matches(entry, req)
     if not match.ok:
         return Injection((), match.reason)
     for name, value in (("ETag", entry.etag), ("Last-Modified", entry.last_modified)):

@@ -10,7 +10,7 @@ import logging
 import re
 import sys
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 from urllib.parse import quote, urlsplit
@@ -31,6 +31,8 @@ from etiquette_proxy.robots.purposes import (
     parse_value,
     refusal,
 )
+from etiquette_proxy.sites import Persisted, SiteRegistry
+from etiquette_proxy.state.interface import StateStore
 from etiquette_proxy.target import robots_forms
 
 log = logging.getLogger(__name__)
@@ -647,3 +649,26 @@ class RobotsPolicy:
         while len(self._parsed) > 1 and (len(self._parsed) > PARSED_LIMIT
                                          or self._parsed_bytes > PARSED_BUDGET):
             self._parsed_bytes -= self._parsed.popitem(last=False)[1].size()
+
+
+NAMESPACE = "robots"
+
+
+def entry_registry(state: Callable[[], StateStore]) -> SiteRegistry[RobotsEntry]:
+    """origin -> robots.txt entry in the per-site registry (sites.py), bounded by
+    `state.max_sites_in_memory`. Entries come from fetches (`put` then `save`: every entry is in
+    the state store from the moment it is fetched), so one that leaves memory is read back with
+    `find` on the origin's next request; its compiled rules stay in RobotsPolicy's own cache."""
+    return SiteRegistry(
+        _no_build, limit_key="state.max_sites_in_memory",
+        persisted=Persisted(NAMESPACE, "robots.txt entry", _load_entry, RobotsEntry.to_state,
+                            saved_on_change=True),
+        state=state)
+
+
+def _no_build(config: object, origin: str) -> RobotsEntry:
+    raise LookupError(f"no robots.txt entry for {origin}: entries come from fetches (find/put)")
+
+
+def _load_entry(stored: object, config: object, origin: str) -> RobotsEntry:
+    return RobotsEntry.from_state(stored)

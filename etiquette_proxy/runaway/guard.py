@@ -27,7 +27,8 @@ from urllib.parse import unquote_plus
 from etiquette_proxy.clock import wall
 from etiquette_proxy.pacing.restraints import Restraint
 from etiquette_proxy.refusals import safe_text
-from etiquette_proxy.shared_settings import shared
+from etiquette_proxy.sites import Persisted, SiteRegistry, site_settings
+from etiquette_proxy.state.interface import StateStore
 
 GONE_STATUSES = frozenset({404, 410})
 STATE_VERSION = 1
@@ -84,11 +85,13 @@ class RetiredSettings:
     @classmethod
     def from_config(cls, config: Any, site: str | None = None) -> RetiredSettings:
         """Settings for `site` from a loaded Config (shared with sites of equal settings)."""
-        return shared(cls(
-            window=config.get("runaway.retired_window", site),
-            share=config.get("runaway.retired_share", site),
-            rate=config.get("runaway.retired_rate", site),
-        ))
+        return site_settings(config, site, cls._read)
+
+    @classmethod
+    def _read(cls, config: Any, site: str | None) -> RetiredSettings:
+        return cls(window=config.get("runaway.retired_window", site),
+                   share=config.get("runaway.retired_share", site),
+                   rate=config.get("runaway.retired_rate", site))
 
 
 _DEFAULT_RETIRED = RetiredSettings()
@@ -164,6 +167,10 @@ class RetiredDetector:
         """For the dashboard and `/api/sites`."""
         return {"retired": self._retired, "gone": self._gone, "answers": self._len,
                 "window": self.settings.window}
+
+    def remembers_anything(self) -> bool:
+        """True while retired or while the window holds a 404/410 (state worth keeping)."""
+        return self._retired or self._gone > 0
 
     def _is_full_of_gone(self) -> bool:
         # SPEC §7, brief: never retired before the window is full.
@@ -275,11 +282,15 @@ class TrapSettings:
 
     @classmethod
     def from_config(cls, config: Any, site: str | None = None) -> TrapSettings:
-        """Settings for `site` from a loaded Config."""
+        """Settings for `site` from a loaded Config (shared with sites of equal settings)."""
+        return site_settings(config, site, cls._read)
+
+    @classmethod
+    def _read(cls, config: Any, site: str | None) -> TrapSettings:
         max_distinct = config.get("runaway.max_distinct", site)
         # The novelty window never needs to be longer than the distinct count it confirms.
-        return shared(cls(max_distinct=max_distinct, action=config.get("runaway.trap_action", site),
-                           novelty_window=min(TrapSettings().novelty_window, max_distinct)))
+        return cls(max_distinct=max_distinct, action=config.get("runaway.trap_action", site),
+                   novelty_window=min(TrapSettings().novelty_window, max_distinct))
 
 
 _DEFAULT_TRAPS = TrapSettings()
@@ -725,6 +736,12 @@ class RunawayGuard:
         """For the dashboard and `/api/sites`."""
         return {**self.retired.status(), "traps": [t.status() for t in self.traps.traps()]}
 
+    def remembers_anything(self) -> bool:
+        """True when the guard holds state worth persisting: retired, a 404/410 in its window,
+        or a declared trap. A guard without is not written when it leaves memory: it comes
+        back with an empty window (only live answers were in it)."""
+        return self.retired.remembers_anything() or self.traps.has_trap()
+
     def to_state(self) -> dict[str, Any]:
         """JSON-able state of both detectors."""
         return {"v": STATE_VERSION, "retired": self.retired.to_state(),
@@ -740,3 +757,32 @@ class RunawayGuard:
         trap_settings = TrapSettings.from_config(config, site) if config else None
         return cls(RetiredDetector.from_state(state.get("retired"), retired_settings),
                    TrapDetector.from_state(state.get("traps"), trap_settings, clock))
+
+
+NAMESPACE = "runaway"
+
+
+def guard_registry(state: Callable[[], StateStore],
+                   on_load: Callable[[str, RunawayGuard], None] | None = None,
+                   clock: Callable[[], float] = wall) -> SiteRegistry[RunawayGuard]:
+    """Every site's guard in the per-site registry (sites.py), persisted in namespace "runaway".
+
+    A guard leaves memory whenever the bound asks: what it saves is what a restart keeps (the
+    retired window whole, declared traps with their values); undeclared query-value counts
+    are relearnt within `runaway.max_distinct` requests, as after a restart. A guard that
+    remembers nothing (only live answers in its window, no trap) writes nothing.
+    """
+    def build(config: Any, site: str) -> RunawayGuard:
+        return RunawayGuard.from_config(config, site, clock)
+
+    return SiteRegistry(
+        build, limit_key="state.max_sites_in_memory",
+        persisted=Persisted(NAMESPACE, "runaway state",
+                            lambda raw, config, site: RunawayGuard.from_state(raw, config, site, clock),
+                            _dump_guard),
+        state=state, on_load=on_load)
+
+
+
+def _dump_guard(guard: RunawayGuard) -> dict[str, Any] | None:
+    return guard.to_state() if guard.remembers_anything() else None

@@ -6,11 +6,12 @@ import asyncio
 
 import pytest
 from etiquette_addons.notes import notes_of
-from etiquette_addons.pacing import NAMESPACE, Pacing
+from etiquette_addons.pacing import Pacing
 from etiquette_addons.runtime import Runtime
 from mitmproxy.test import tflow
 
 from etiquette_proxy.config import load_config_file
+from etiquette_proxy.pacing.per_site import NAMESPACE
 from etiquette_proxy.pacing.restraints import Restraint, Restraints
 
 

@@ -24,8 +24,8 @@ def test_robots_column_finds_the_sites_origins(group_by: str, site: str, origins
     gate = RobotsGate(rt)
     policy = RobotsPolicy()
     for origin in ["http://example.com:80", "https://www.example.com:443", "http://other.test:80"]:
-        gate.entries[origin] = policy.after_fetch(origin, FetchResult(200, b"User-agent: *\nDisallow: /x\n"),
-                                                  None, RobotsSettings())
+        gate.entries.put(rt.config, origin, policy.after_fetch(
+            origin, FetchResult(200, b"User-agent: *\nDisallow: /x\n"), None, RobotsSettings()))
     found = gate.status(site)["robots"]
     assert [entry["origin"] for entry in found] == origins
 
@@ -39,10 +39,11 @@ def test_allows_uses_the_last_copy_when_asked_and_refreshes_otherwise() -> None:
         refused.append(site)
         raise SideFetchError("site paused")
 
-    gate = RobotsGate(Runtime(), before_fetch=paused)
+    rt = Runtime()
+    gate = RobotsGate(rt, before_fetch=paused)
     rules = FetchResult(200, b"User-agent: *\nDisallow: /private/\n")
     good = RobotsPolicy().after_fetch("http://example.com:80", rules, None, RobotsSettings())
-    gate.entries["http://example.com:80"] = dataclasses.replace(good, expires_at=0.0)  # due for a refresh
+    gate.entries.put(rt.config, "http://example.com:80", dataclasses.replace(good, expires_at=0.0))  # due
     assert asyncio.run(gate.allows("http://example.com/c", "example.com:80", "ua", last_copy=True))
     assert not asyncio.run(gate.allows("http://example.com/private/c", "example.com:80", "ua", last_copy=True))
     assert refused == []  # nothing fetched: the last copy answered
