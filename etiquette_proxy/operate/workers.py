@@ -83,9 +83,12 @@ def _ts_of(line: bytes) -> bytes:
 def merged_lines(streams: Iterable[Iterable[bytes]]) -> Iterator[tuple[int, bytes]]:
     """(stream index, line) from several logs, ordered by `ts` (each log is already in order;
     one format throughout, so the strings compare as times)."""
-    tagged = [((_ts_of(line), i, line) for line in stream) for i, stream in enumerate(streams)]
-    for _, i, line in heapq.merge(*tagged, key=lambda t: (t[0], t[1])):
-        yield i, line
+    def tagged(index: int, stream: Iterable[bytes]) -> Iterator[tuple[bytes, int, bytes]]:
+        return ((_ts_of(line), index, line) for line in stream)
+
+    merged = heapq.merge(*(tagged(i, s) for i, s in enumerate(streams)), key=lambda t: (t[0], t[1]))
+    for _, index, line in merged:
+        yield index, line
 
 
 @dataclass
