@@ -16,6 +16,7 @@ from typing import Any
 
 from etiquette_addons.notes import notes_of, skip
 from etiquette_addons.runtime import Runtime
+from etiquette_addons.shared_board import SharedBoard
 from mitmproxy import http
 
 from etiquette_proxy.visibility.board import SiteBoard
@@ -35,6 +36,8 @@ class Dashboard:
         self.rt = runtime
         self.board = SiteBoard()
         runtime.listeners.append(self.board.add)
+        # SPEC §10: with state.backend redis, every proxy's sites (e.g. all workers of --workers N).
+        self.shared = SharedBoard(runtime, self.board)
         # First provider: the rate as the audit log sees it; pacing's own provider overrides it.
         runtime.site_status.insert(0, self._rate)
 
@@ -51,7 +54,13 @@ class Dashboard:
         identity = signer.describe() if signer is not None else None
         if identity is not None and self.rt.observe:
             identity["signing"] = False  # observe mode changes nothing on the wire (SPEC §3)
-        return self.board.snapshot(self.rt.site_status, identity)
+        return self.shared.merged(self.board.snapshot(self.rt.site_status, identity))
+
+    def running(self) -> None:
+        self.shared.running()
+
+    async def done(self) -> None:
+        await self.shared.done()
 
     def request(self, flow: http.HTTPFlow) -> None:
         if skip(flow) or not is_dashboard(flow):

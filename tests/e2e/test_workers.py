@@ -103,6 +103,18 @@ def test_workers_share_one_port_survive_a_kill_and_stop_cleanly(start_proxy, red
     assert sorted(u.rsplit("/", 1)[1] for u in logged) == sorted(p[1:] for p in ok)
     assert sorted(a.path for a in site.arrivals if a.path.startswith("/spread-")) == sorted(ok)
 
+    # The dashboard's data through any worker shows every worker's requests (shared through
+    # Redis about once a second): each fetch lands on either worker, each says 24.
+    def api_requests() -> int:
+        with proxy.session() as s:
+            sites = s.get("http://etiquette.proxy/api/sites", timeout=15).json()["sites"]
+        return sum(e["requests"] for e in sites if e["site"] == f"127.0.0.1:{site.port}")
+
+    deadline = time.monotonic() + 15
+    while api_requests() != 24 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [api_requests() for _ in range(6)] == [24] * 6
+
     # Operator controls reach whichever worker the kernel picks: one token for all of them.
     for _ in range(4):
         out = subprocess.run([ETIQUETTE, "sites", "list", "--state-dir", str(state)], capture_output=True,
