@@ -84,12 +84,12 @@ class SharedBoard:
                 try:
                     await asyncio.wait_for(self._exchange(), CALL_TIMEOUT_S * 2)
                     if self._down:
-                        log.warning("shared dashboard: Redis reachable again; showing every proxy's sites")
+                        log.warning("shared dashboard: other proxies' boards read from Redis again")
                     self._down = False
                 except (TimeoutError, RedisError, OSError) as e:
                     if not self._down:
-                        log.warning("shared dashboard: Redis unreachable (%s); showing this proxy's sites only",
-                                    type(e).__name__)
+                        log.warning("shared dashboard: cannot exchange boards through Redis (%s); "
+                                    "showing this proxy's sites only", type(e).__name__)
                     self._down = True
                     self.others = {}
             await asyncio.sleep(EVERY_S)
