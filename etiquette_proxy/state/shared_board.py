@@ -15,14 +15,11 @@ Nothing here does I/O: the addon moves the JSON these functions make and read.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from etiquette_proxy.visibility.board import SiteBoard, StatusProvider
-
-log = logging.getLogger(__name__)
+from etiquette_proxy.visibility.board import SiteBoard, SiteTally, StatusProvider
 
 KEY = "etiquette:board:"  # KEY + "index": sorted set id -> last publish; KEY + id: the board
 PUBLISH_SITES = 1000
@@ -79,18 +76,6 @@ def add_tallies(into: dict[str, Any], other: Mapping[str, Any]) -> None:
             add_tallies(nested, value)
 
 
-def live_fields(providers: Iterable[StatusProvider], site: str) -> dict[str, Any]:
-    """The features' live fields for a site only other proxies served (as the board does)."""
-    live: dict[str, Any] = {}
-    for provider in providers:
-        try:
-            live.update(provider(site) or {})
-        except Exception:  # noqa: BLE001 - one broken feature must not blank the board
-            log.exception("status provider %r failed for %s", provider, site)
-    live.pop("health_history", None)
-    return live
-
-
 def merge_snapshot(snapshot: dict[str, Any], others: Mapping[str, RemoteBoard], rates: Mapping[str, float],
                    providers: Iterable[StatusProvider]) -> dict[str, Any]:
     """This proxy's snapshot with the other proxies' boards added in: their counts on sites it
@@ -98,14 +83,16 @@ def merge_snapshot(snapshot: dict[str, Any], others: Mapping[str, RemoteBoard], 
     (`rates`, by board name, see RateOf)."""
     if not others:
         return snapshot
-    providers = list(providers)
     entries: dict[str, dict[str, Any]] = {e["site"]: e for e in snapshot.get("sites", [])}
+    # Sites only other proxies served: empty entries from a board of their own, so they get the
+    # features' live fields exactly as this proxy's sites do; their counts are added below.
+    unseen = SiteBoard()
+    for board in others.values():
+        unseen.sites.update((site, SiteTally()) for site in board.sites if site not in entries)
+    entries.update((e["site"], e) for e in unseen.snapshot(providers)["sites"])
     for board in others.values():
         for site, tally in board.sites.items():
-            entry = entries.get(site)
-            if entry is None:
-                entry = entries[site] = {"site": site, "health_history": [], "live": live_fields(providers, site)}
-            add_tallies(entry, tally)
+            add_tallies(entries[site], tally)
     merged = dict(snapshot)
     merged["sites"] = [entries[s] for s in sorted(entries)]
     merged["records"] = snapshot.get("records", 0) + sum(b.records for b in others.values())

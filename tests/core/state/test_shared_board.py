@@ -70,6 +70,7 @@ def test_merge_adds_other_proxies_counts_and_sites_with_this_proxys_live_fields(
     assert sites["a.test:80"]["requests"] == 2 and sites["a.test:80"]["outcomes"] == {"fetched": 2}
     assert sites["b.test:80"]["requests"] == 1 and sites["b.test:80"]["outcomes"] == {"throttled": 1}
     assert sites["b.test:80"]["live"] == {"rate": 4.0}  # the features' fields, as for its own sites
+    assert sites["b.test:80"]["health_history"] == [[1, 2]]
     assert merged["records"] == 3 and merged["proxies"] == 2
     assert merged["requests_per_s"] == round(board.snapshot()["requests_per_s"] + 3.0, 2)
     json.dumps(merged)  # still what /api/sites serves
