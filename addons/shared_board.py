@@ -86,7 +86,7 @@ class SharedBoard:
                     if self._down:
                         log.warning("shared dashboard: other proxies' boards read from Redis again")
                     self._down = False
-                except (TimeoutError, RedisError, OSError) as e:
+                except Exception as e:  # noqa: BLE001 - Redis errors, timeouts, odd replies: never end the loop
                     if not self._down:
                         log.warning("shared dashboard: cannot exchange boards through Redis (%s); "
                                     "showing this proxy's sites only", type(e).__name__)
