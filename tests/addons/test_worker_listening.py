@@ -38,3 +38,15 @@ def test_workers_listen_on_the_supervisors_port_and_a_lone_proxy_cannot():
             mode_servers.asyncio.start_server = lone  # later tests in this process: a lone proxy's call
 
     asyncio.run(main())
+
+
+def test_the_supervisor_cannot_take_a_port_a_lone_proxy_listens_on():
+    lone = socket.socket()
+    lone.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio's start_server does
+    lone.bind(("127.0.0.1", 0))
+    lone.listen()
+    try:
+        with pytest.raises(OSError):
+            reserve_port("127.0.0.1", lone.getsockname()[1]).close()
+    finally:
+        lone.close()
