@@ -54,7 +54,7 @@ class Dashboard:
         identity = signer.describe() if signer is not None else None
         if identity is not None and self.rt.observe:
             identity["signing"] = False  # observe mode changes nothing on the wire (SPEC §3)
-        return self.shared.merged(self.board.snapshot(self.rt.site_status, identity))
+        return self.shared.merged(self.board.snapshot(self.rt.site_status, identity), self.rt.site_status)
 
     def running(self) -> None:
         self.shared.running()

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -32,7 +33,7 @@ from etiquette_proxy.state.shared_board import (
     merge_snapshot,
     read_board,
 )
-from etiquette_proxy.visibility.board import SiteBoard
+from etiquette_proxy.visibility.board import SiteBoard, StatusProvider
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +69,10 @@ class SharedBoard:
             await self._client.aclose()
             self._client = None
 
-    def merged(self, snapshot: dict[str, Any]) -> dict[str, Any]:
-        """The snapshot with the other proxies' boards added in (what the dashboard serves)."""
-        return merge_snapshot(snapshot, self.others, self._rates.rates, self.rt.site_status)
+    def merged(self, snapshot: dict[str, Any], providers: Iterable[StatusProvider]) -> dict[str, Any]:
+        """The snapshot with the other proxies' boards added in (what the dashboard serves);
+        `providers`: the dashboard's, for the live fields of sites only others served."""
+        return merge_snapshot(snapshot, self.others, self._rates.rates, providers)
 
     async def _loop(self) -> None:
         while True:
