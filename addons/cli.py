@@ -39,6 +39,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--listen-host", metavar="H", help="address to listen on (default 127.0.0.1)")
     run.add_argument("--listen-port", metavar="P", type=int, help="port to listen on, 0 for any free one (default 8080)")
     run_options(run)
+    run.add_argument("--workers", metavar="N", type=int, default=1,
+                     help="N proxy processes on one listening address, sharing state through Redis "
+                          "(needs state.backend: redis; default 1)")
+    run.add_argument("--worker", metavar="I", type=int, help=argparse.SUPPRESS)  # set by the supervisor
 
     check = sub.add_parser("check-config", help="validate a config file; exit 2 listing every problem")
     check.add_argument("file", metavar="FILE")
@@ -125,7 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return keygen(config, args)
     if args.command == "verify-log":
         return verify_log(config, args)
-    return run(config, args.config, overrides)
+    if args.workers != 1:
+        return run_workers(config, args.config, overrides, args.workers)
+    return run(config, args.config, overrides, worker=args.worker)
 
 
 def check_config(path: str, overrides: Sequence[str] = ()) -> int:
@@ -276,20 +282,25 @@ def keygen(config: Config, args: argparse.Namespace) -> int:
 def verify_log(config: Config, args: argparse.Namespace) -> int:
     """SPEC §3, §11: 0 when the chain holds, 1 naming the first bad line, 2 when unreadable."""
     from etiquette_proxy.audit.chain import verify_file
+    from etiquette_proxy.operate.workers import audit_files
 
     path = _audit_path(config, args, "verify-log")
     if path is None:
         return 2
-    try:
-        verdict = verify_file(path)
-    except OSError as e:
-        print(f"etiquette-proxy verify-log: cannot read {path}: {e.strerror}", file=sys.stderr)
-        return 2
-    print(f"{path}: {verdict.summary()}")
-    return 0 if verdict.intact else 1
+    intact = True
+    for each in audit_files(path) or [path]:  # `run --workers N`: every worker file, its own chain
+        try:
+            verdict = verify_file(each)
+        except OSError as e:
+            print(f"etiquette-proxy verify-log: cannot read {each}: {e.strerror}", file=sys.stderr)
+            return 2
+        print(f"{each}: {verdict.summary()}")
+        intact = intact and verdict.intact
+    return 0 if intact else 1
 
 
 def report(config: Config, args: argparse.Namespace) -> int:
+    from etiquette_proxy.operate.workers import audit_files, report_merged
     from etiquette_proxy.units import parse_duration
     from etiquette_proxy.visibility.report import run_report
 
@@ -303,6 +314,9 @@ def report(config: Config, args: argparse.Namespace) -> int:
     path = _audit_path(config, args, "report")
     if path is None:
         return 2
+    files = audit_files(path)
+    if len(files) > 1 or files[:1] not in ([], [path]):  # `run --workers N` wrote one file per worker
+        return report_merged(files, since_s=since, site=args.site, as_json=args.json)
     return run_report(path, since_s=since, site=args.site, as_json=args.json)
 
 
@@ -319,16 +333,49 @@ def _setup_logging() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def run(config: Config, config_path: str | None, overrides: list[str]) -> int:
+def run(config: Config, config_path: str | None, overrides: list[str], worker: int | None = None) -> int:
     problem = _listen_problem(config, config_path or "--listen-host")
     if problem:
         print(problem, file=sys.stderr)
         return 2
     _setup_logging()
+    if worker is not None:  # one of `run --workers N`: on the supervisor's port, beside the others
+        from etiquette_addons.mitm_patches import share_listening_port
+
+        share_listening_port()
     try:
         return asyncio.run(_serve(config, config_path, overrides))
     except KeyboardInterrupt:
         return 0
+
+
+def run_workers(config: Config, config_path: str | None, overrides: list[str], count: int) -> int:
+    """SPEC §3 `run --workers N`: a supervisor and N worker processes on one listening address."""
+    from etiquette_addons.supervisor import supervise
+
+    from etiquette_proxy.operate.workers import worker_audit_path, workers_problem
+
+    problem = workers_problem(count, config.state.backend) or _listen_problem(config, config_path or "--listen-host")
+    if problem:
+        print(f"etiquette-proxy run: {problem}", file=sys.stderr)
+        return 2
+    directory = state_dir(config)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    audit = config.audit.log or os.path.join(directory, "audit.jsonl")
+
+    def command(index: int, port: int) -> list[str]:
+        # Later --set wins: each worker gets the supervisor's port and its own audit file
+        # (each file its own hash chain, SPEC §11); `-` stays stdout, passed on by the supervisor.
+        own_audit = audit if audit == "-" else worker_audit_path(os.path.expanduser(audit), index)
+        cmd = [sys.executable, "-m", "etiquette_addons.cli", "run", "--worker", str(index)]
+        cmd += [f"--config={config_path}"] if config_path else []
+        cmd += [f"--set={s}" for s in overrides]
+        cmd += [f"--set=state.dir={directory}", f"--set=audit.log={own_audit}",
+                f"--set=listen.host={config.listen.host}", f"--set=listen.port={port}"]
+        return cmd
+
+    _setup_logging()
+    return supervise(count, config.listen.host, config.listen.port, directory, command)
 
 
 async def _serve(config: Config, config_path: str | None, overrides: list[str]) -> int:

@@ -32,6 +32,7 @@ from etiquette_proxy.audit.log import audit_record
 from etiquette_proxy.clock import Clock, wall
 from etiquette_proxy.operate.controls import (
     ROUTE,
+    TOKEN_ENV,
     TOKEN_FILE,
     URL_FILE,
     Action,
@@ -110,6 +111,10 @@ class OperatorControls:
         self._restore()
         directory = self.rt.state_dir
         if not directory:
+            return
+        shared = os.environ.get(TOKEN_ENV)
+        if shared:  # a worker of `run --workers N`: its supervisor's token and files (SPEC §3)
+            self.token = shared
             return
         self.token = new_token()
         self._url = reachable_url(host, port)

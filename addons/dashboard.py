@@ -24,6 +24,7 @@ from typing import Any
 
 from etiquette_addons.notes import notes_of, skip
 from etiquette_addons.runtime import Runtime
+from etiquette_addons.shared_board import SharedBoard
 from mitmproxy import http
 
 from etiquette_proxy.pacing.rates import Rates
@@ -49,6 +50,8 @@ class Dashboard:
         runtime.recorded.connect(self.board.add)
         self.rates = rates if rates is not None else runtime.configured_rates()
         self.restraints = restraints if restraints is not None else Restraints()
+        # SPEC §10: with state.backend redis, every proxy's sites (e.g. all workers of --workers N).
+        self.shared = SharedBoard(runtime, self.board)
         # First provider: the rate as the audit log sees it; pacing's own provider overrides it.
         self.providers: tuple[StatusProvider, ...] = (self._rate, *providers)
         self.routes: dict[str, PostRoute] = dict(routes or {})
@@ -66,7 +69,13 @@ class Dashboard:
         identity = signer.describe() if signer is not None else None
         if identity is not None and self.rt.observe:
             identity["signing"] = False  # observe mode changes nothing on the wire (SPEC §3)
-        return self.board.snapshot(self.providers, identity)
+        return self.shared.merged(self.board.snapshot(self.providers, identity), self.providers)
+
+    def running(self) -> None:
+        self.shared.running()
+
+    async def done(self) -> None:
+        await self.shared.done()
 
     def request(self, flow: http.HTTPFlow) -> None:
         if skip(flow) or not is_dashboard(flow):

@@ -19,7 +19,9 @@ A fourth gives mitmproxy's listening socket a deeper accept queue (`LISTEN_BACKL
 (10,000 held requests arriving at once, or the normal clients behind 1,000 half-open ones) had
 its SYNs dropped by the kernel and clients timed out before the proxy ever saw them. Only
 `mode_servers` sees the changed `start_server` (its own `asyncio` name is swapped for a copy),
-and the kernel caps the figure at `net.core.somaxconn`.
+and the kernel caps the figure at `net.core.somaxconn`. Under `run --workers N`,
+`share_listening_port()` adds SO_REUSEPORT to that same call: every worker listens on the
+supervisor's port and the kernel spreads new connections over them.
 All are pinned to mitmproxy 11.0.x: `tests/addons/test_mitm_patches.py` fails if the patched
 names or their call shapes change.
 """
@@ -101,6 +103,15 @@ def install() -> None:
     listening.__dict__.update(asyncio.__dict__)
     listening.start_server = functools.partial(asyncio.start_server, backlog=LISTEN_BACKLOG)  # type: ignore[attr-defined]
     mode_servers.asyncio = listening  # type: ignore[attr-defined]
+
+
+def share_listening_port() -> None:
+    """`run --workers N`: listen with SO_REUSEPORT beside the other workers on the same port
+    (Linux spreads new connections over every socket in the group). Only workers do this: a
+    lone proxy must fail on a port already taken, not quietly share it."""
+    install()
+    mode_servers.asyncio.start_server = functools.partial(  # type: ignore[attr-defined]
+        asyncio.start_server, backlog=LISTEN_BACKLOG, reuse_port=True)
 
 
 def _before_error_hook(steps: Generator[Any, Any, Any], flow: Any, code: int) -> Generator[Any, Any, Any]:

@@ -27,6 +27,8 @@ from etiquette_proxy.target import parse_authority
 
 URL_FILE = "proxy-url"
 TOKEN_FILE = "operator-token"
+# `run --workers N`: the supervisor's token, handed to every worker so any of them accepts it.
+TOKEN_ENV = "ETIQUETTE_OPERATOR_TOKEN"
 ROUTE = "/operator"
 CLIENT_HEADER = "x-etiquette-client"
 TOKEN_HEADER = "x-etiquette-token"

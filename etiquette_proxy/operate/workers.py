@@ -1,0 +1,173 @@
+"""`etiquette-proxy run --workers N` (SPEC §3, §10): what the supervisor decides, without processes.
+
+The supervisor (etiquette_addons/supervisor.py) starts N proxy processes on one listening
+address; this module answers its questions: may N workers run with this config, where does
+worker i write its audit log, how long to wait before starting a crashed worker again. It also
+reads the worker files back as one log for `report` and `verify-log`.
+
+Each worker keeps its own audit file (`audit.w1.jsonl`, `audit.w2.jsonl`, ... beside the
+configured `audit.jsonl`), each with its own hash chain (SPEC §11): one writer per file keeps
+every line whole and every chain checkable without a lock shared between processes, and a
+worker killed with -9 tears at most its own last line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import IO
+
+from etiquette_proxy.audit.chain import ChainCheck, ChainVerdict
+from etiquette_proxy.visibility.report import Report, render_json, render_text, since_cutoff
+
+MAX_WORKERS = 64
+# Restart back-off: the first restart is quick (a kill -9 costs only the requests in flight on
+# it); a worker that keeps dying waits longer each time, up to a ceiling, so a crash loop does
+# not eat the machine. A worker that stayed up STABLE_S starts from the first step again.
+FIRST_RESTART_S = 0.5
+MAX_RESTART_S = 30.0
+STABLE_S = 30.0
+
+
+def workers_problem(workers: int, backend: str) -> str | None:
+    """Why `--workers N` cannot run with this state backend, or None."""
+    if not 1 <= workers <= MAX_WORKERS:
+        return f"--workers {workers}: expected a number of worker processes from 1 to {MAX_WORKERS}"
+    if workers > 1 and backend != "redis":
+        # SPEC §10: workers share budgets, pauses and robots.txt only through Redis; apart, each
+        # would give every site its whole budget (N× the rate).
+        return (f"--workers {workers} needs state.backend: redis (each worker would otherwise keep its own "
+                f"budget and send every site {workers}× its rate; expected --set state.backend=redis "
+                "--set state.url=redis://HOST:PORT/DB, or --workers 1)")
+    return None
+
+
+def worker_audit_path(base: str, index: int) -> str:
+    """Worker `index`'s audit file beside `base`: audit.jsonl -> audit.w1.jsonl."""
+    head, name = os.path.split(base)
+    stem, dot, suffix = name.rpartition(".")
+    named = f"{stem}.w{index}.{suffix}" if dot and stem else f"{name}.w{index}"
+    return os.path.join(head, named)
+
+
+def audit_files(base: str) -> list[str]:
+    """The files that make up the log at `base`: `base` itself when it exists, then every
+    worker file beside it (audit.w1.jsonl, audit.w2.jsonl, ... in worker order)."""
+    head, name = os.path.split(base)
+    stem, dot, suffix = name.rpartition(".")
+    pattern = (re.compile(re.escape(stem) + r"\.w(\d{1,3})\." + re.escape(suffix) + "$") if dot and stem
+               else re.compile(re.escape(name) + r"\.w(\d{1,3})$"))
+    try:
+        names = os.listdir(head or ".")
+    except OSError:
+        names = []
+    workers = sorted((int(m.group(1)), n) for n in names if (m := pattern.match(n)))
+    found = [base] if os.path.exists(base) else []
+    return found + [os.path.join(head, n) for _, n in workers]
+
+
+_TS = re.compile(rb'"ts":"([^"]*)"')
+
+
+def _ts_of(line: bytes) -> bytes:
+    match = _TS.search(line)
+    return match.group(1) if match else b""
+
+
+def merged_lines(streams: Iterable[Iterable[bytes]]) -> Iterator[tuple[int, bytes]]:
+    """(stream index, line) from several logs, ordered by `ts` (each log is already in order;
+    one format throughout, so the strings compare as times)."""
+    def tagged(index: int, stream: Iterable[bytes]) -> Iterator[tuple[bytes, int, bytes]]:
+        return ((_ts_of(line), index, line) for line in stream)
+
+    merged = heapq.merge(*(tagged(i, s) for i, s in enumerate(streams)), key=lambda t: (t[0], t[1]))
+    for _, index, line in merged:
+        yield index, line
+
+
+@dataclass
+class MergedChain:
+    """Each worker file's own chain, checked while the files are read merged."""
+
+    names: list[str]
+    checks: list[ChainCheck] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.checks = [ChainCheck() for _ in self.names]
+
+    def feed(self, index: int, line: bytes) -> None:
+        self.checks[index].feed(line)
+
+    def finish(self) -> ChainVerdict:
+        """One verdict for all files: the first broken file's, its problem naming the file;
+        otherwise lines and chained lines added up, and every file's head."""
+        verdicts = [c.finish() for c in self.checks]
+        for name, v in zip(self.names, verdicts, strict=True):
+            if not v.intact:
+                return ChainVerdict(v.lines, v.chained, v.head, v.torn, v.line, f"{name}: {v.problem}")
+        return ChainVerdict(lines=sum(v.lines for v in verdicts), chained=sum(v.chained for v in verdicts),
+                            head=",".join(f"{n}={v.head}" for n, v in zip(self.names, verdicts, strict=True)),
+                            torn=[n for v in verdicts for n in v.torn])
+
+
+@dataclass
+class RestartBackoff:
+    """How long to wait before starting a worker that died again (per worker slot)."""
+
+    clock: Callable[[], float]
+    first_s: float = FIRST_RESTART_S
+    max_s: float = MAX_RESTART_S
+    stable_s: float = STABLE_S
+    _next: dict[int, float] = field(default_factory=dict)
+    _started: dict[int, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.first_s <= self.max_s:
+            raise ValueError(f"first_s ({self.first_s!r}) must be > 0 and <= max_s ({self.max_s!r})")
+
+    def started(self, index: int) -> None:
+        """Worker `index` has just been started."""
+        self._started[index] = self.clock()
+
+    def delay_s(self, index: int) -> float:
+        """Worker `index` died: seconds to wait before starting it again."""
+        since = self._started.get(index)
+        if since is None or self.clock() - since >= self.stable_s:
+            self._next[index] = self.first_s
+        delay = self._next.get(index, self.first_s)
+        self._next[index] = min(self.max_s, delay * 2)
+        return delay
+
+
+def report_merged(paths: Sequence[str], since_s: float | None = None, site: str | None = None,
+                  as_json: bool = False, out: IO[str] | None = None, err: IO[str] | None = None,
+                  now: float | None = None) -> int:
+    """`report` over the worker files of one log (`audit_files`), read as one log ordered by
+    `ts`; the chain verdict checks each file's own chain. 0, or 2 when a file cannot be read."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    cutoff = since_cutoff(since_s, time.time() if now is None else now) if since_s is not None else None
+    report = Report(since_ts=cutoff, site=site)
+    chain = MergedChain([os.path.basename(p) for p in paths])
+    with contextlib.ExitStack() as files:
+        try:
+            streams = [files.enter_context(open(p, "rb")) for p in paths]
+        except OSError as e:
+            err.write(f"etiquette-proxy report: cannot read {e.filename}: {e.strerror}\n")
+            return 2
+        for index, line in merged_lines(streams):
+            chain.feed(index, line)
+            report.feed(line, last=not line.endswith(b"\n"))
+    report.finish()
+    report.chain = chain.finish()  # the merged order interleaves the chains: each checked on its own
+    for warning in report.skipped.warnings():
+        err.write(f"warning: {warning}\n")
+    source = ", ".join(paths)
+    out.write(render_json(report) if as_json else render_text(report, source))
+    return 0
