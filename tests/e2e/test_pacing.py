@@ -281,8 +281,9 @@ def test_ratelimit_remaining_0_holds_the_next_request_until_the_reset(shared, fr
     (429, "soon, please", (1.0, 3.0), "ignored"),
     (429, "99999999999999999999", (5.0, 5.0), "clamped"),    # throttle.max_retry_after=5s
     (429, "1.5", (1.5, 1.5), "not whole seconds"),
-    (429, formatdate(time.time() - 3600, usegmt=True), (0.0, 0.0), "past"),
-    (429, formatdate(time.time() + 10 ** 8, usegmt=True), (5.0, 5.0), "clamped"),
+    # fixed ids: every xdist worker collects these at its own second
+    pytest.param(429, formatdate(time.time() - 3600, usegmt=True), (0.0, 0.0), "past", id="429-date-an-hour-ago"),
+    pytest.param(429, formatdate(time.time() + 10 ** 8, usegmt=True), (5.0, 5.0), "clamped", id="429-date-years-ahead"),
     (503, "1", (1.0, 1.0), None),                             # 503 + Retry-After counts the same
 ])
 def test_bad_retry_after_never_crashes_and_gives_a_sane_pause(shared, fresh, status, retry_after, pause, logged):
