@@ -30,6 +30,9 @@ from etiquette_proxy.health.parser import parse_report
 from etiquette_proxy.health.site import WARMUP_WINDOWS, Band, BandChange
 from etiquette_proxy.site_key import SiteKeys
 from etiquette_proxy.state.memory import MemoryState
+from tests.e2e.drift import ARTICLE as DRIFT_ARTICLE
+from tests.e2e.drift import BLOCK_PAGE, PATTERNS, SLOW_S
+from tests.e2e.drift import CHALLENGE as DRIFT_CHALLENGE
 
 ARTICLE = b"<html><body>" + b"words " * 500 + b"</body></html>"
 CHALLENGE = b"<html><title>Just a moment...</title></html>"
@@ -365,3 +368,65 @@ def test_three_percent_challenges_from_day_one_score_healthy_and_five_requests_s
     assert status == 202 and report["score"] is None
     assert "not enough requests to judge" in report["reasons"][0]
     assert watch.live_fields("few.example:80")["parser"] == "extraction: 0 of 1 failed (0%)"
+
+
+def drift_window(watch: HealthWatch, clock, phase: str, n: int = 20) -> list[http.HTTPFlow]:
+    """One 10 s window of the e2e drift site's answers (tests/e2e/drift.py: same pages, same
+    shares, slow = 150 ms more), through the hooks."""
+    flows = []
+    for i in range(n):
+        kind = PATTERNS[phase][i % 20]
+        if kind == "hard":
+            flows.append(exchange(watch, body=b"Forbidden", status=403))
+        else:
+            body = {"challenge": DRIFT_CHALLENGE, "soft": BLOCK_PAGE}.get(kind, DRIFT_ARTICLE)
+            flows.append(exchange(watch, body=body, latency=0.01 + (SLOW_S if kind == "slow" else 0.0)))
+    clock.advance(10)
+    return flows
+
+
+def band_changes_of(flows: list[http.HTTPFlow]) -> list[dict]:
+    return [notes_of(f).extra["band_change"] for f in flows if "band_change" in notes_of(f).extra]
+
+
+def test_the_drift_sites_slide_is_degrading_its_hostile_phase_paused_and_normal_traffic_heals(tmp_path, clock):
+    # The band transitions of tests/e2e/test_health.py's drifting site, with its pages and a fake
+    # clock (the e2e test keeps what only the real proxy shows: pacing at the site, canaries).
+    rt = runtime(tmp_path)
+    watch = HealthWatch(rt, clock=clock)
+    clock.now = 1_800_000_000.0  # a window boundary
+    for _ in range(WARMUP_WINDOWS + 1):
+        drift_window(watch, clock, "normal")
+    assert notes_of(exchange(watch)).extra["health"]["band"] == "healthy"
+
+    changes: list[dict] = []
+    for _ in range(10):
+        changes += band_changes_of(drift_window(watch, clock, "slide"))
+        if changes:
+            break
+    [change] = changes
+    assert change["from"] == "healthy" and change["to"] == "degrading" and change["action"] == "halve"
+    assert 50 <= change["score"] < 80
+    assert change["why"].startswith(f"health {change['score']}: ") and "challenge" in change["why"]
+    assert "p95" in change["why"]
+    assert rt.restraints["example.com:80"]["health"].rate_factor == 0.5
+
+    changes = []
+    for _ in range(10):
+        changes += band_changes_of(drift_window(watch, clock, "hostile"))
+        if any(c["to"] == "hostile" for c in changes):
+            break
+    assert changes[-1]["to"] == "hostile" and changes[-1]["score"] < 50 and changes[-1]["action"] == "pause"
+    assert rt.restraints["example.com:80"]["health"].paused
+    [alert] = [ln for ln in audit_lines(tmp_path) if ln.get("event") == "health_alert"]
+    assert alert["outcome"] == "paused" and alert["reason"].startswith("health ")
+
+    watch.tick()  # the last hostile window is closed
+    assert watch.resume("example.com:80")  # out of hostile (the e2e test: by its canaries)
+    changes = []
+    for _ in range(10):
+        changes += band_changes_of(drift_window(watch, clock, "recovered"))
+        if any(c["to"] == "healthy" for c in changes):
+            break
+    assert [(c["from"], c["to"]) for c in changes] == [("hostile", "degrading"), ("degrading", "healthy")]
+    assert "health" not in rt.restraints.get("example.com:80", {})

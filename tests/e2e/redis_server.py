@@ -29,17 +29,40 @@ class RedisServer:
         self.start()
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.directory)],
-            stdout=open(self.directory / "redis.log", "ab"), stderr=subprocess.STDOUT)
+        # A free port can be taken by another test's server between the probe and the bind
+        # (tests run in parallel): a server that could not bind exits, and a PONG alone could
+        # come from someone else's server, so the answer must carry this process's PID.
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.ping():
-                return
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"redis-server did not answer on port {self.port}")
+        while True:
+            self.proc = subprocess.Popen(
+                [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                 "--dir", str(self.directory)],
+                stdout=open(self.directory / "redis.log", "ab"), stderr=subprocess.STDOUT)
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                if self.serves():
+                    return
+                time.sleep(0.05)
+            if self.proc.poll() is None or time.monotonic() >= deadline:
+                self.stop()
+                raise RuntimeError(f"redis-server did not answer on port {self.port}")
+            self.port = free_port()  # it exited: the port was taken, try another
+            self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def serves(self) -> bool:
+        """This server (by PID) answers on the port."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"INFO server\r\n")
+                data = b""
+                while b"process_id:" not in data or not data.endswith(b"\r\n"):
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+        except OSError:
+            return False
+        assert self.proc is not None
+        return f"process_id:{self.proc.pid}\r\n".encode() in data
 
     def ping(self) -> bool:
         try:

@@ -46,8 +46,9 @@ def rate_of(results, t0, t1):
 
 
 def test_a_drifting_site_slides_is_halved_paused_and_recovers(start_proxy, site, make_site, tmp_path):
-    # One health e2e: band transitions with real 1 s windows; the rules of each transition are
-    # covered with a fake clock in tests/addons/test_health_addon.py and tests/core/health.
+    # One health e2e: what only the real proxy shows (pacing at the site, canaries, the alert
+    # command) with real 1 s windows; the rules of each transition are covered with a fake clock
+    # in tests/addons/test_health_addon.py and tests/core/health.
     drift = DriftSite(site)
     few = make_site()  # five requests: too few to judge
     few.route("/robots.txt", Answer(404))
@@ -61,17 +62,19 @@ def test_a_drifting_site_slides_is_halved_paused_and_recovers(start_proxy, site,
         s.get(few.url(path), timeout=10)
     tail = AuditTail(proxy.audit_path)
     traffic = Traffic(proxy, site).start()
+    t_traffic = time.monotonic()
     try:
         # 1. No score until four warm-up windows of >= min_requests each, then healthy.
         first = tail.wait(lambda ln: "health" in ln and not ln.get("canary"), timeout=20)
         assert first is not None, "no health score after 20 s of normal traffic"
         before = site_lines(tail.lines[: tail.lines.index(first)], site)
         assert len(before) >= 4 * 10 and not any("health" in ln for ln in before)
-        t_healthy = time.monotonic()
-        time.sleep(2.5)
-        scored = [ln["health"] for ln in site_lines(tail.read(), site) if "health" in ln]
-        assert scored and all(h["score"] >= 80 and h["band"] == "healthy" for h in scored), scored
-        healthy_rate = rate_of(traffic.results, t_healthy, time.monotonic())
+        # the warm-up windows were at the full rate: they are the healthy rate's sample
+        healthy_rate = rate_of(traffic.results, t_traffic + 0.5, time.monotonic())
+        mark = tail.lines.index(first)
+        tail.wait(lambda ln: sum("health" in x for x in site_lines(tail.lines[mark:], site)) >= 20, 10, mark)
+        scored = [ln["health"] for ln in site_lines(tail.read()[mark:], site) if "health" in ln]
+        assert len(scored) >= 20 and all(h["score"] >= 80 and h["band"] == "healthy" for h in scored), scored
         few_lines = site_lines(tail.lines, few)
         assert len(few_lines) == 5 and not any("health" in ln for ln in few_lines)
         r = s.post("http://etiquette.proxy/report-extraction", json={"url": few.url("/a"), "ok": True},
@@ -93,7 +96,8 @@ def test_a_drifting_site_slides_is_halved_paused_and_recovers(start_proxy, site,
         assert change["from"] == "healthy" and change["action"] == "halve"
         assert 50 <= change["score"] < 80
         assert change["why"].startswith(f"health {change['score']}: ") and "challenge" in change["why"]
-        assert "p95" in change["why"]
+        # (That the slow fifth shows as "p95" is asserted in tests/addons/test_health_addon.py:
+        # here the machine's own load moves the baseline latency the 150 ms are compared with.)
         t_degrading = time.monotonic()
         time.sleep(2.5)
         # pacing halves the site's rate: in the audit log and at the site
@@ -128,7 +132,8 @@ def test_a_drifting_site_slides_is_halved_paused_and_recovers(start_proxy, site,
         assert wrong, "the canary's wrong content was not logged"
 
         # 4. The site recovers: canaries healthy for 4 windows (pacing: nothing else reaches it),
-        # then half rate, then real windows bring it back to healthy.
+        # then half rate. (From there real windows bring it back to healthy: with the drift
+        # site's pages and a fake clock in tests/addons/test_health_addon.py.)
         drift.set_phase("recovered")
         mark = len(tail.lines)
         line = tail.wait(lambda ln: any(c["from"] == "hostile" for c in band_changes([ln])), 12, mark)
@@ -136,8 +141,6 @@ def test_a_drifting_site_slides_is_halved_paused_and_recovers(start_proxy, site,
         resumed = [c for c in band_changes([line]) if c["from"] == "hostile"][0]
         assert resumed["to"] == "degrading"
         assert "canaries healthy" in resumed["why"]
-        line = tail.wait(lambda ln: any(c["to"] == "healthy" for c in band_changes([ln])), 10, mark)
-        assert line is not None, "the site never came back to healthy"
     finally:
         traffic.stop()
     canaries = site_lines(tail.read(), site, canary=True)
