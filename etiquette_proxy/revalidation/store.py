@@ -21,6 +21,12 @@ read into a SQLite write transaction: most of a request's store cost, benchmarks
 The size limit is checked every CHECK_WRITES writes or CHECK_FRACTION of the limit written,
 not on every write, so the store may pass the limit by that much before the next cull.
 
+Every lookup reads the entry row from SQLite (another process may have written it), but a
+row whose bytes are the same as the last ones read for that key is not parsed again: the
+parsed row and its StoredEntry are kept for the last PARSED_ROWS keys, checked by comparing
+bytes, so they can never be stale (issue 17: JSON parsing and validating the entry was most of
+a lookup's cost).
+
 Eviction may drop an entry's body before its metadata (or the other way round). `body()`
 checks size and SHA-256 against the entry, so a missing or replaced body reads as None and is
 never served. Gone records share the same eviction: losing one only means the URL is fetched
@@ -55,10 +61,14 @@ CHECK_WRITES = 64
 CHECK_FRACTION = 64
 
 
+# Parsed entry rows kept, keyed by their bytes (module docstring): bounded, a few KB each.
+PARSED_ROWS = 512
+
+
 def _as_dict(data: Any) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"record is {type(data).__name__}, not a dict")
-    return data
+    return dict(data)  # a copy: the row it came from may be a shared parsed row
 
 
 class _PlainDisk(diskcache.Disk):
@@ -96,6 +106,8 @@ class ValidatorStore:
         )
         self._writes = 0
         self._written = 0
+        # key -> (row bytes, parsed row, entry): rows read before, reused while their bytes match.
+        self._parsed: dict[str, tuple[bytes, Any, StoredEntry | None]] = {}
 
     @classmethod
     def from_config(cls, config: Any, directory: str | Path) -> ValidatorStore:
@@ -115,15 +127,14 @@ class ValidatorStore:
 
     def get(self, key: str) -> StoredEntry | None:
         """The entry stored for a URL key, or None (corrupt entries are dropped, never served)."""
-        return self._entry(key, self._read_json(f"e|{key}"))
+        return self._entry_row(key)[0]
 
     def get_with_record(self, key: str, namespace: str,
                         parse: Callable[[Any], T] = _as_dict,  # type: ignore[assignment]
                         ) -> tuple[StoredEntry | None, T | None]:
         """The entry and its `namespace` record (e.g. the revisit schedule), in one read when
         the record rides in the entry's row."""
-        row = self._read_json(f"e|{key}")
-        entry = self._entry(key, row)
+        entry, row = self._entry_row(key)
         if entry is None or namespace not in ENTRY_RECORDS:
             return entry, self._own_record(_checked(namespace), key, parse)
         return entry, self._row_record(key, row, namespace, parse)
@@ -210,8 +221,8 @@ class ValidatorStore:
         dropped with a warning."""
         _checked(namespace)
         if namespace in ENTRY_RECORDS:
-            row = self._read_json(f"e|{key}")
-            if self._entry(key, row) is not None:
+            entry, row = self._entry_row(key)
+            if entry is not None:
                 return self._row_record(key, row, namespace, parse)
         return self._own_record(namespace, key, parse)
 
@@ -249,6 +260,26 @@ class ValidatorStore:
             self._cache.delete(cache_key)
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _entry_row(self, key: str) -> tuple[StoredEntry | None, Any]:
+        """The entry stored for `key` and its parsed row (shared: never mutate it), parsing
+        only a row whose bytes differ from the last ones read for the key."""
+        raw = self._read(f"e|{key}")
+        if raw is None:
+            return None, None
+        kept = self._parsed.get(key)
+        if kept is not None and kept[0] == raw:
+            return kept[2], kept[1]
+        row = self._parse_json(f"e|{key}", raw)
+        entry = self._entry(key, row)
+        if entry is not None:
+            if len(self._parsed) >= PARSED_ROWS:
+                try:  # oldest first; another thread may have just removed it
+                    del self._parsed[next(iter(self._parsed))]
+                except (KeyError, RuntimeError, StopIteration):
+                    pass
+            self._parsed[key] = (raw, row, entry)
+        return entry, row
 
     def _entry(self, key: str, data: Any) -> StoredEntry | None:
         if data is None:
@@ -327,7 +358,10 @@ class ValidatorStore:
             return None
 
     def _read_json(self, cache_key: str) -> Any:
-        raw = self._read(cache_key)
+        """A fresh parse of a row (callers may change it), None when absent or corrupt."""
+        return self._parse_json(cache_key, self._read(cache_key))
+
+    def _parse_json(self, cache_key: str, raw: Any) -> Any:
         if raw is None:
             return None
         try:
