@@ -293,13 +293,25 @@ class Revalidation:
         fingerprinter = self.fingerprinters.get(notes.site)
 
         def work() -> tuple[dict[str, Any], StoredEntry | None]:
-            digest = self._digest(raw, first_value(response_headers, "content-encoding"),
-                                  fingerprinter, store.max_body)
-            revisit = self._revisit(flow, notes, digest, now)
-            entry = (StoredEntry.build(key, request_headers, response_headers, raw, now)
+            sha = hashlib.sha256(raw).hexdigest()
+            encoding = first_value(response_headers, "content-encoding")
+            # The stored entry and its schedule come from one row: the schedule's fingerprint
+            # is that of the entry's body (put() writes them together; a 304 keeps both).
+            current, state = store.get_with_record(key, REVISIT, parse=RevisitState.from_state)
+            same_body = (current is not None and current.body_sha256 == sha and current.body_size == len(raw)
+                         and first_value(current.headers, "content-encoding") == encoding)
+            if same_body and state is not None and state.fingerprint is not None and len(raw) <= store.max_body:
+                digest = state.fingerprint  # byte-identical body: the same fingerprint, no regex passes
+            else:
+                digest = self._digest(raw, encoding, fingerprinter, store.max_body)
+            revisit = self._revisit(flow, notes, digest, now, state)
+            entry = (StoredEntry.build(key, request_headers, response_headers, raw, now, body_sha256=sha)
                      if decision.store else None)
-            # Body, entry and revisit schedule in one write (the schedule rides in the row).
-            if entry is not None and not store.put(entry, raw, {REVISIT: revisit}):
+            # Body, entry and revisit schedule in one write (the schedule rides in the row). A
+            # body the store holds already is not written again: only the entry row is, and
+            # the body row counts a use (refresh), unless the store changed meanwhile.
+            if entry is not None and not (same_body and store.refresh(entry, {REVISIT: revisit})) \
+                    and not store.put(entry, raw, {REVISIT: revisit}):
                 entry = None
             return revisit, entry
 
@@ -328,14 +340,16 @@ class Revalidation:
         return "raw:" + hashlib.sha256(raw).hexdigest()
 
     def _revisit(self, flow: http.HTTPFlow, notes: FlowNotes, digest: str | None,
-                 now: float) -> dict[str, Any]:
+                 now: float, state: RevisitState | None | bool = False) -> dict[str, Any]:
         """The new revisit schedule after a 200 (digest) or a 304 to our validators (None), to
         be written by the caller with the entry; sets `changed` on the notes."""
         store = self.rt.store
         key = url_key(flow, self.rt)
         assert store is not None and key is not None
         policy = self.revisits.get(notes.site)
-        state = store.get_record(REVISIT, key, parse=RevisitState.from_state)
+        if state is False:  # not read by the caller
+            state = store.get_record(REVISIT, key, parse=RevisitState.from_state)
+        assert state is None or isinstance(state, RevisitState)
         if digest is None:
             revisit = policy.after_not_modified(state, now)
         else:
