@@ -215,3 +215,50 @@ def test_a_304_rewrites_the_entry_at_most_once_a_minute(rt: Runtime, age_s: floa
     after = rt.store.get(URL)
     assert after is not None
     assert (after.stored_at != entry.stored_at) is rewritten
+
+
+def test_a_byte_identical_200_reuses_its_fingerprint_and_keeps_the_stored_body(rt: Runtime, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from etiquette_proxy.revalidation.fingerprint import Fingerprinter
+
+    fingerprinted: list[bytes] = []
+    real = Fingerprinter.fingerprint
+    monkeypatch.setattr(Fingerprinter, "fingerprint", lambda self, body: fingerprinted.append(body) or real(self, body))
+    assert rt.store is not None
+    puts: list[str] = []
+    real_put = rt.store.put
+    monkeypatch.setattr(rt.store, "put", lambda entry, body, records=None: puts.append(entry.url)
+                        or real_put(entry, body, records))
+    addon = Revalidation(rt)
+    changes = []
+    for page in (b"<p>same</p>", b"<p>same</p>", b"<p>new</p>"):  # no validators: fetched each time
+        f = flow()
+        run(addon.request(f))
+        respond(f, 200, page, {"Content-Type": "text/html"})
+        run(addon.response(f))
+        changes.append(notes_of(f).extra.get("changed"))
+    assert changes == [None, False, True]
+    assert fingerprinted == [b"<p>same</p>", b"<p>new</p>"]  # the repeat was not fingerprinted again
+    assert puts == [URL, URL]  # the repeat rewrote only the entry row (refresh), not the body
+    entry = rt.store.get(URL)
+    assert entry is not None and rt.store.body(entry) == b"<p>new</p>"
+    assert rt.store.get_record(REVISIT, URL)["fetches"] == 3  # type: ignore[index]
+
+
+def test_304s_with_other_headers_or_another_entry_merge_afresh(rt: Runtime) -> None:
+    stored(rt)
+    addon = Revalidation(rt)
+    for max_age in ("5", "9", "9"):
+        f = flow()
+        run(addon.request(f))
+        respond(f, 304, headers={"ETag": '"v1"', "Cache-Control": f"max-age={max_age}"})
+        run(addon.response(f))
+        assert f.response is not None and f.response.status_code == 200 and f.response.content == BODY
+        assert f.response.headers["Cache-Control"] == f"max-age={max_age}"
+        assert f.response.headers["Content-Length"] == str(len(BODY))
+    stored(rt, body=b"<html>replaced</html>")  # a new entry (another row, another body)
+    f = flow()
+    run(addon.request(f))
+    respond(f, 304, headers={"ETag": '"v1"', "Cache-Control": "max-age=9"})
+    run(addon.response(f))
+    assert f.response is not None and f.response.content == b"<html>replaced</html>"
+    assert f.response.headers["Content-Length"] == str(len(b"<html>replaced</html>"))
