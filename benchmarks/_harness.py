@@ -208,16 +208,17 @@ def _ms(text: str) -> float:
 
 
 def wrk(url: str, lua: str, lua_args: Sequence[str], connections: int, duration_s: float,
-        threads: int = 2, measure_pid: int | None = None) -> WrkResult:
+        threads: int = 2, measure_pid: int | None = None, close: bool = False) -> WrkResult:
     """One bounded wrk run (`-d`), latency distribution on; wrk's own timeout 10 s.
 
-    With `measure_pid`, also the CPU time that process used per request during the run.
+    With `measure_pid`, also the CPU time that process used per request during the run; with
+    `close`, every request on a new connection (`Connection: close`).
     """
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed: apt-get install -y wrk")
     threads = max(1, min(threads, connections))
     cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{duration_s:g}s", "--timeout", "10s", "--latency",
-           "-s", str(HERE / lua), url, "--", *lua_args]
+           *(["-H", "Connection: close"] if close else []), "-s", str(HERE / lua), url, "--", *lua_args]
     cpu0 = cpu_seconds(measure_pid) if measure_pid else 0.0
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=duration_s + 60).stdout
     cpu = cpu_seconds(measure_pid) - cpu0 if measure_pid else None

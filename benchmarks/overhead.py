@@ -29,13 +29,17 @@ speaks TLS to the proxy, the proxy terminates it (its own certificate, as inside
 tunnel) and speaks TLS to the site. wrk cannot tunnel through CONNECT; with keep-alive the
 CONNECT is once per connection, so reverse mode measures the same per-request work.
 
+`--close`: every request on a new client connection (wrk `-H "Connection: close"`), so the
+CPU per request includes accepting and setting up a connection (what benchmarks/held.py's
+`free` scenario pays per request).
+
 `--before DIR` adds an arm (c0): the same chain from another checkout (DIR holds its
 `etiquette_addons` and `etiquette_proxy` packages, e.g. `git archive BASE` with
 `ln -s addons etiquette_addons`), alternating with b and c in every round: a change's
 before/after from one run, under the same load.
 
     python benchmarks/overhead.py [--rounds 5] [--duration 5] [--connections 16] [--sign]
-                                  [--no-validators] [--https] [--before DIR]
+                                  [--no-validators] [--https] [--before DIR] [--close]
 """
 
 from __future__ import annotations
@@ -130,6 +134,8 @@ def main() -> int:
                     help="the site sends no ETag/Last-Modified: every page fetched, stored, fingerprinted")
     ap.add_argument("--https", action="store_true", help="TLS on both sides (reverse mode, see above)")
     ap.add_argument("--before", metavar="DIR", help="arm c0: the chain of another checkout (see above)")
+    ap.add_argument("--close", action="store_true",
+                    help="every request on a new client connection (Connection: close): per-connection cost")
     args = ap.parse_args()
     if not 1 <= args.rounds <= 50 or not 0.5 <= args.duration <= 120:
         ap.error("rounds in 1..50, duration in 0.5..120 s")
@@ -175,7 +181,8 @@ def main() -> int:
             for i in range(args.rounds):
                 order = arms if i % 2 == 0 else list(reversed(arms))
                 for name, proxy in order:
-                    r = wrk(proxy.url, *proxied, conns, dur, th, measure_pid=proxy.pid)  # type: ignore[arg-type]
+                    r = wrk(proxy.url, *proxied, conns, dur, th, measure_pid=proxy.pid,  # type: ignore[arg-type]
+                            close=args.close)
                     runs[name].append(r)
                     show(f"({name}) round {i + 1}", r)
             bs, cs = runs["b"], runs["c"]
