@@ -375,6 +375,12 @@ class Revalidation:
             revisit = self._revisit(flow, notes, digest, now, state)
             entry = (StoredEntry.build(key, request_headers, response_headers, raw, now, body_sha256=sha)
                      if decision.store else None)
+            if (entry is not None and current is not None and same_body
+                    and 0 <= now - current.stored_at < REFRESH_EVERY_S
+                    and (entry.etag, entry.last_modified) == (current.etag, current.last_modified)):
+                # The same page, stored less than a minute ago with the same validators: as
+                # after a 304 (_not_modified), the row is not rewritten for each repeat.
+                return revisit, current
             # Body, entry and revisit schedule in one write (the schedule rides in the row). A
             # body the store holds already is not written again: only the entry row is, and
             # the body row counts a use (refresh), unless the store changed meanwhile.

@@ -228,20 +228,26 @@ def test_a_byte_identical_200_reuses_its_fingerprint_and_keeps_the_stored_body(r
     real_put = rt.store.put
     monkeypatch.setattr(rt.store, "put", lambda entry, body, records=None: puts.append(entry.url)
                         or real_put(entry, body, records))
+    clock = [1_800_000_000.0]
+    monkeypatch.setattr(reval_module, "wall", lambda: clock[0])
     addon = Revalidation(rt)
-    changes = []
-    for page in (b"<p>same</p>", b"<p>same</p>", b"<p>new</p>"):  # no validators: fetched each time
+    seen = []
+    # No validators: fetched each time. Same body 10 s later, 120 s later, then a new one.
+    for at, page in ((0, b"<p>same</p>"), (10, b"<p>same</p>"), (120, b"<p>same</p>"), (130, b"<p>new</p>")):
+        clock[0] = 1_800_000_000.0 + at
         f = flow()
         run(addon.request(f))
         respond(f, 200, page, {"Content-Type": "text/html"})
         run(addon.response(f))
-        changes.append(notes_of(f).extra.get("changed"))
-    assert changes == [None, False, True]
-    assert fingerprinted == [b"<p>same</p>", b"<p>new</p>"]  # the repeat was not fingerprinted again
-    assert puts == [URL, URL]  # the repeat rewrote only the entry row (refresh), not the body
-    entry = rt.store.get(URL)
-    assert entry is not None and rt.store.body(entry) == b"<p>new</p>"
-    assert rt.store.get_record(REVISIT, URL)["fetches"] == 3  # type: ignore[index]
+        entry = rt.store.get(URL)
+        assert entry is not None and rt.store.body(entry) == page
+        seen.append((notes_of(f).extra.get("changed"), entry.stored_at - 1_800_000_000.0,
+                     rt.store.get_record(REVISIT, URL)["fetches"]))  # type: ignore[index]
+    # 10 s: nothing rewritten (as after a 304, at most once a minute); 120 s: the entry row and
+    # schedule rewritten, the body kept; a new body: stored and fingerprinted.
+    assert seen == [(None, 0, 1), (False, 0, 1), (False, 120, 2), (True, 130, 3)]
+    assert fingerprinted == [b"<p>same</p>", b"<p>new</p>"]  # repeats were not fingerprinted again
+    assert puts == [URL, URL]  # the body was written for the first page and the new one only
 
 
 def test_304s_with_other_headers_or_another_entry_merge_afresh(rt: Runtime) -> None:
