@@ -15,7 +15,7 @@ etiquette hook's own cost (the members' hook methods, inclusive) and the top fun
 own time. `--no-validators` and `--https` choose the site and the path as in overhead.py.
 
     python benchmarks/profile_proxy.py [--duration 10] [--connections 16] [--keep DIR]
-        [--target etiquette|mitmdump] [--profiler py-spy|cprofile] [--no-validators] [--https]
+        [--target etiquette|mitmdump] [--profiler py-spy|cprofile] [--no-validators] [--https] [--close]
 """
 
 from __future__ import annotations
@@ -134,6 +134,7 @@ def main() -> int:
     ap.add_argument("--profiler", choices=("py-spy", "cprofile"), default="py-spy")
     ap.add_argument("--no-validators", action="store_true", help="the site sends no ETag/Last-Modified")
     ap.add_argument("--https", action="store_true", help="TLS on both sides (reverse mode, as overhead.py)")
+    ap.add_argument("--close", action="store_true", help="a new client connection per request")
     args = ap.parse_args()
     if not 1 <= args.duration <= 120:
         ap.error("duration in 1..120 s")
@@ -166,7 +167,7 @@ def main() -> int:
                 print("py-spy command:", " ".join(cmd))
                 spy = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                 time.sleep(0.5)
-            r = wrk(proxy.url, lua, lua_args, args.connections, args.duration, measure_pid=proxy.pid)
+            r = wrk(proxy.url, lua, lua_args, args.connections, args.duration, measure_pid=proxy.pid, close=args.close)
             if args.profiler == "cprofile":
                 os.kill(proxy.pid, signal.SIGUSR2)
                 deadline = time.monotonic() + 30
