@@ -2,8 +2,9 @@
 
     python benchmarks/_cprofile_run.py OUT SCRIPT [ARGS...]
 
-SIGUSR1 starts profiling, SIGUSR2 stops it and writes the stats to OUT: profile_proxy.py
-profiles only the measured load, not start-up (imports, config) or the warm-up.
+START (SIGRTMIN+5) starts profiling, STOP (SIGRTMIN+6) stops it and writes the stats to OUT:
+profile_proxy.py profiles only the measured load, not start-up (imports, config) or the
+warm-up. Real-time signals, because mitmproxy takes SIGUSR1/SIGUSR2 for its own debug dumps.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import signal
 import sys
 from typing import Any
 
+START, STOP = signal.SIGRTMIN + 5, signal.SIGRTMIN + 6
 out, script = sys.argv[1], sys.argv[2]
 profiler = cProfile.Profile()
 
@@ -27,7 +29,7 @@ def stop(*_: Any) -> None:
     profiler.dump_stats(out)
 
 
-signal.signal(signal.SIGUSR1, start)
-signal.signal(signal.SIGUSR2, stop)
+signal.signal(START, start)
+signal.signal(STOP, stop)
 sys.argv = sys.argv[2:]
 runpy.run_path(script, run_name="__main__")

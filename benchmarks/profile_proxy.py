@@ -160,7 +160,7 @@ def main() -> int:
             wrk(proxy.url, lua, lua_args, args.connections, 2)  # warm-up
             spy = None
             if args.profiler == "cprofile":
-                os.kill(proxy.pid, signal.SIGUSR1)  # profile the measured run only
+                os.kill(proxy.pid, signal.SIGRTMIN + 5)  # _cprofile_run.START: profile the measured run only
             if args.profiler == "py-spy":
                 cmd = [str(pyspy), "record", "--pid", str(proxy.pid), "--duration", str(args.duration), "--rate",
                        str(args.rate), "--format", "raw", "--nonblocking", "-o", str(raw)]
@@ -169,7 +169,7 @@ def main() -> int:
                 time.sleep(0.5)
             r = wrk(proxy.url, lua, lua_args, args.connections, args.duration, measure_pid=proxy.pid, close=args.close)
             if args.profiler == "cprofile":
-                os.kill(proxy.pid, signal.SIGUSR2)
+                os.kill(proxy.pid, signal.SIGRTMIN + 6)  # _cprofile_run.STOP
                 deadline = time.monotonic() + 30
                 while not raw.exists() and time.monotonic() < deadline:
                     time.sleep(0.1)
