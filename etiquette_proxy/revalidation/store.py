@@ -108,6 +108,10 @@ class ValidatorStore:
         self._written = 0
         # key -> (row bytes, parsed row, entry): rows read before, reused while their bytes match.
         self._parsed: dict[str, tuple[bytes, Any, StoredEntry | None]] = {}
+        # (key, namespace, parser) -> (parsed row, record): a record parsed from a kept row,
+        # reused while that row object is the one kept (parsers return immutable values,
+        # except _as_dict, which is never kept).
+        self._records: dict[tuple[str, str, Any], tuple[Any, Any]] = {}
 
     @classmethod
     def from_config(cls, config: Any, directory: str | Path) -> ValidatorStore:
@@ -313,8 +317,19 @@ class ValidatorStore:
         if not _has_record(row, namespace):
             # Written before records rode in the row, or never scheduled: its own row, if any.
             return self._own_record(namespace, key, parse)
+        kept = self._records.get((key, namespace, parse))
+        if kept is not None and kept[0] is row:
+            return kept[1]  # type: ignore[no-any-return]
         try:
-            return parse(row["records"][namespace])
+            record = parse(row["records"][namespace])
+            if parse is not _as_dict:
+                if len(self._records) >= PARSED_ROWS:
+                    try:
+                        del self._records[next(iter(self._records))]
+                    except (KeyError, RuntimeError, StopIteration):
+                        pass
+                self._records[(key, namespace, parse)] = (row, record)
+            return record
         except ValueError as e:
             # A bad record does not spoil the entry: it reads as absent and is replaced on
             # the next write of the row.

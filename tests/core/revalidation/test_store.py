@@ -343,3 +343,15 @@ def test_a_record_read_from_a_shared_row_is_a_copy(store: ValidatorStore) -> Non
     assert got == schedule
     got["fingerprint"] = "changed by a caller"  # type: ignore[index]
     assert store.get_record(REVISIT, e.url) == schedule
+
+
+def test_a_record_parsed_from_an_unchanged_row_is_reused_until_the_row_changes(store: ValidatorStore) -> None:
+    e = make("https://e.com/s")
+    first = {"fingerprint": "a", "interval_s": 60.0, "last_fetched": NOW, "next_check": NOW + 60}
+    assert store.put(e, b"<html>hi</html>", {REVISIT: first})
+    one = store.get_record(REVISIT, e.url, parse=RevisitState.from_state)
+    assert one is not None and one.fingerprint == "a"
+    assert store.get_record(REVISIT, e.url, parse=RevisitState.from_state) is one
+    store.put_record(REVISIT, e.url, {**first, "fingerprint": "b"})
+    two = store.get_record(REVISIT, e.url, parse=RevisitState.from_state)
+    assert two is not None and two.fingerprint == "b"
