@@ -373,14 +373,15 @@ class Revalidation:
             else:
                 digest = self._digest(raw, encoding, fingerprinter, store.max_body)
             revisit = self._revisit(flow, notes, digest, now, state)
-            entry = (StoredEntry.build(key, request_headers, response_headers, raw, now, body_sha256=sha)
-                     if decision.store else None)
-            if (entry is not None and current is not None and same_body
+            if (decision.store and current is not None and same_body
                     and 0 <= now - current.stored_at < REFRESH_EVERY_S
-                    and (entry.etag, entry.last_modified) == (current.etag, current.last_modified)):
+                    and (first_value(response_headers, "etag"), first_value(response_headers, "last-modified"))
+                    == (current.etag, current.last_modified)):
                 # The same page, stored less than a minute ago with the same validators: as
                 # after a 304 (_not_modified), the row is not rewritten for each repeat.
                 return revisit, current
+            entry = (StoredEntry.build(key, request_headers, response_headers, raw, now, body_sha256=sha)
+                     if decision.store else None)
             # Body, entry and revisit schedule in one write (the schedule rides in the row). A
             # body the store holds already is not written again: only the entry row is, and
             # the body row counts a use (refresh), unless the store changed meanwhile.
