@@ -373,15 +373,15 @@ class Revalidation:
             else:
                 digest = self._digest(raw, encoding, fingerprinter, store.max_body)
             revisit = self._revisit(flow, notes, digest, now, state)
-            if (decision.store and current is not None and same_body
-                    and 0 <= now - current.stored_at < REFRESH_EVERY_S
-                    and (first_value(response_headers, "etag"), first_value(response_headers, "last-modified"))
-                    == (current.etag, current.last_modified)):
-                # The same page, stored less than a minute ago with the same validators: as
-                # after a 304 (_not_modified), the row is not rewritten for each repeat.
-                return revisit, current
             entry = (StoredEntry.build(key, request_headers, response_headers, raw, now, body_sha256=sha)
                      if decision.store else None)
+            if (entry is not None and current is not None and same_body
+                    and 0 <= now - current.stored_at < REFRESH_EVERY_S
+                    and _same_variant(current, entry)):
+                # The same body, validators, Vary values and credentials stored less than a
+                # minute ago: as after a 304 (_not_modified), the row is not rewritten for
+                # each repeat (other headers, e.g. Date, are stored with the next write).
+                return revisit, current
             # Body, entry and revisit schedule in one write (the schedule rides in the row). A
             # body the store holds already is not written again: only the entry row is, and
             # the body row counts a use (refresh), unless the store changed meanwhile.
@@ -432,6 +432,13 @@ class Revalidation:
         if revisit.changed is not None:
             notes.extra["changed"] = revisit.changed
         return revisit.state.to_state()
+
+
+def _same_variant(stored: StoredEntry, new: StoredEntry) -> bool:
+    """Would `new` answer and revalidate exactly the requests `stored` does? (the body is
+    compared by the caller): validators, Vary values (RFC 9111 §4.1) and credentials."""
+    return ((stored.etag, stored.last_modified, stored.vary, stored.credentials)
+            == (new.etag, new.last_modified, new.vary, new.credentials))
 
 
 def _same_validators(entry: StoredEntry, response_headers: HeaderPairs) -> bool:

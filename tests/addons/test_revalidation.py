@@ -268,3 +268,19 @@ def test_304s_with_other_headers_or_another_entry_merge_afresh(rt: Runtime) -> N
     run(addon.response(f))
     assert f.response is not None and f.response.content == b"<html>replaced</html>"
     assert f.response.headers["Content-Length"] == str(len(b"<html>replaced</html>"))
+
+
+def test_a_repeat_for_another_vary_variant_is_stored_for_it_within_the_minute(rt: Runtime) -> None:
+    # The same body and ETag for another Accept-Language: not "the same entry" (RFC 9111
+    # §4.1), so the new variant is stored at once and its next request is revalidated.
+    addon = Revalidation(rt)
+    for lang in ("en", "de", "de"):
+        f = flow(headers=[(b"host", b"site.test"), (b"accept-language", lang.encode())])
+        run(addon.request(f))
+        injected = "if-none-match" in f.request.headers
+        respond(f, 200, BODY, {"ETag": '"v1"', "Vary": "Accept-Language"})
+        run(addon.response(f))
+    assert injected  # the last "de" request carried the stored validators
+    assert rt.store is not None
+    entry = rt.store.get(URL)
+    assert entry is not None and entry.vary == (("accept-language", "de"),)
