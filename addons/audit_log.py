@@ -21,6 +21,7 @@ from etiquette_proxy.pacing.rates import Rates
 log = logging.getLogger(__name__)
 
 DECISION_HEADER = "X-Etiquette-Decision"
+_DECISION_FIELD = DECISION_HEADER.encode("ascii")
 
 
 def final_outcome(notes: FlowNotes, flow: http.HTTPFlow) -> str:
@@ -51,7 +52,12 @@ class AuditWriter:
         assert flow.response is not None
         notes = notes_of(flow)
         if not notes.facts.get("internal"):
-            flow.response.headers[DECISION_HEADER] = final_outcome(notes, flow)
+            outcome = final_outcome(notes, flow)
+            fields = flow.response.headers.fields
+            # Set in responseheaders and usually still the last field with the same value;
+            # else (a response rebuilt since, a later outcome) set again.
+            if not fields or fields[-1] != (_DECISION_FIELD, outcome.encode("ascii")):
+                flow.response.headers[DECISION_HEADER] = outcome
         self.write(flow, notes)
 
     def error(self, flow: http.HTTPFlow) -> None:
@@ -105,12 +111,18 @@ class AuditWriter:
                 waited_s=notes.waited_s,
                 rate=self.rates.of(notes.site),
                 reason=notes.reason or _default_reason(flow),
-                client_ua=request.headers.get("user-agent"),
+                client_ua=_header(request.headers.fields, b"user-agent"),
                 **extra,
             )
             self.rt.record(record)
         except Exception:  # noqa: BLE001 - never let logging take a flow down
             log.exception("could not write the audit line for %s", request.url)
+
+
+def _header(fields: tuple[tuple[bytes, bytes], ...], name: bytes) -> str | None:
+    """`Headers.get(name)` in one pass over the raw fields: repeated values comma-joined."""
+    values = [v.decode("utf-8", "surrogateescape") for k, v in fields if k.lower() == name]
+    return ", ".join(values) if values else None
 
 
 def _client_left_after_forwarding(flow: http.HTTPFlow, notes: FlowNotes) -> bool:

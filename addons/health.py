@@ -570,8 +570,15 @@ def parser_line(p: ParserSummary) -> str:
 
 
 def _headers(response: http.Response) -> dict[str, str]:
-    # The classifier reads a few headers (content-type, cf-mitigated); last value wins.
-    return {k.lower(): v for k, v in response.headers.items()}
+    # The classifier reads a few headers (content-type, cf-mitigated): lower-cased names, a
+    # repeated field comma-joined, as `Headers.items()` gives them, in one pass over the raw
+    # fields (items() looks every name up again: quadratic in the header count, issue 17).
+    out: dict[str, str] = {}
+    for k, v in response.headers.fields:
+        name = k.decode("utf-8", "surrogateescape").lower()
+        value = v.decode("utf-8", "surrogateescape")
+        out[name] = f"{out[name]}, {value}" if name in out else value
+    return out
 
 
 async def run_alert(command: str, change: BandChange) -> None:

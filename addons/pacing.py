@@ -51,6 +51,7 @@ from etiquette_proxy.state.shared_pacing import Reservation
 from etiquette_proxy.visibility.page import human_seconds
 
 log = logging.getLogger(__name__)
+_JOINED = frozenset({"retry-after", "ratelimit", "ratelimit-policy"})  # every value, comma-joined
 
 TICKET = "pacing_ticket"
 LEASE = "pacing_lease"          # the shared budget's concurrency lease (state.backend: redis)
@@ -493,12 +494,15 @@ class Pacing:
         budget = self.budget(site)
         try:
             response = flow.response
-            headers = {k.lower(): v for k, v in response.headers.items(multi=True)}
-            # A repeated field: every value, comma-joined, so the parsers see all of them.
-            for name in ("retry-after", "ratelimit", "ratelimit-policy"):
-                values = response.headers.get_all(name)
-                if len(values) > 1:
-                    headers[name] = ", ".join(values)
+            # One pass over the raw fields: last value wins, except that a repeated
+            # Retry-After / RateLimit / RateLimit-Policy gives every value, comma-joined, so
+            # the parsers see all of them.
+            headers: dict[str, str] = {}
+            for k, v in response.headers.fields:
+                name = k.decode("utf-8", "surrogateescape").lower()
+                value = v.decode("utf-8", "surrogateescape")
+                headers[name] = (f"{headers[name]}, {value}" if name in _JOINED and name in headers
+                                 else value)
             status = notes.upstream_status or response.status_code  # what the site said
             decision = budget.on_response(ticket, status, headers)
         except Exception:  # noqa: BLE001 - learning must never take the response down

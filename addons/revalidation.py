@@ -26,7 +26,7 @@ import asyncio
 import hashlib
 import logging
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from etiquette_addons.answers import answer_locally, fail_closed
 from etiquette_addons.audit_log import DECISION_HEADER
@@ -42,7 +42,9 @@ from etiquette_proxy.revalidation.fingerprint import Fingerprinter
 from etiquette_proxy.revalidation.revisit import NAMESPACE as REVISIT
 from etiquette_proxy.revalidation.revisit import RevisitPolicy, RevisitState
 from etiquette_proxy.revalidation.validators import (
+    Answer304,
     HeaderPairs,
+    Injection,
     StoredEntry,
     answer_304,
     inject_headers,
@@ -87,17 +89,55 @@ class Injected:
     names: tuple[str, ...]
 
 
+def encoded(headers: HeaderPairs) -> tuple[tuple[bytes, bytes], ...]:
+    """Header pairs as the bytes mitmproxy keeps (`Headers.fields`)."""
+    return tuple((k.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape")) for k, v in headers)
+
+
+def stored_fields(headers: HeaderPairs, body_size: int) -> tuple[tuple[bytes, bytes], ...]:
+    """The header fields of a stored 200: `headers`, framed for a body of `body_size` bytes."""
+    return encoded(tuple((k, v) for k, v in headers if k.lower() != "content-length")
+                   + (("Content-Length", str(body_size)),))
+
+
 def set_stored_response(response: http.Response, body: bytes, headers: HeaderPairs) -> None:
     """Turn `response` into a 200 carrying the stored raw body (its Content-Encoding kept)."""
+    set_stored_fields(response, body, stored_fields(headers, len(body)))
+
+
+def set_stored_fields(response: http.Response, body: bytes, fields: tuple[tuple[bytes, bytes], ...]) -> None:
+    """`set_stored_response` with the header fields encoded already (framed for `body`)."""
     response.status_code = 200
     response.reason = "OK"
-    response.headers = http.Headers(
-        [(k.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape"))
-         for k, v in headers if k.lower() != "content-length"]
-    )
+    response.headers = http.Headers(fields)
     # raw_content, not content: the content setter would encode the body a second time.
     response.raw_content = body
-    response.headers["Content-Length"] = str(len(body))
+
+
+K = TypeVar("K")
+
+
+class Recent(Generic[K, T]):
+    """The last few results of a pure computation, by its (hashable, immutable) arguments.
+
+    Revalidating the same URLs again and again, the stored entry (the same object while its
+    row is unchanged, store.py), the request's headers and the site's 304 headers repeat: the
+    injected validators and the 304's merged 200 are then taken from here, already encoded,
+    instead of being worked out and encoded again for every request (issue 17).
+    """
+
+    def __init__(self, limit: int = 1024):
+        self.limit = limit
+        self._items: dict[K, T] = {}
+
+    def get(self, key: K) -> T | None:
+        return self._items.get(key)
+
+    def put(self, key: K, value: T) -> T:
+        if len(self._items) >= self.limit:
+            del self._items[next(iter(self._items))]  # oldest first
+        self._items[key] = value
+        return value
 
 
 def decoded_for_fingerprint(raw: bytes, encoding: str | None, limit: int) -> bytes | None:
@@ -115,6 +155,10 @@ class Revalidation:
         self.rt = runtime
         self.revisits: PerSite[RevisitPolicy] = PerSite(runtime, RevisitPolicy.from_config)
         self.fingerprinters: PerSite[Fingerprinter] = PerSite(runtime, Fingerprinter.from_config)
+        # (id(entry), header fields) -> (entry, result, encoded fields); the entry is kept, so
+        # its id cannot be reused while the result is here.
+        self._injections: Recent[tuple[int, Any], tuple[StoredEntry, Injection, Any]] = Recent()
+        self._merges: Recent[tuple[int, Any], tuple[StoredEntry, Answer304, Any]] = Recent()
 
     # -- request: served-stored, or inject validators ------------------------------------------
 
@@ -144,9 +188,9 @@ class Revalidation:
         if entry is None:
             return
         flow.metadata[_HAD_ENTRY] = True
-        request_headers = tuple(flow.request.headers.items(multi=True))
 
         if policy.enforce:
+            request_headers = tuple(flow.request.headers.items(multi=True))
             decision = policy.serve_stored(state, wall())
             if decision.serve_stored and may_serve_unvalidated(entry, request_headers).ok:
                 reason = f"stored copy, not checked with the site: {decision.reason} (revisit.enforce)"
@@ -165,7 +209,7 @@ class Revalidation:
                     store.touch(entry)  # a use: keeps the page young for eviction
                     return
 
-        injection = inject_headers(entry, "GET", request_headers)
+        injection, fields = self._injection(entry, flow.request.headers.fields)
         if not injection.inject or injection.entry is None:
             log.debug("no validators for %s: %s", key, injection.reason)
             return
@@ -177,10 +221,24 @@ class Revalidation:
         if body is None:  # evicted or damaged since the entry was read: a plain fetch
             log.info("stored body for %s is missing or damaged; not revalidating", key)
             return
-        for name, value in injection.headers:
-            flow.request.headers[name] = value
+        # inject_headers adds nothing when the client sent a conditional of its own, so these
+        # names are not in the request yet: appending is setting them.
+        flow.request.headers.fields += fields
         flow.metadata[_INJECTED] = Injected(injection.entry, body, names)
         notes.extra["injected"] = list(names)
+
+    def _injection(self, entry: StoredEntry, request_fields: tuple[tuple[bytes, bytes], ...],
+                   ) -> tuple[Injection, tuple[tuple[bytes, bytes], ...]]:
+        """inject_headers for this entry and request, and the header fields to add, encoded."""
+        kept = self._injections.get((id(entry), request_fields))
+        if kept is not None and kept[0] is entry:
+            return kept[1], kept[2]
+        request_headers = tuple((k.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape"))
+                                for k, v in request_fields)
+        injection = inject_headers(entry, "GET", request_headers)
+        fields = encoded(injection.headers)
+        self._injections.put((id(entry), request_fields), (entry, injection, fields))
+        return injection, fields
 
     async def _body(self, entry: StoredEntry) -> bytes | None:
         store = self.rt.store
@@ -221,22 +279,32 @@ class Revalidation:
     async def _not_modified(self, flow: http.HTTPFlow, notes: FlowNotes, injected: Injected) -> None:
         assert flow.response is not None and self.rt.store is not None
         now = wall()
-        answer = answer_304(injected.entry, site_headers(flow.response), now)
+        entry = injected.entry
+        kept = self._merges.get((id(entry), flow.response.headers.fields))
+        if kept is None or kept[0] is not entry:
+            merged = answer_304(entry, site_headers(flow.response), now)
+            fields = stored_fields(merged.headers, entry.body_size) if merged.usable else ()
+            kept = self._merges.put((id(entry), flow.response.headers.fields), (entry, merged, fields))
+        _, answer, fields = kept
         if not answer.usable or answer.entry is None:
             await self._refetch(flow, notes, injected, answer.reason)
             return
-        set_stored_response(flow.response, injected.body, answer.headers)
+        # Written less than a minute ago, same validators: the client gets the merged headers;
+        # the row is not rewritten for each repeat. A crawler re-checking a URL within a minute
+        # learns nothing new for its revisit schedule (floor: 1 h), and eviction order keeps a
+        # minute's granularity. A write per 304 was most of what a 304 cost
+        # (benchmarks/README.md, overhead).
+        write = not (0 <= now - entry.stored_at < REFRESH_EVERY_S
+                     and (answer.entry.etag, answer.entry.last_modified) == (entry.etag, entry.last_modified))
+        if write:  # the refreshed entry, stored now, from the site's 304 headers
+            answer = answer_304(entry, site_headers(flow.response), now)
+        # The same site headers on the same entry merge to the same 200 (RFC 9111 §4.3.4); the
+        # body is the entry's (store.body() checked its size and SHA-256).
+        set_stored_fields(flow.response, injected.body, fields)
         notes.outcome = "revalidated"
         notes.reason = f"site answered 304 to {' and '.join(injected.names)}; stored body served"
         notes.extra["changed"] = False
-        if (0 <= now - injected.entry.stored_at < REFRESH_EVERY_S
-                and (answer.entry.etag, answer.entry.last_modified)
-                == (injected.entry.etag, injected.entry.last_modified)):
-            # Written less than a minute ago, same validators: the client got the merged
-            # headers; the row is not rewritten for each repeat. A crawler re-checking a URL
-            # within a minute learns nothing new for its revisit schedule (floor: 1 h), and
-            # eviction order keeps a minute's granularity. A write per 304 was most of what
-            # a 304 cost (benchmarks/README.md, overhead).
+        if not write or answer.entry is None:
             return
         # Written back only while the store still holds this body (RFC 9111 §4.3.4 updates the
         # stored response; one that was replaced or evicted meanwhile is not ours to touch).
@@ -293,13 +361,32 @@ class Revalidation:
         fingerprinter = self.fingerprinters.get(notes.site)
 
         def work() -> tuple[dict[str, Any], StoredEntry | None]:
-            digest = self._digest(raw, first_value(response_headers, "content-encoding"),
-                                  fingerprinter, store.max_body)
-            revisit = self._revisit(flow, notes, digest, now)
-            entry = (StoredEntry.build(key, request_headers, response_headers, raw, now)
+            sha = hashlib.sha256(raw).hexdigest()
+            encoding = first_value(response_headers, "content-encoding")
+            # The stored entry and its schedule come from one row: the schedule's fingerprint
+            # is that of the entry's body (put() writes them together; a 304 keeps both).
+            current, state = store.get_with_record(key, REVISIT, parse=RevisitState.from_state)
+            same_body = (current is not None and current.body_sha256 == sha and current.body_size == len(raw)
+                         and first_value(current.headers, "content-encoding") == encoding)
+            if same_body and state is not None and state.fingerprint is not None and len(raw) <= store.max_body:
+                digest = state.fingerprint  # byte-identical body: the same fingerprint, no regex passes
+            else:
+                digest = self._digest(raw, encoding, fingerprinter, store.max_body)
+            revisit = self._revisit(flow, notes, digest, now, state)
+            entry = (StoredEntry.build(key, request_headers, response_headers, raw, now, body_sha256=sha)
                      if decision.store else None)
-            # Body, entry and revisit schedule in one write (the schedule rides in the row).
-            if entry is not None and not store.put(entry, raw, {REVISIT: revisit}):
+            if (entry is not None and current is not None and same_body
+                    and 0 <= now - current.stored_at < REFRESH_EVERY_S
+                    and _same_variant(current, entry)):
+                # The same body, validators, Vary values and credentials stored less than a
+                # minute ago: as after a 304 (_not_modified), the row is not rewritten for
+                # each repeat (other headers, e.g. Date, are stored with the next write).
+                return revisit, current
+            # Body, entry and revisit schedule in one write (the schedule rides in the row). A
+            # body the store holds already is not written again: only the entry row is, and
+            # the body row counts a use (refresh), unless the store changed meanwhile.
+            if entry is not None and not (same_body and store.refresh(entry, {REVISIT: revisit})) \
+                    and not store.put(entry, raw, {REVISIT: revisit}):
                 entry = None
             return revisit, entry
 
@@ -328,14 +415,16 @@ class Revalidation:
         return "raw:" + hashlib.sha256(raw).hexdigest()
 
     def _revisit(self, flow: http.HTTPFlow, notes: FlowNotes, digest: str | None,
-                 now: float) -> dict[str, Any]:
+                 now: float, state: RevisitState | None | bool = False) -> dict[str, Any]:
         """The new revisit schedule after a 200 (digest) or a 304 to our validators (None), to
         be written by the caller with the entry; sets `changed` on the notes."""
         store = self.rt.store
         key = url_key(flow, self.rt)
         assert store is not None and key is not None
         policy = self.revisits.get(notes.site)
-        state = store.get_record(REVISIT, key, parse=RevisitState.from_state)
+        if state is False:  # not read by the caller
+            state = store.get_record(REVISIT, key, parse=RevisitState.from_state)
+        assert state is None or isinstance(state, RevisitState)
         if digest is None:
             revisit = policy.after_not_modified(state, now)
         else:
@@ -343,6 +432,13 @@ class Revalidation:
         if revisit.changed is not None:
             notes.extra["changed"] = revisit.changed
         return revisit.state.to_state()
+
+
+def _same_variant(stored: StoredEntry, new: StoredEntry) -> bool:
+    """Would `new` answer and revalidate exactly the requests `stored` does? (the body is
+    compared by the caller): validators, Vary values (RFC 9111 §4.1) and credentials."""
+    return ((stored.etag, stored.last_modified, stored.vary, stored.credentials)
+            == (new.etag, new.last_modified, new.vary, new.credentials))
 
 
 def _same_validators(entry: StoredEntry, response_headers: HeaderPairs) -> bool:

@@ -33,9 +33,10 @@ _SCRUB = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY",
           "NO_PROXY", "no_proxy", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
 
 
-def clean_env() -> dict[str, str]:
+def clean_env(pythonpath: str | None = None) -> dict[str, str]:
+    """The environment for processes we start: this checkout's code (or `pythonpath`'s)."""
     env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = pythonpath or str(ROOT)
     return env
 
 
@@ -125,10 +126,22 @@ def _ready_line(proc: subprocess.Popen[str], prefix: str, timeout: float = 30.0)
     raise RuntimeError(f"no {prefix!r} line from pid {proc.pid} within {timeout}s")
 
 
-def start_site(body: int = 1024) -> Started:
-    proc = subprocess.Popen([sys.executable, str(HERE / "site.py"), "--port", "0", "--body", str(body)],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=clean_env())
+def start_site(body: int = 1024, validators: bool = True, tls: tuple[Path, Path] | None = None) -> Started:
+    """benchmarks/site.py; `validators=False`: no ETag/Last-Modified; `tls`: (cert, key), HTTPS."""
+    cmd = [sys.executable, str(HERE / "site.py"), "--port", "0", "--body", str(body)]
+    cmd += [] if validators else ["--no-validators"]
+    cmd += ["--tls", str(tls[0]), str(tls[1])] if tls else []
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=clean_env())
     return Started("site", proc, _ready_line(proc, "site listening on "))
+
+
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    """A throwaway certificate and key for 127.0.0.1 (openssl), for an HTTPS bench site."""
+    cert, key = directory / "site-cert.pem", directory / "site-key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True, timeout=60)
+    return cert, key
 
 
 def etiquette_command(state_dir: Path, sets: Sequence[str] = (), extra: Sequence[str] = ()) -> list[str]:
@@ -139,23 +152,29 @@ def etiquette_command(state_dir: Path, sets: Sequence[str] = (), extra: Sequence
     return cmd + list(extra)
 
 
-def start_etiquette(state_dir: Path, sets: Sequence[str] = (), prefix: Sequence[str] = ()) -> Started:
-    """The real proxy process (console script of this venv); `prefix` e.g. a profiler."""
+def start_etiquette(state_dir: Path, sets: Sequence[str] = (), prefix: Sequence[str] = (),
+                    pythonpath: str | None = None) -> Started:
+    """The real proxy process (console script of this venv); `prefix` e.g. a profiler;
+    `pythonpath` a directory holding another checkout's etiquette_addons and etiquette_proxy."""
     state_dir.mkdir(parents=True, exist_ok=True)
     stderr = open(state_dir.parent / f"{state_dir.name}.stderr", "ab")
     proc = subprocess.Popen([*prefix, *etiquette_command(state_dir, sets)], stdout=subprocess.PIPE,
-                            stderr=stderr, text=True, env=clean_env())
+                            stderr=stderr, text=True, env=clean_env(pythonpath))
     stderr.close()
     return Started("etiquette-proxy", proc, _ready_line(proc, "etiquette-proxy listening on "))
 
 
-def start_mitmdump(confdir: Path) -> Started:
-    """Bare mitmdump, no addons of ours, quiet (no flow printing)."""
+def start_mitmdump(confdir: Path, extra: Sequence[str] = (), prefix: Sequence[str] = (),
+                   pythonpath: str | None = None) -> Started:
+    """Bare mitmdump, no addons of ours, quiet (no flow printing); `extra` mitmdump arguments
+    (e.g. `--mode reverse:https://...`, `-s addons/etiquette.py`), `prefix` e.g. a profiler."""
     confdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     exe = shutil.which("mitmdump", path=str(BIN)) or "mitmdump"
-    cmd = [exe, "-q", "--listen-host", "127.0.0.1", "--listen-port", str(port), "--set", f"confdir={confdir}"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, env=clean_env())
+    cmd = [*prefix, exe, "-q", "--listen-host", "127.0.0.1", "--listen-port", str(port), "--set",
+           f"confdir={confdir}", *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
+                            env=clean_env(pythonpath))
     try:
         wait_port(port)
     except RuntimeError:
@@ -189,16 +208,17 @@ def _ms(text: str) -> float:
 
 
 def wrk(url: str, lua: str, lua_args: Sequence[str], connections: int, duration_s: float,
-        threads: int = 2, measure_pid: int | None = None) -> WrkResult:
+        threads: int = 2, measure_pid: int | None = None, close: bool = False) -> WrkResult:
     """One bounded wrk run (`-d`), latency distribution on; wrk's own timeout 10 s.
 
-    With `measure_pid`, also the CPU time that process used per request during the run.
+    With `measure_pid`, also the CPU time that process used per request during the run; with
+    `close`, every request on a new connection (`Connection: close`).
     """
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed: apt-get install -y wrk")
     threads = max(1, min(threads, connections))
     cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{duration_s:g}s", "--timeout", "10s", "--latency",
-           "-s", str(HERE / lua), url, "--", *lua_args]
+           *(["-H", "Connection: close"] if close else []), "-s", str(HERE / lua), url, "--", *lua_args]
     cpu0 = cpu_seconds(measure_pid) if measure_pid else 0.0
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=duration_s + 60).stdout
     cpu = cpu_seconds(measure_pid) - cpu0 if measure_pid else None

@@ -5,21 +5,36 @@ Builds the same master as `etiquette-proxy run` (DumpMaster without termlog/dump
 test flows through mitmproxy's own event dispatch (requestheaders, request, responseheaders,
 response, each followed by mitmproxy's update event), exactly as the proxy core would. The
 same with no etiquette addons gives mitmproxy's own addon dispatch; the difference is what
-etiquette adds per request, excluding the network. robots.txt is pre-cached for the test site
+etiquette adds per request, excluding the network. Each flow is timed in CPU time of this
+thread (CLOCK_THREAD_CPUTIME_ID), not wall time: on a machine shared with other runs the
+figures move far less (waiting for a core does not count). robots.txt is pre-cached for the test site
 (a fresh entry), pacing is out of the way (rate 100000/s), the audit log is a temp file.
 
-    python benchmarks/chain_cost.py [--requests 5000] [--paths 64]
+`--each`: the same with the whole chain and then without one member at a time (every member
+of `build_chain()`'s Chain, in alternating rounds): what each member costs per request is the
+whole chain's median minus the chain-without-it's (a member others depend on, e.g. Settings,
+cannot be removed: skipped, said so).
+
+`--per-hook`: one run of the whole chain with every member's hook methods timed where the
+Chain calls them (CPU time of this thread, summed per member and hook, divided by the flows):
+all members measured in the same run, so the shares do not depend on run-to-run drift the way
+`--each`'s differences do. `--no-validators`: the test responses carry no ETag and
+no Last-Modified, so every response is fetched, stored and fingerprinted (issue 17's other path).
+
+    python benchmarks/chain_cost.py [--requests 5000] [--paths 64] [--each | --per-hook] [--no-validators]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -42,15 +57,43 @@ def make_flow(i: int, paths: int):  # type: ignore[no-untyped-def]
     return f
 
 
-def make_response():  # type: ignore[no-untyped-def]
+VALIDATORS = ((b"etag", b'"bench-1"'), (b"last-modified", b"Mon, 30 Nov 2026 00:00:00 GMT"))
+
+
+def make_response(flow, validators: bool = True):  # type: ignore[no-untyped-def]
+    """What benchmarks/site.py answers: a 304 to its own ETag, else the 200 page."""
     from mitmproxy.test import tutils
 
+    if validators and flow.request.headers.get("if-none-match") == '"bench-1"':
+        return tutils.tresp(status_code=304, content=b"", headers=VALIDATORS)
     return tutils.tresp(status_code=200, content=BODY,
                         headers=((b"content-type", b"text/html"), (b"content-length", b"1024"),
-                                 (b"etag", b'"bench-1"'), (b"last-modified", b"Mon, 30 Nov 2026 00:00:00 GMT")))
+                                 *(VALIDATORS if validators else ())))
 
 
-async def run(with_chain: bool, n: int, paths: int, tmp: str) -> list[float]:
+def timed(spent: dict[str, int], label: str, hook: Any) -> Any:
+    """`hook`, adding the thread CPU time each call takes (awaited, if async) to spent[label]."""
+    if inspect.iscoroutinefunction(hook):
+        async def async_hook(*args: Any) -> None:
+            t0 = time.thread_time_ns()
+            await hook(*args)
+            spent[label] = spent.get(label, 0) + time.thread_time_ns() - t0
+        return async_hook
+
+    def hook_(*args: Any) -> Any:
+        t0 = time.thread_time_ns()
+        try:
+            return hook(*args)
+        finally:
+            spent[label] = spent.get(label, 0) + time.thread_time_ns() - t0
+    return hook_
+
+
+FLOW_HOOKS = ("requestheaders", "request", "responseheaders", "response", "error")
+
+
+async def run(with_chain: bool, n: int, paths: int, tmp: str, without: str | None = None,
+              validators: bool = True, quiet: bool = False, spent: dict[str, int] | None = None) -> list[float]:
     from mitmproxy import options
     from mitmproxy.tools.dump import DumpMaster
 
@@ -65,6 +108,15 @@ async def run(with_chain: bool, n: int, paths: int, tmp: str) -> list[float]:
 
         rt = Runtime()
         chain = build_chain(rt)
+        if without is not None or spent is not None:
+            from etiquette_addons.chain import Chain
+
+            kept = [m for m in chain[0].members if type(m).__name__ != without]
+            for m in kept if spent is not None else ():
+                for name in FLOW_HOOKS:
+                    if callable(getattr(m, name, None)):
+                        setattr(m, name, timed(spent, f"{type(m).__name__}.{name}", getattr(m, name)))
+            chain = [Chain(kept)]
         master.addons.add(*chain)
         opts.update(etiquette_state_dir=f"{tmp}/state", etiquette_set=SETS, etiquette_ready_line=False)
         for addon in (m for c in chain for m in getattr(c, "members", [c])):
@@ -77,14 +129,14 @@ async def run(with_chain: bool, n: int, paths: int, tmp: str) -> list[float]:
     statuses: Counter[str] = Counter()
     for i in range(n):
         flow = make_flow(i, paths)
-        t0 = time.perf_counter_ns()
+        t0 = time.thread_time_ns()
         await trigger(hooks_request_headers(flow))
         await trigger(http_request(flow))
         if flow.response is None:
-            flow.response = make_response()
+            flow.response = make_response(flow, validators)
         await trigger(http_response_headers(flow))
         await trigger(http_response(flow))
-        times.append((time.perf_counter_ns() - t0) / 1000)
+        times.append((time.thread_time_ns() - t0) / 1000)
         statuses[flow.response.headers.get("x-etiquette-decision", "-")] += 1
     master.shutdown()
     if with_chain:
@@ -95,7 +147,7 @@ async def run(with_chain: bool, n: int, paths: int, tmp: str) -> list[float]:
                     if asyncio.iscoroutine(result):
                         await result
     times.sort()
-    if with_chain:
+    if with_chain and not quiet:
         print(f"  (decisions: {dict(statuses)}; audit lines: {_lines(rt.state_dir)})")
     return times
 
@@ -125,20 +177,90 @@ def http_response(flow):  # type: ignore[no-untyped-def]
     return HttpResponseHook(flow)
 
 
+def per_hook(n: int, paths: int, rounds: int, validators: bool) -> int:
+    """CPU µs per flow in each member's hooks (median of rounds), next to the whole chain's."""
+    from statistics import median
+
+    spent_rounds: list[dict[str, int]] = []
+    whole: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="etiquette-chain-") as tmp:
+        for r in range(rounds):
+            spent: dict[str, int] = {}
+            times = asyncio.run(run(True, n, paths, f"{tmp}/{r}", validators=validators, quiet=True, spent=spent))
+            spent_rounds.append(spent)
+            whole.append(sum(times) / len(times))
+    labels = sorted({k for s in spent_rounds for k in s})
+    rows = [(median([s.get(k, 0) / 1000 / n for s in spent_rounds]), k) for k in labels]
+    total = sum(us for us, _ in rows)
+    print(f"\nCPU µs per flow in each hook ({'with' if validators else 'without'} validators; median of "
+          f"{rounds} rounds x {n} flows); whole dispatch per flow {median(whole):.1f} µs (mean), hooks {total:.1f} µs:")
+    per_member: dict[str, float] = {}
+    for us, k in rows:
+        per_member[k.split(".")[0]] = per_member.get(k.split(".")[0], 0.0) + us
+    for member, us in sorted(per_member.items(), key=lambda kv: -kv[1]):
+        hooks = ", ".join(f"{k.split('.')[1]} {v:.1f}" for v, k in sorted(rows, reverse=True)
+                          if k.startswith(member + "."))
+        print(f"  {us:8.1f} µs  {100 * us / total:5.1f}%  {member:<18} ({hooks})")
+    return 0
+
+
+# Members the others cannot run without (options, state, the site key every addon reads).
+NEEDED = ("Settings", "SiteGrouping")
+
+
+def each_member(n: int, paths: int, rounds: int, validators: bool) -> int:
+    """Median per request of the whole chain, of mitmproxy alone, and of the chain without each
+    member in turn; rounds alternate the order so drift hits all alike."""
+    from etiquette_addons.chain import members
+    from etiquette_addons.runtime import Runtime
+
+    names = [type(m).__name__ for m in members(Runtime())]
+    arms: list[str | None] = ["(mitmproxy only)", None, *[m for m in names if m not in NEEDED]]
+    meds: dict[str | None, list[float]] = {a: [] for a in arms}
+    with tempfile.TemporaryDirectory(prefix="etiquette-chain-") as tmp:
+        for r in range(rounds):
+            order = arms if r % 2 == 0 else list(reversed(arms))
+            for i, arm in enumerate(order):
+                times = asyncio.run(run(arm != "(mitmproxy only)", n, paths, f"{tmp}/{r}-{i}",
+                                        without=arm, validators=validators, quiet=True))
+                meds[arm].append(percentile(times, 50))
+            print(f"  round {r + 1} done")
+            sys.stdout.flush()
+    from statistics import median
+    whole, bare = median(meds[None]), median(meds["(mitmproxy only)"])
+    print(f"\nper request, median of {rounds} rounds x {n} flows ({'with' if validators else 'without'} "
+          f"validators): mitmproxy only {bare:.1f} µs, whole chain {whole:.1f} µs (+{whole - bare:.1f} µs)")
+    print(f"  {'member removed':<20} {'chain without it':>17} {'member costs':>13}")
+    for arm in arms[2:]:
+        m = median(meds[arm])
+        print(f"  {arm:<20} {m:14.1f} µs {whole - m:+10.1f} µs")
+    print(f"  (not removable: {', '.join(NEEDED)})")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=5000)
     ap.add_argument("--paths", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3, help="alternating bare/chain rounds (default 3)")
+    ap.add_argument("--each", action="store_true", help="also without one chain member at a time")
+    ap.add_argument("--per-hook", action="store_true", help="time every member's hooks in one run")
+    ap.add_argument("--no-validators", action="store_true", help="responses without ETag/Last-Modified")
     args = ap.parse_args()
     if not 100 <= args.requests <= 200_000 or not 1 <= args.rounds <= 20:
         ap.error("requests in 100..200000, rounds in 1..20")
     header("addon layer cost per request, in-process (mitmproxy dispatch, no sockets)")
+    if args.each:
+        return each_member(args.requests, args.paths, args.rounds, not args.no_validators)
+    if args.per_hook:
+        return per_hook(args.requests, args.paths, args.rounds, not args.no_validators)
     bare_meds, chain_meds, bare_p99, chain_p99 = [], [], [], []
     with tempfile.TemporaryDirectory(prefix="etiquette-chain-") as tmp:
         for r in range(args.rounds):
-            b = asyncio.run(run(False, args.requests, args.paths, f"{tmp}/b{r}"))
-            c = asyncio.run(run(True, args.requests, args.paths, f"{tmp}/c{r}"))
+            b = asyncio.run(run(False, args.requests, args.paths, f"{tmp}/b{r}",
+                                validators=not args.no_validators))
+            c = asyncio.run(run(True, args.requests, args.paths, f"{tmp}/c{r}",
+                                validators=not args.no_validators))
             bare_meds.append(percentile(b, 50))
             chain_meds.append(percentile(c, 50))
             bare_p99.append(percentile(b, 99))

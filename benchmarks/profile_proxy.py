@@ -9,13 +9,21 @@ the proxy process (by PID, non-idle samples only). Prints:
 Keeps the raw collapsed stacks if --keep DIR is given. `--target mitmdump` profiles bare
 mitmdump the same way, for comparison.
 
+`--profiler cprofile` runs the proxy under `python -m cProfile` instead (deterministic: every
+call counted, ~2x slower, so compare shares, not times) and prints, per request: each
+etiquette hook's own cost (the members' hook methods, inclusive) and the top functions by
+own time. `--no-validators` and `--https` choose the site and the path as in overhead.py.
+
     python benchmarks/profile_proxy.py [--duration 10] [--connections 16] [--keep DIR]
+        [--target etiquette|mitmdump] [--profiler py-spy|cprofile] [--no-validators] [--https] [--close]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -25,8 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import BIN, header, start_etiquette, start_mitmdump, start_site, started, wrk  # noqa: E402
-from overhead import FAST_PACING  # noqa: E402
+from _harness import BIN, HERE, header, self_signed, start_site, started, wrk  # noqa: E402
+from overhead import FAST_PACING, load_args, start_proxies  # noqa: E402
 
 OURS = ("addons/", "etiquette_proxy/", "etiquette_addons/")
 ROOT_TEXT = str(Path(__file__).resolve().parent.parent) + "/"
@@ -85,53 +93,104 @@ def summarise(raw: Path, top: int) -> None:
         print(f"  {100 * n / total:5.1f}%  {key}")
 
 
+def summarise_cprofile(path: Path, requests: int, top: int) -> None:
+    """Per request: every etiquette hook method (inclusive), then the top functions by own time."""
+    import pstats
+
+    stats = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
+    total = sum(tt for (_cc, _nc, tt, _ct, _callers) in stats.values())
+    hooks = ("requestheaders", "request", "responseheaders", "response", "error", "client_connected",
+             "client_disconnected", "server_connected", "server_disconnected", "http_connect")
+    rows = []
+    for (file, line, func), (_cc, nc, tt, ct, _callers) in stats.items():
+        if is_ours(f"{func} ({file}:{line})") and func in hooks and "/addons/" in file:
+            rows.append((ct, tt, nc, f"{Path(file).name}:{line} {func}"))
+    print(f"\ncProfile: {total:.2f} s own time in all functions, {requests} requests: "
+          f"{1000 * total / max(requests, 1):.3f} ms per request (profiled)")
+    print("etiquette hooks (sync ones exact; an async hook counts each resume separately), per request:")
+    print(f"  {'us incl':>8} {'us own':>7} {'calls':>8}  hook")
+    for ct, tt, nc, name in sorted(rows, reverse=True):
+        print(f"  {1e6 * ct / requests:8.1f} {1e6 * tt / requests:7.1f} {nc:8d}  {name}")
+    print(f"top {top} functions by own time (us per request, share of all own time):")
+    by_own = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
+    for (file, line, func), (_cc, nc, tt, _ct, _callers) in by_own:
+        print(f"  {1e6 * tt / requests:7.1f} {100 * tt / total:5.1f}%  {func} ({short_path(file)}:{line}) x{nc}")
+
+
+def short_path(file: str) -> str:
+    parts = Path(file).parts
+    return "/".join(parts[-2:]) if len(parts) >= 2 else file
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=int, default=10, help="seconds of load and sampling (default 10)")
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--rate", type=int, default=250, help="py-spy samples/s (default 250)")
     ap.add_argument("--top", type=int, default=15)
-    ap.add_argument("--keep", metavar="DIR", help="keep the raw stacks here")
+    ap.add_argument("--keep", metavar="DIR", help="keep the raw stacks (or cProfile output) here")
     ap.add_argument("--target", choices=("etiquette", "mitmdump"), default="etiquette",
                     help="profile etiquette-proxy (default) or bare mitmdump, for comparison")
+    ap.add_argument("--profiler", choices=("py-spy", "cprofile"), default="py-spy")
+    ap.add_argument("--no-validators", action="store_true", help="the site sends no ETag/Last-Modified")
+    ap.add_argument("--https", action="store_true", help="TLS on both sides (reverse mode, as overhead.py)")
+    ap.add_argument("--close", action="store_true", help="a new client connection per request")
     args = ap.parse_args()
     if not 1 <= args.duration <= 120:
         ap.error("duration in 1..120 s")
     pyspy = shutil.which("py-spy", path=str(BIN)) or shutil.which("py-spy")
-    if pyspy is None:
+    if pyspy is None and args.profiler == "py-spy":
         sys.exit("py-spy is not installed: pip install py-spy")
-    header(f"profile: py-spy on {args.target} under wrk load")
+    header(f"profile: {args.profiler} on {args.target} under wrk load")
     with tempfile.TemporaryDirectory(prefix="etiquette-prof-") as tmp:
         out_dir = Path(args.keep) if args.keep else Path(tmp)
         out_dir.mkdir(parents=True, exist_ok=True)
-        raw = out_dir / "proxy.collapsed"
-        site = start_site()
-        if args.target == "etiquette":
-            ety = start_etiquette(Path(tmp) / "state", FAST_PACING)
-        else:
-            ety = start_mitmdump(Path(tmp) / "mitm")
-        with started(site, ety):
-            lua = ("proxy.lua", [site.url, "64"])
-            wrk(ety.url, *lua, args.connections, 2)  # type: ignore[arg-type]  # warm-up
-            cmd = [pyspy, "record", "--pid", str(ety.pid), "--duration", str(args.duration), "--rate",
-                   str(args.rate), "--format", "raw", "--nonblocking", "-o", str(raw)]
-            print("py-spy command:", " ".join(cmd))
-            spy = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            time.sleep(0.5)
-            r = wrk(ety.url, *lua, args.connections, args.duration, measure_pid=ety.pid)  # type: ignore[arg-type]
-            try:
-                _, err = spy.communicate(timeout=args.duration + 30)
-            except subprocess.TimeoutExpired:
-                spy.kill()
-                _, err = spy.communicate(timeout=10)
+        raw = out_dir / ("proxy.collapsed" if args.profiler == "py-spy" else f"{args.target}.cprofile")
+        site = start_site(validators=not args.no_validators, tls=self_signed(Path(tmp)) if args.https else None)
+        prefix = [sys.executable, str(HERE / "_cprofile_run.py"), str(raw)] if args.profiler == "cprofile" else []
+        mitm, ety, _state = start_proxies(Path(tmp), site, list(FAST_PACING), args.https,
+                                          prefix_b=prefix if args.target == "mitmdump" else None,
+                                          prefix_c=prefix if args.target == "etiquette" else None)
+        proxy, other = (ety, mitm) if args.target == "etiquette" else (mitm, ety)
+        from _harness import stop
+
+        stop(other)  # only the profiled proxy shares the machine with wrk and the site
+        with started(site, proxy):
+            lua, lua_args = load_args(site, args.https, "64")
+            wrk(proxy.url, lua, lua_args, args.connections, 2)  # warm-up
+            spy = None
+            if args.profiler == "cprofile":
+                os.kill(proxy.pid, signal.SIGRTMIN + 5)  # _cprofile_run.START: profile the measured run only
+            if args.profiler == "py-spy":
+                cmd = [str(pyspy), "record", "--pid", str(proxy.pid), "--duration", str(args.duration), "--rate",
+                       str(args.rate), "--format", "raw", "--nonblocking", "-o", str(raw)]
+                print("py-spy command:", " ".join(cmd))
+                spy = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                time.sleep(0.5)
+            r = wrk(proxy.url, lua, lua_args, args.connections, args.duration, measure_pid=proxy.pid, close=args.close)
+            if args.profiler == "cprofile":
+                os.kill(proxy.pid, signal.SIGRTMIN + 6)  # _cprofile_run.STOP
+                deadline = time.monotonic() + 30
+                while not raw.exists() and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                time.sleep(0.5)  # dump_stats finishing its write
+            if spy is not None:
+                try:
+                    _, err = spy.communicate(timeout=args.duration + 30)
+                except subprocess.TimeoutExpired:
+                    spy.kill()
+                    _, err = spy.communicate(timeout=10)
             print(f"wrk: {r.command}\n  {r.rps:.1f} req/s, p50 {r.p50_ms:.2f} ms, p99 {r.p99_ms:.2f} ms "
-                  f"proxy CPU {r.cpu_ms_per_request:.3f} ms/request (sampled at {args.rate}/s)")
-            if spy.returncode not in (0, None) and not raw.exists():
+                  f"proxy CPU {r.cpu_ms_per_request:.3f} ms/request ({args.profiler})")
+            if spy is not None and spy.returncode not in (0, None) and not raw.exists():
                 print("py-spy failed:", err.strip()[-500:])
                 return 1
-        summarise(raw, args.top)
+        if args.profiler == "py-spy":
+            summarise(raw, args.top)
+        else:
+            summarise_cprofile(raw, r.requests, args.top)
         if args.keep:
-            print(f"raw stacks kept in {raw}")
+            print(f"raw profile kept in {raw}")
     return 0
 
 

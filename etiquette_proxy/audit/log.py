@@ -12,6 +12,7 @@ One process writes one file: two writers appending to the same file would break 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import threading
@@ -34,7 +35,23 @@ REQUIRED_KEYS = (
 
 def rfc3339_ms(epoch_s: float) -> str:
     """`2026-11-30T00:30:21.123Z` (RFC 3339, UTC, milliseconds)."""
-    return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    # Lines come many per second: the date and time up to the second are formatted once per
+    # second; the milliseconds are those datetime would give (microseconds rounded half-even
+    # from the float, as datetime.fromtimestamp does, then cut to milliseconds).
+    second = math.floor(epoch_s)
+    micros = round((epoch_s - second) * 1e6)
+    if micros >= 1_000_000:
+        second, micros = second + 1, micros - 1_000_000
+    global _SECOND, _PREFIX  # noqa: PLW0603 - a one-entry cache; a race only formats twice
+    if second != _SECOND:
+        prefix = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S.")
+        _SECOND, _PREFIX = second, prefix
+    else:
+        prefix = _PREFIX
+    return f"{prefix}{micros // 1000:03d}Z"
+
+
+_SECOND, _PREFIX = -1, ""
 
 
 def audit_record(

@@ -21,6 +21,12 @@ read into a SQLite write transaction: most of a request's store cost, benchmarks
 The size limit is checked every CHECK_WRITES writes or CHECK_FRACTION of the limit written,
 not on every write, so the store may pass the limit by that much before the next cull.
 
+Every lookup reads the entry row from SQLite (another process may have written it), but a
+row whose bytes are the same as the last ones read for that key is not parsed again: the
+parsed row and its StoredEntry are kept for the last PARSED_ROWS keys, checked by comparing
+bytes, so they can never be stale (issue 17: JSON parsing and validating the entry was most of
+a lookup's cost).
+
 Eviction may drop an entry's body before its metadata (or the other way round). `body()`
 checks size and SHA-256 against the entry, so a missing or replaced body reads as None and is
 never served. Gone records share the same eviction: losing one only means the URL is fetched
@@ -62,10 +68,14 @@ HOT_ENTRIES = 4096
 HOT_CHECK_S = 0.001  # how often data_version is asked (at most)
 
 
+# Parsed entry rows kept, keyed by their bytes (module docstring): bounded, a few KB each.
+PARSED_ROWS = 512
+
+
 def _as_dict(data: Any) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"record is {type(data).__name__}, not a dict")
-    return data
+    return dict(data)  # a copy: the row it came from may be a shared parsed row
 
 
 class _PlainDisk(diskcache.Disk):
@@ -106,6 +116,12 @@ class ValidatorStore:
         self._hot: dict[str, StoredEntry | None] = {}  # url key -> entry or absent; LRU first
         self._hot_version: object = None
         self._hot_until = 0.0
+        # key -> (row bytes, parsed row, entry): rows read before, reused while their bytes match.
+        self._parsed: dict[str, tuple[bytes, Any, StoredEntry | None]] = {}
+        # (key, namespace, parser) -> (parsed row, record): a record parsed from a kept row,
+        # reused while that row object is the one kept (parsers return immutable values,
+        # except _as_dict, which is never kept).
+        self._records: dict[tuple[str, str, Any], tuple[Any, Any]] = {}
 
     @classmethod
     def from_config(cls, config: Any, directory: str | Path) -> ValidatorStore:
@@ -154,8 +170,7 @@ class ValidatorStore:
                         ) -> tuple[StoredEntry | None, T | None]:
         """The entry and its `namespace` record (e.g. the revisit schedule), in one read when
         the record rides in the entry's row."""
-        row = self._read_json(f"e|{key}")
-        entry = self._entry(key, row)
+        entry, row = self._entry_row(key)
         if entry is None or namespace not in ENTRY_RECORDS:
             return entry, self._own_record(_checked(namespace), key, parse)
         return entry, self._row_record(key, row, namespace, parse)
@@ -245,8 +260,8 @@ class ValidatorStore:
         dropped with a warning."""
         _checked(namespace)
         if namespace in ENTRY_RECORDS:
-            row = self._read_json(f"e|{key}")
-            if self._entry(key, row) is not None:
+            entry, row = self._entry_row(key)
+            if entry is not None:
                 return self._row_record(key, row, namespace, parse)
         return self._own_record(namespace, key, parse)
 
@@ -287,6 +302,26 @@ class ValidatorStore:
 
     # -- internals -----------------------------------------------------------------------------
 
+    def _entry_row(self, key: str) -> tuple[StoredEntry | None, Any]:
+        """The entry stored for `key` and its parsed row (shared: never mutate it), parsing
+        only a row whose bytes differ from the last ones read for the key."""
+        raw = self._read(f"e|{key}")
+        if raw is None:
+            return None, None
+        kept = self._parsed.get(key)
+        if kept is not None and kept[0] == raw:
+            return kept[2], kept[1]
+        row = self._parse_json(f"e|{key}", raw)
+        entry = self._entry(key, row)
+        if entry is not None:
+            if len(self._parsed) >= PARSED_ROWS:
+                try:  # oldest first; another thread may have just removed it
+                    del self._parsed[next(iter(self._parsed))]
+                except (KeyError, RuntimeError, StopIteration):
+                    pass
+            self._parsed[key] = (raw, row, entry)
+        return entry, row
+
     def _entry(self, key: str, data: Any) -> StoredEntry | None:
         if data is None:
             return None
@@ -319,8 +354,19 @@ class ValidatorStore:
         if not _has_record(row, namespace):
             # Written before records rode in the row, or never scheduled: its own row, if any.
             return self._own_record(namespace, key, parse)
+        kept = self._records.get((key, namespace, parse))
+        if kept is not None and kept[0] is row:
+            return kept[1]  # type: ignore[no-any-return]
         try:
-            return parse(row["records"][namespace])
+            record = parse(row["records"][namespace])
+            if parse is not _as_dict:
+                if len(self._records) >= PARSED_ROWS:
+                    try:
+                        del self._records[next(iter(self._records))]
+                    except (KeyError, RuntimeError, StopIteration):
+                        pass
+                self._records[(key, namespace, parse)] = (row, record)
+            return record
         except ValueError as e:
             # A bad record does not spoil the entry: it reads as absent and is replaced on
             # the next write of the row.
@@ -365,7 +411,10 @@ class ValidatorStore:
             return None
 
     def _read_json(self, cache_key: str) -> Any:
-        raw = self._read(cache_key)
+        """A fresh parse of a row (callers may change it), None when absent or corrupt."""
+        return self._parse_json(cache_key, self._read(cache_key))
+
+    def _parse_json(self, cache_key: str, raw: Any) -> Any:
         if raw is None:
             return None
         try:

@@ -112,8 +112,9 @@ class StoredEntry:
 
     @classmethod
     def build(cls, url: str, request_headers: Headers, response_headers: Headers, body: bytes,
-              now: float) -> StoredEntry:
-        """The entry for a response that `should_store` accepted."""
+              now: float, body_sha256: str | None = None) -> StoredEntry:
+        """The entry for a response that `should_store` accepted (`body_sha256`: the body's
+        SHA-256 hex digest when the caller has it already)."""
         req, resp = header_pairs(request_headers), header_pairs(response_headers)
         vary_names = sorted(set(_tokens(resp, "vary")))
         return cls(
@@ -125,7 +126,7 @@ class StoredEntry:
             credentials=credentials_digest(req),
             stored_at=float(now),
             body_size=len(body),
-            body_sha256=hashlib.sha256(body).hexdigest(),
+            body_sha256=body_sha256 or hashlib.sha256(body).hexdigest(),
         )
 
     def to_dict(self) -> dict[str, Any]:

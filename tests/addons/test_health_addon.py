@@ -409,7 +409,7 @@ def test_the_drift_sites_slide_is_degrading_its_hostile_phase_paused_and_normal_
     assert 50 <= change["score"] < 80
     assert change["why"].startswith(f"health {change['score']}: ") and "challenge" in change["why"]
     assert "p95" in change["why"]
-    assert rt.restraints["example.com:80"]["health"].rate_factor == 0.5
+    assert watch.restraints.get("example.com:80", "health").rate_factor == 0.5
 
     changes = []
     for _ in range(10):
@@ -417,7 +417,7 @@ def test_the_drift_sites_slide_is_degrading_its_hostile_phase_paused_and_normal_
         if any(c["to"] == "hostile" for c in changes):
             break
     assert changes[-1]["to"] == "hostile" and changes[-1]["score"] < 50 and changes[-1]["action"] == "pause"
-    assert rt.restraints["example.com:80"]["health"].paused
+    assert watch.restraints.get("example.com:80", "health").paused
     [alert] = [ln for ln in audit_lines(tmp_path) if ln.get("event") == "health_alert"]
     assert alert["outcome"] == "paused" and alert["reason"].startswith("health ")
 
@@ -429,4 +429,4 @@ def test_the_drift_sites_slide_is_degrading_its_hostile_phase_paused_and_normal_
         if any(c["to"] == "healthy" for c in changes):
             break
     assert [(c["from"], c["to"]) for c in changes] == [("hostile", "degrading"), ("degrading", "healthy")]
-    assert "health" not in rt.restraints.get("example.com:80", {})
+    assert watch.restraints.get("example.com:80", "health") is None

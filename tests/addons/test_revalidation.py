@@ -215,3 +215,72 @@ def test_a_304_rewrites_the_entry_at_most_once_a_minute(rt: Runtime, age_s: floa
     after = rt.store.get(URL)
     assert after is not None
     assert (after.stored_at != entry.stored_at) is rewritten
+
+
+def test_a_byte_identical_200_reuses_its_fingerprint_and_keeps_the_stored_body(rt: Runtime, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from etiquette_proxy.revalidation.fingerprint import Fingerprinter
+
+    fingerprinted: list[bytes] = []
+    real = Fingerprinter.fingerprint
+    monkeypatch.setattr(Fingerprinter, "fingerprint", lambda self, body: fingerprinted.append(body) or real(self, body))
+    assert rt.store is not None
+    puts: list[str] = []
+    real_put = rt.store.put
+    monkeypatch.setattr(rt.store, "put", lambda entry, body, records=None: puts.append(entry.url)
+                        or real_put(entry, body, records))
+    clock = [1_800_000_000.0]
+    monkeypatch.setattr(reval_module, "wall", lambda: clock[0])
+    addon = Revalidation(rt)
+    seen = []
+    # No validators: fetched each time. Same body 10 s later, 120 s later, then a new one.
+    for at, page in ((0, b"<p>same</p>"), (10, b"<p>same</p>"), (120, b"<p>same</p>"), (130, b"<p>new</p>")):
+        clock[0] = 1_800_000_000.0 + at
+        f = flow()
+        run(addon.request(f))
+        respond(f, 200, page, {"Content-Type": "text/html"})
+        run(addon.response(f))
+        entry = rt.store.get(URL)
+        assert entry is not None and rt.store.body(entry) == page
+        seen.append((notes_of(f).extra.get("changed"), entry.stored_at - 1_800_000_000.0,
+                     rt.store.get_record(REVISIT, URL)["fetches"]))  # type: ignore[index]
+    # 10 s: nothing rewritten (as after a 304, at most once a minute); 120 s: the entry row and
+    # schedule rewritten, the body kept; a new body: stored and fingerprinted.
+    assert seen == [(None, 0, 1), (False, 0, 1), (False, 120, 2), (True, 130, 3)]
+    assert fingerprinted == [b"<p>same</p>", b"<p>new</p>"]  # repeats were not fingerprinted again
+    assert puts == [URL, URL]  # the body was written for the first page and the new one only
+
+
+def test_304s_with_other_headers_or_another_entry_merge_afresh(rt: Runtime) -> None:
+    stored(rt)
+    addon = Revalidation(rt)
+    for max_age in ("5", "9", "9"):
+        f = flow()
+        run(addon.request(f))
+        respond(f, 304, headers={"ETag": '"v1"', "Cache-Control": f"max-age={max_age}"})
+        run(addon.response(f))
+        assert f.response is not None and f.response.status_code == 200 and f.response.content == BODY
+        assert f.response.headers["Cache-Control"] == f"max-age={max_age}"
+        assert f.response.headers["Content-Length"] == str(len(BODY))
+    stored(rt, body=b"<html>replaced</html>")  # a new entry (another row, another body)
+    f = flow()
+    run(addon.request(f))
+    respond(f, 304, headers={"ETag": '"v1"', "Cache-Control": "max-age=9"})
+    run(addon.response(f))
+    assert f.response is not None and f.response.content == b"<html>replaced</html>"
+    assert f.response.headers["Content-Length"] == str(len(b"<html>replaced</html>"))
+
+
+def test_a_repeat_for_another_vary_variant_is_stored_for_it_within_the_minute(rt: Runtime) -> None:
+    # The same body and ETag for another Accept-Language: not "the same entry" (RFC 9111
+    # §4.1), so the new variant is stored at once and its next request is revalidated.
+    addon = Revalidation(rt)
+    for lang in ("en", "de", "de"):
+        f = flow(headers=[(b"host", b"site.test"), (b"accept-language", lang.encode())])
+        run(addon.request(f))
+        injected = "if-none-match" in f.request.headers
+        respond(f, 200, BODY, {"ETag": '"v1"', "Vary": "Accept-Language"})
+        run(addon.response(f))
+    assert injected  # the last "de" request carried the stored validators
+    assert rt.store is not None
+    entry = rt.store.get(URL)
+    assert entry is not None and entry.vary == (("accept-language", "de"),)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import pytest
 
@@ -31,6 +32,17 @@ def test_unknown_outcome_is_refused():
 
 def test_rfc3339_ms():
     assert rfc3339_ms(0) == "1970-01-01T00:00:00.000Z"
+
+
+@pytest.mark.parametrize("ts", [0.0, 1.5, 1_800_000_000.0, 1_800_000_000.9999994, 1_800_000_000.9999996,
+                                1_800_000_000.0004995, 1_799_999_999.9995, 1_700_000_000.123456789,
+                                4_102_444_799.999])
+def test_rfc3339_ms_is_what_datetime_gives(ts: float) -> None:
+    # Cached per second: the same text as formatting each time, across second boundaries and
+    # where the microseconds round up into the next second.
+    expected = datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    assert rfc3339_ms(ts) == expected
+    assert rfc3339_ms(ts + 1) != expected and rfc3339_ms(ts) == expected
 
 
 def test_lines_are_whole_and_torn_last_line_is_closed(tmp_path):

@@ -11,6 +11,7 @@ from etiquette_proxy.revalidation.gone import NAMESPACE as GONE
 from etiquette_proxy.revalidation.gone import GoneRecord
 from etiquette_proxy.revalidation.revisit import NAMESPACE as REVISIT
 from etiquette_proxy.revalidation.revisit import RevisitState
+from etiquette_proxy.revalidation import store as store_module
 from etiquette_proxy.revalidation.store import ValidatorStore
 from etiquette_proxy.revalidation.validators import StoredEntry
 
@@ -318,3 +319,44 @@ def test_a_lookup_writes_nothing(store: ValidatorStore) -> None:
     store.touch(e)
     touched = store._cache._sql("SELECT key, store_time FROM Cache ORDER BY key").fetchall()  # noqa: SLF001
     assert all(t > b[1] for (_, t), b in zip(touched, before, strict=True))
+
+
+def test_an_unchanged_row_is_parsed_once_and_a_changed_one_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # get()'s hot set asks SQLite whether another connection wrote at most every HOT_CHECK_S
+    # (1 ms); asked on every call here, so "another process wrote" is seen on the next get().
+    monkeypatch.setattr(store_module, "HOT_CHECK_S", 0.0)
+    with ValidatorStore(tmp_path / "s") as ours, ValidatorStore(tmp_path / "s") as theirs:
+        e = make("https://e.com/p")
+        assert ours.put(e, b"<html>hi</html>", {REVISIT: {"fingerprint": "a", "interval_s": 60.0,
+                                                          "last_fetched": NOW, "next_check": NOW + 60}})
+        first = ours.get(e.url)
+        assert first == e and ours.get(e.url) is first  # same bytes: the parsed entry is reused
+        # Another process (another store object on the same files) rewrites the row: never stale.
+        newer = StoredEntry.build(e.url, [], [("ETag", '"v2"')], b"<html>hi</html>", NOW + 5)
+        assert theirs.refresh(newer)
+        assert ours.get(e.url) == newer
+        theirs.forget(e.url)
+        assert ours.get(e.url) is None
+
+
+def test_a_record_read_from_a_shared_row_is_a_copy(store: ValidatorStore) -> None:
+    e = make("https://e.com/c")
+    schedule = {"fingerprint": "a", "interval_s": 60.0, "last_fetched": NOW, "next_check": NOW + 60}
+    assert store.put(e, b"<html>hi</html>", {REVISIT: schedule})
+    got = store.get_record(REVISIT, e.url)
+    assert got == schedule
+    got["fingerprint"] = "changed by a caller"  # type: ignore[index]
+    assert store.get_record(REVISIT, e.url) == schedule
+
+
+def test_a_record_parsed_from_an_unchanged_row_is_reused_until_the_row_changes(store: ValidatorStore) -> None:
+    e = make("https://e.com/s")
+    first = {"fingerprint": "a", "interval_s": 60.0, "last_fetched": NOW, "next_check": NOW + 60}
+    assert store.put(e, b"<html>hi</html>", {REVISIT: first})
+    one = store.get_record(REVISIT, e.url, parse=RevisitState.from_state)
+    assert one is not None and one.fingerprint == "a"
+    assert store.get_record(REVISIT, e.url, parse=RevisitState.from_state) is one
+    store.put_record(REVISIT, e.url, {**first, "fingerprint": "b"})
+    two = store.get_record(REVISIT, e.url, parse=RevisitState.from_state)
+    assert two is not None and two.fingerprint == "b"
