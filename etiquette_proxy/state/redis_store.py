@@ -21,10 +21,12 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from etiquette_proxy.state.shared_pacing import (
-    PAUSE_LUA,
+    DEPART_LUA,
     PUBLISH_LUA,
     RESERVE_LUA,
     Reservation,
+    departure_window,
+    host_of,
     read_reply,
     site_keys,
 )
@@ -33,6 +35,33 @@ log = logging.getLogger(__name__)
 
 PREFIX = "etiquette:pacing:"
 SHARED = "etiquette:shared:"
+OPERATOR = "etiquette:operator"  # hash: site or host -> pause end on the server clock, -1 open-ended
+# ARGV: site or host, seconds (-1: until resumed). The end is kept on the server clock.
+OPERATOR_PAUSE_LUA = """
+local t = redis.call('TIME')
+local s = tonumber(ARGV[2])
+local ends = s < 0 and -1 or tonumber(t[1]) + tonumber(t[2]) / 1000000 + s
+redis.call('HSET', KEYS[1], ARGV[1], string.format('%.6f', ends))
+return 1
+"""
+# Every pause still in force: {site, seconds left or -1, ...}; ended ones are dropped.
+OPERATOR_LEFT_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local all = redis.call('HGETALL', KEYS[1])
+local out = {}
+for i = 1, #all, 2 do
+  local u = tonumber(all[i + 1]) or 0
+  if u < 0 then
+    out[#out + 1] = all[i]; out[#out + 1] = '-1'
+  elseif u > now then
+    out[#out + 1] = all[i]; out[#out + 1] = string.format('%.6f', u - now)
+  else
+    redis.call('HDEL', KEYS[1], all[i])
+  end
+end
+return out
+"""
 UNLOCK_LUA = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 # A call slower than this counts as Redis being unreachable (fail closed, SPEC §10).
 CALL_TIMEOUT_S = 2.0
@@ -55,7 +84,9 @@ class RedisShared:
         self._reserve = self._client.register_script(RESERVE_LUA)
         self._publish = self._client.register_script(PUBLISH_LUA)
         self._unlock = self._client.register_script(UNLOCK_LUA)
-        self._paused = self._client.register_script(PAUSE_LUA)
+        self._depart = self._client.register_script(DEPART_LUA)
+        self._operator_pause = self._client.register_script(OPERATOR_PAUSE_LUA)
+        self._operator_left_script = self._client.register_script(OPERATOR_LEFT_LUA)
         # Lease ids unique across processes and machines: host name, pid, a counter.
         self._lease_prefix = f"{os.uname().nodename}:{os.getpid()}:"
         self._leases = count(1)
@@ -66,17 +97,44 @@ class RedisShared:
         """Ask the shared budget for a start now or booked within `horizon_s`; (its answer, the
         lease id, the request's if granted)."""
         lease = f"{self._lease_prefix}{next(self._leases)}"
+        limit, span = departure_window(rate, burst)
         reply = await self._call(self._reserve(
-            keys=list(site_keys(PREFIX, site)),
+            keys=[*site_keys(PREFIX, site), OPERATOR],
             args=[repr(rate), burst, max_concurrency, lease, repr(self.lease_ttl_s), known_version,
-                  repr(max(0.0, horizon_s))]))
+                  repr(max(0.0, horizon_s)), limit, repr(span), site, host_of(site)]))
         return read_reply(reply), lease
 
-    async def paused_for(self, site: str) -> tuple[float, str]:
-        """Seconds of shared pause left for `site` (server clock), and its reason."""
-        reply = await self._call(self._paused(keys=[site_keys(PREFIX, site)[0]]))
-        left, reason = (x.decode() if isinstance(x, bytes) else str(x) for x in reply)
-        return float(left), reason
+    async def depart(self, site: str, lease: str, rate: float, burst: int) -> tuple[float, str]:
+        """A booked start, awake: (0, "") to leave now; else (seconds, why) to wait ("departures")
+        or not to go ("pause: ...", "operator"), on the server clock."""
+        limit, span = departure_window(rate, burst)
+        keys = site_keys(PREFIX, site)
+        reply = await self._call(self._depart(keys=[keys[0], keys[2], OPERATOR],
+                                              args=[limit, repr(span), lease, site, host_of(site)]))
+        wait, why = (x.decode() if isinstance(x, bytes) else str(x) for x in reply)
+        return float(wait), why
+
+    # -- operator pauses (SPEC §3 `sites pause/resume`): one for every instance ------------------
+
+    async def pause_site(self, site: str, for_s: float | None) -> None:
+        """Pause `site` (a host: every port of it) for every instance, on the server clock."""
+        await self._call(self._operator_pause(keys=[OPERATOR], args=[site, repr(for_s or -1.0)]))
+
+    async def resume_site(self, site: str) -> None:
+        """Lift the operator's pause of `site` (a host: every port's) for every instance."""
+        for asked in await self.operator_pauses():
+            if asked == site or asked.rsplit(":", 1)[0] == site:
+                await self._call(self._client.hdel(OPERATOR, asked))
+
+    async def operator_pauses(self) -> dict[str, float | None]:
+        """Sites an operator paused through any instance: seconds left, None until resumed."""
+        raw = await self._call(self._operator_left_script(keys=[OPERATOR]))
+        out: dict[str, float | None] = {}
+        for i in range(0, len(raw) - 1, 2):
+            name = raw[i].decode() if isinstance(raw[i], bytes) else str(raw[i])
+            left = float(raw[i + 1])
+            out[name] = None if left < 0 else left
+        return out
 
     async def release(self, site: str, lease: str) -> None:
         """The request is answered (or failed): its concurrency slot is free for every instance."""
