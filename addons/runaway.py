@@ -3,10 +3,18 @@
 Per site, a RunawayGuard counts the site's own answers (404/410 share) and the query values
 each path brings. Its verdicts reach pacing as restraints ("retired": a rate cap; "trap": a
 rate factor) and, under `runaway.trap_action: refuse-new`, new values are answered locally 429.
+
+With `state.backend: redis` (SPEC §10) the values each instance sees for the first time are
+added to one Redis HyperLogLog per (site, path, parameter) (PFADD), in batches every
+SHARE_EVERY_S, and the distinct count of all instances together (PFCOUNT) comes back to every
+guard: two proxies declare a trap at the thresholds one proxy seeing all the traffic would.
+Redis unreachable: the batch is dropped and each guard goes on counting what it sees itself
+(never less strict than one proxy alone; pacing fails closed meanwhile anyway).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from etiquette_addons.answers import answer_locally, fail_closed
@@ -14,19 +22,26 @@ from etiquette_addons.notes import notes_of, skip
 from etiquette_addons.runtime import Runtime
 from mitmproxy import http
 
-from etiquette_proxy.runaway.guard import RunawayGuard
+from etiquette_proxy.runaway.guard import RunawayGuard, Trap
 from etiquette_proxy.state.interface import restore, save
+from etiquette_proxy.state.redis_store import SharedStateUnavailable
 from etiquette_proxy.target import resolve_target
 
 log = logging.getLogger(__name__)
 
 NAMESPACE = "runaway"
+SHARE_EVERY_S = 0.25   # how often new values go to the shared counts (state.backend: redis)
+MAX_UNSHARED = 10_000  # values waiting for the next batch; more are counted locally only
 
 
 class RunawayWatch:
     def __init__(self, runtime: Runtime):
         self.rt = runtime
         self.guards: dict[str, RunawayGuard] = {}
+        # (site, path, parameter) -> values new to this instance, for the shared counts
+        self._unshared: dict[tuple[str, str, str], list[str]] = {}
+        self._unshared_n = 0
+        self._sharing: asyncio.Task[None] | None = None
         runtime.site_status.append(self.status)
 
     def status(self, site: str) -> dict[str, object]:
@@ -56,11 +71,10 @@ class RunawayWatch:
             guard = self.guard(notes.site)
             check = guard.observe_request(resolve_target(flow.request.path))  # SPEC §4: one URL
             for trap in check.declared:
-                log.warning("%s: %s (action: %s)", notes.site, trap.reason,
-                            self.rt.config.get("runaway.trap_action", notes.site))
+                self._declared(notes.site, guard, trap)
                 notes.extra["trap"] = trap.reason
-                self._restrain(notes.site, guard)
-                self._save(notes.site, guard)
+            if check.counted and self.rt.shared is not None:
+                self._share_later(notes.site, check.counted)
             if check.refuse:
                 if self.rt.observe:
                     notes.would_do("refused", check.reason)
@@ -68,6 +82,39 @@ class RunawayWatch:
                     answer_locally(flow, 429, "refused", check.reason, 60)
         except Exception as e:  # noqa: BLE001
             fail_closed(flow, "the runaway watch", e)
+
+    def _declared(self, site: str, guard: RunawayGuard, trap: Trap) -> None:
+        log.warning("%s: %s (action: %s)", site, trap.reason, self.rt.config.get("runaway.trap_action", site))
+        self._restrain(site, guard)
+        self._save(site, guard)
+
+    # -- the shared counts (state.backend: redis) ----------------------------------------------
+
+    def _share_later(self, site: str, counted: tuple[tuple[str, str, str], ...]) -> None:
+        for path, name, value in counted:
+            if self._unshared_n >= MAX_UNSHARED:
+                break
+            self._unshared.setdefault((site, path, name), []).append(value)
+            self._unshared_n += 1
+        if self._sharing is None or self._sharing.done():
+            self._sharing = asyncio.ensure_future(self._share_soon())
+
+    async def _share_soon(self) -> None:
+        """One batch: wait SHARE_EVERY_S (others join it), then add and count in one round trip."""
+        await asyncio.sleep(SHARE_EVERY_S)
+        batch, self._unshared, self._unshared_n = self._unshared, {}, 0
+        shared = self.rt.shared
+        if not batch or shared is None:
+            return
+        try:
+            counts = await shared.count_distinct(batch)
+        except SharedStateUnavailable:
+            return  # said once in the log by the store; each guard counts on by itself
+        for (site, path, name), distinct in counts.items():
+            guard = self.guards.get(site)
+            trap = guard.traps.merge_shared(path, name, distinct) if guard is not None else None
+            if guard is not None and trap is not None:
+                self._declared(site, guard, trap)
 
     def response(self, flow: http.HTTPFlow) -> None:
         notes = notes_of(flow)
@@ -98,5 +145,7 @@ class RunawayWatch:
         save(self.rt.state, NAMESPACE, site, guard.to_state(), "runaway state")
 
     def done(self) -> None:
+        if self._sharing is not None:
+            self._sharing.cancel()
         for site, guard in self.guards.items():
             self._save(site, guard)

@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from itertools import count
 from typing import Any
 
@@ -35,6 +35,11 @@ log = logging.getLogger(__name__)
 
 PREFIX = "etiquette:pacing:"
 SHARED = "etiquette:shared:"
+RECORDS = "etiquette:records:"  # per-URL records shared by every instance (gone memory)
+RECORDS_CHANNEL = "etiquette:records"  # their changes, announced to every instance
+MAX_RECORDS_LOADED = 50_000  # records read on (re)connect; beyond that, only what is announced
+TRAPS = "etiquette:traps:"  # per site, path and parameter: a HyperLogLog of the values seen
+TRAPS_TTL_S = 30 * 86400  # an idle count goes after this; refreshed with every value added
 OPERATOR = "etiquette:operator"  # hash: site or host -> pause end on the server clock, -1 open-ended
 # ARGV: site or host, seconds (-1: until resumed). The end is kept on the server clock.
 OPERATOR_PAUSE_LUA = """
@@ -88,7 +93,8 @@ class RedisShared:
         self._operator_pause = self._client.register_script(OPERATOR_PAUSE_LUA)
         self._operator_left_script = self._client.register_script(OPERATOR_LEFT_LUA)
         # Lease ids unique across processes and machines: host name, pid, a counter.
-        self._lease_prefix = f"{os.uname().nodename}:{os.getpid()}:"
+        self.instance = f"{os.uname().nodename}:{os.getpid()}:{id(self):x}"
+        self._lease_prefix = f"{self.instance}:"
         self._leases = count(1)
         self._down: str | None = None
 
@@ -176,6 +182,97 @@ class RedisShared:
     async def unlock(self, name: str, token: str) -> None:
         # Only our own lock: after expiry another instance may hold it.
         await self._call(self._unlock(keys=[f"{SHARED}lock:{name}"], args=[token]))
+
+    # -- per-URL records (gone memory, SPEC §10): kept in Redis, announced to every instance -----
+
+    async def put_record(self, namespace: str, key: str, record: Any, ttl_s: float) -> None:
+        """Keep `record` for every instance for `ttl_s`, and tell the running ones now."""
+        value = json.dumps(record, separators=(",", ":"))
+        ttl_ms = max(1, int(ttl_s * 1000))
+        message = json.dumps([self.instance, namespace, key, record, ttl_ms / 1000])
+        pipe = self._client.pipeline(transaction=True)
+        pipe.set(f"{RECORDS}{namespace}:{key}", value, px=ttl_ms)
+        pipe.publish(RECORDS_CHANNEL, message)
+        await self._call(pipe.execute())
+
+    async def forget_record(self, namespace: str, key: str) -> None:
+        pipe = self._client.pipeline(transaction=True)
+        pipe.delete(f"{RECORDS}{namespace}:{key}")
+        pipe.publish(RECORDS_CHANNEL, json.dumps([self.instance, namespace, key, None, 0]))
+        await self._call(pipe.execute())
+
+    async def follow_records(self, namespace: str,
+                             apply: Callable[[str, Any | None, float], None]) -> None:
+        """Run until cancelled: `apply(key, record or None, ttl_s)` for every record another
+        instance keeps or forgets, and, on every (re)connect, for those Redis holds already (a
+        message missed while away is read back then). Redis away: retried every second."""
+        while True:  # until cancelled (the addon's done); each round waits at least 1 s
+            pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(RECORDS_CHANNEL)
+                await self._load_records(namespace, apply)
+                while True:
+                    message = await pubsub.get_message(timeout=1.0)
+                    if message is not None:
+                        self._apply_message(namespace, message.get("data"), apply)
+            except (TimeoutError, RedisError, OSError) as e:
+                log.debug("shared records: %s; following again in 1 s", e)
+            finally:
+                try:
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                except (RedisError, OSError):
+                    pass
+            await asyncio.sleep(1.0)
+
+    async def _load_records(self, namespace: str, apply: Callable[[str, Any | None, float], None]) -> None:
+        prefix = f"{RECORDS}{namespace}:"
+        loaded = 0
+        async for name in self._client.scan_iter(match=f"{prefix}*", count=1000):
+            if loaded >= MAX_RECORDS_LOADED:
+                log.warning("shared records: more than %d %s records in Redis; the rest are not "
+                            "read back (new ones still arrive)", MAX_RECORDS_LOADED, namespace)
+                return
+            pipe = self._client.pipeline(transaction=False)
+            pipe.get(name)
+            pipe.pttl(name)
+            raw, ttl_ms = await pipe.execute()
+            if raw is None or ttl_ms is None or ttl_ms <= 0:
+                continue
+            try:
+                record = json.loads(raw)
+            except ValueError:
+                continue
+            key = (name.decode() if isinstance(name, bytes) else str(name))[len(prefix):]
+            apply(key, record, ttl_ms / 1000)
+            loaded += 1
+
+    def _apply_message(self, namespace: str, data: Any,
+                       apply: Callable[[str, Any | None, float], None]) -> None:
+        try:
+            sender, ns, key, record, ttl_s = json.loads(data)
+        except (TypeError, ValueError):
+            return  # not ours: another program on the channel
+        if sender == self.instance or ns != namespace or not isinstance(key, str):
+            return
+        if not isinstance(ttl_s, (int, float)) or isinstance(ttl_s, bool):
+            return
+        apply(key, record, float(ttl_s))
+
+    # -- trap counts (runaway, SPEC §7 and §10): one HyperLogLog per site, path and parameter ------
+
+    async def count_distinct(self, values: dict[tuple[str, str, str], list[str]]) -> dict[tuple[str, str, str], int]:
+        """Add each (site, path, parameter)'s new values to its shared HyperLogLog (PFADD) and
+        read how many distinct values every instance together has seen (PFCOUNT); one round
+        trip for the whole batch."""
+        keys = list(values)
+        pipe = self._client.pipeline(transaction=False)
+        for site, path, name in keys:
+            key = f"{TRAPS}{{{site}}}:{path}\x1f{name}"
+            pipe.pfadd(key, *values[(site, path, name)])
+            pipe.pfcount(key)
+            pipe.expire(key, TRAPS_TTL_S)
+        replies = await self._call(pipe.execute())
+        return {k: int(replies[3 * i + 1]) for i, k in enumerate(keys)}
 
     async def _call(self, call: Awaitable[Any]) -> Any:
         try:

@@ -177,3 +177,63 @@ def test_an_operator_pause_through_one_proxy_holds_on_the_other(start_proxy, red
             break
         time.sleep(0.2)
     assert statuses == [200, 200]
+
+
+def test_a_gone_url_learned_through_one_proxy_is_answered_by_the_other(start_proxy, redis_server, site):
+    site.route("/robots.txt", Answer(404))
+    site.route("/plain", Answer(410, b"no"))
+    site.route("/fresh", Answer(404, b"no", {"Cache-Control": "max-age=1"}))
+    a, b = two_proxies(start_proxy, redis_server, site, rate=50)
+    assert b.get(site.url("/warm")).status_code == 200  # B follows the shared records from here
+    assert a.get(site.url("/plain")).status_code == 410
+    assert a.get(site.url("/fresh")).status_code == 404
+    fresh_at = site.hits("/fresh")[0].at
+    # SPEC §10: the record A kept answers B locally; the site saw each URL once.
+    r = b.get(site.url("/plain"))
+    assert r.status_code == 410 and r.headers["X-Etiquette-Decision"] == "gone", r.text
+    assert len(site.hits("/plain")) == 1
+    # ...with the same expiry rules (RFC 9111 §4.2: the site's own freshness bounds the record)
+    if time.monotonic() - fresh_at < 0.9:  # a loaded machine may take longer than the freshness
+        assert b.get(site.url("/fresh")).headers["X-Etiquette-Decision"] == "gone"
+    time.sleep(max(0.0, fresh_at + 1.2 - time.monotonic()))
+    assert b.get(site.url("/fresh")).headers["X-Etiquette-Decision"] != "gone"
+    assert site.hits("/fresh")[-1].at >= fresh_at + 1.0
+
+
+def traps_on(proxy: Proxy, key: str) -> list[dict]:
+    with proxy.session() as s:
+        board = {e["site"]: e for e in s.get("http://etiquette.proxy/api/sites", timeout=10).json()["sites"]}
+    return board.get(key, {}).get("live", {}).get("traps", [])
+
+
+def wait_for(predicate, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:  # bounded
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return predicate()
+
+
+def test_two_proxies_count_one_url_space_trap_together(start_proxy, redis_server, site):
+    site.route("/robots.txt", Answer(404))
+    key = f"127.0.0.1:{site.port}"
+    sets = [*shared_sets(redis_server, site, rate=100), "runaway.max_distinct=20", "runaway.trap_action=refuse-new"]
+    a, b = start_proxy(name="a", sets=sets), start_proxy(name="b", sets=sets)
+    # Each proxy sees 18 distinct values of ?ref= (and repeats, so its novelty window fills):
+    # alone, neither passes max_distinct 20; together they saw 36 (SPEC §7, §10).
+    for proxy, tag in ((a, "a"), (b, "b")):
+        session = proxy.session()
+        for i in range(25):
+            assert session.get(site.url(f"/cal?ref={tag}{i % 18}"), timeout=15).status_code == 200
+    # B added its values after A's: the shared count it read back declares the trap.
+    assert wait_for(lambda: traps_on(b, key)), b.stderr()[-2000:]
+    # A learns the count with its next new value (as one proxy declares on the value that
+    # passes the threshold); from then on both refuse new values (refuse-new).
+    assert a.get(site.url("/cal?ref=a-next")).status_code == 200
+    assert wait_for(lambda: traps_on(a, key)), a.stderr()[-2000:]
+    probes = {tag: proxy.get(site.url(f"/cal?ref=new-{tag}")) for proxy, tag in ((a, "a"), (b, "b"))}
+    assert {tag: r.status_code for tag, r in probes.items()} == {"a": 429, "b": 429}
+    assert all(r.headers["X-Etiquette-Decision"] == "refused" for r in probes.values())
+    # the site's own log: the refused values never reached it
+    assert not [x for x in site.arrivals if "ref=new-" in x.path]
