@@ -40,6 +40,7 @@ RECORDS_CHANNEL = "etiquette:records"  # their changes, announced to every insta
 MAX_RECORDS_LOADED = 50_000  # records read on (re)connect; beyond that, only what is announced
 TRAPS = "etiquette:traps:"  # per site, path and parameter: a HyperLogLog of the values seen
 TRAPS_TTL_S = 30 * 86400  # an idle count goes after this; refreshed with every value added
+HEALTH = "etiquette:health:"  # per site and window start: every instance's counters, summed
 OPERATOR = "etiquette:operator"  # hash: site or host -> pause end on the server clock, -1 open-ended
 # ARGV: site or host, seconds (-1: until resumed). The end is kept on the server clock.
 OPERATOR_PAUSE_LUA = """
@@ -273,6 +274,38 @@ class RedisShared:
             pipe.expire(key, TRAPS_TTL_S)
         replies = await self._call(pipe.execute())
         return {k: int(replies[3 * i + 1]) for i, k in enumerate(keys)}
+
+    # -- health windows (SPEC §8, §10): counted by every instance, judged on the sum -------------
+
+    async def add_window(self, site: str, start: float, counts: dict[str, int], canary_wrong: str | None,
+                         expire_s: float) -> None:
+        """Add this instance's counters for the site's window at `start` (HINCRBY)."""
+        key = f"{HEALTH}{{{site}}}:{start:.3f}"
+        pipe = self._client.pipeline(transaction=True)
+        for field, value in counts.items():
+            pipe.hincrby(key, field, value)
+        if canary_wrong:
+            pipe.hsetnx(key, "canary_wrong", canary_wrong)
+        pipe.hincrby(key, "instances", 1)
+        pipe.expire(key, max(1, int(expire_s)))
+        await self._call(pipe.execute())
+
+    async def read_window(self, site: str, start: float) -> tuple[dict[str, int], str | None]:
+        """Every instance's counters for the site's window at `start`, and a wrong canary URL."""
+        raw = await self._call(self._client.hgetall(f"{HEALTH}{{{site}}}:{start:.3f}"))
+        counts: dict[str, int] = {}
+        wrong: str | None = None
+        for k, v in raw.items():
+            field = k.decode() if isinstance(k, bytes) else str(k)
+            text = v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+            if field == "canary_wrong":
+                wrong = text
+            elif field != "instances":
+                try:
+                    counts[field] = int(text)
+                except ValueError:
+                    continue
+        return counts, wrong
 
     async def _call(self, call: Awaitable[Any]) -> Any:
         try:

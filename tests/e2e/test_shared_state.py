@@ -237,3 +237,30 @@ def test_two_proxies_count_one_url_space_trap_together(start_proxy, redis_server
     assert all(r.headers["X-Etiquette-Decision"] == "refused" for r in probes.values())
     # the site's own log: the refused values never reached it
     assert not [x for x in site.arrivals if "ref=new-" in x.path]
+
+
+def health_reasons(proxy: Proxy, key: str) -> list[str]:
+    with proxy.session() as s:
+        board = {e["site"]: e for e in s.get("http://etiquette.proxy/api/sites", timeout=10).json()["sites"]}
+    return (board.get(key, {}).get("live", {}).get("health") or {}).get("reasons", [])
+
+
+def test_a_health_window_is_judged_on_both_proxies_counts(start_proxy, redis_server, site):
+    site.route("/robots.txt", Answer(404))
+    key = f"127.0.0.1:{site.port}"
+    sets = [*shared_sets(redis_server, site, rate=100), "health.window=2", "health.min_requests=50"]
+    a, b = start_proxy(name="a", sets=sets), start_proxy(name="b", sets=sets)
+    for proxy in (a, b):  # robots.txt known, the site's health started on both
+        assert proxy.get(site.url("/warm")).status_code == 200
+    # 6 requests through A and 4 through B inside one 2 s window (aligned to the wall clock)
+    time.sleep(2.0 - time.time() % 2.0 + 0.05)
+    window = int(time.time() // 2)
+    for proxy, n in ((a, 6), (b, 4)):
+        session = proxy.session()
+        for i in range(n):
+            assert session.get(site.url(f"/w{i}"), timeout=10).status_code == 200
+    assert int(time.time() // 2) == window, "the requests spilled into the next window; machine too slow"
+    # SPEC §8, §10: each proxy judges the window on both proxies' counts (10), not its own (6, 4)
+    judged = "not enough requests to judge: 10 of 50"
+    assert wait_for(lambda: all(judged in health_reasons(p, key) for p in (a, b)), seconds=8), \
+        [health_reasons(p, key) for p in (a, b)]
