@@ -26,7 +26,6 @@ import json
 import logging
 import math
 import os
-from collections.abc import Awaitable
 from typing import Any
 
 from etiquette_addons.answers import answer_locally
@@ -78,7 +77,9 @@ class OperatorControls:
         self._loaded_from: object = None
         self._sharing: set[asyncio.Task[None]] = set()  # actions on their way to Redis
         self._shared_down: str | None = None  # why the last action could not be shared
+        self._unshared: list[Action] = []  # taken while Redis was away: shared once it is back
         self._refresher: asyncio.Task[None] | None = None
+        self._actions_seen: str | None = None  # the shared action stream, read up to here
         runtime.post_routes[ROUTE] = self.post
         runtime.listening.append(self.announce)
         runtime.site_status.append(self.status)
@@ -132,13 +133,24 @@ class OperatorControls:
             return
         self._restore()
         try:
+            if not await self._share_unshared():
+                return  # Redis still away: this instance's own view holds meanwhile
             pauses = await shared.operator_pauses()
         except SharedStateUnavailable:
             return
-        if self._sharing:  # an action taken meanwhile is newer than what was read
+        if not self._sharing:  # else an action taken meanwhile is newer than what was read
+            self.pauses.replace({site: None if left is None else self._clock() + left
+                                 for site, left in pauses.items()})
+        try:
+            self._actions_seen, actions = await shared.actions_since(self._actions_seen)
+        except SharedStateUnavailable:
             return
-        self.pauses.replace({site: None if left is None else self._clock() + left
-                             for site, left in pauses.items()})
+        for action, site in actions:  # resumed or forgotten through another instance
+            for known in self._health_sites(site):
+                if action == "resume":
+                    self.health.resume(known, "resumed by operator (through another proxy)")
+                else:
+                    self.health.forget(known)
 
     async def response(self, flow: http.HTTPFlow) -> None:
         """The answer to an action goes back once the action is in Redis (or says it is not)."""
@@ -151,20 +163,50 @@ class OperatorControls:
             return
         try:
             answer = json.loads(flow.response.content or b"{}")
-            answer["not_shared"] = f"{why}: this proxy only"
+            answer["not_shared"] = why
+            answer["reason"] = (f"{answer.get('reason', '')}; not shared yet ({why}): holds on this proxy "
+                                f"now, on every proxy once Redis is back")
             flow.response.content = (json.dumps(answer) + "\n").encode()
         except ValueError:
             pass
 
-    def _share(self, call: Awaitable[None]) -> None:
+    def _share(self, action: Action) -> None:
+        """Send the action to Redis in the background (the answer waits for it, see response)."""
         async def run() -> None:
+            if self._unshared:  # in order, after those still waiting for Redis
+                self._unshared.append(action)
+                self._shared_down = "earlier actions still wait for Redis"
+                return
             try:
-                await call
+                await self._shared_action(action)
             except SharedStateUnavailable as e:
                 self._shared_down = str(e)
+                self._unshared.append(action)  # never lost: a pause must not lapse (SPEC §10)
         task = asyncio.ensure_future(run())
         self._sharing.add(task)
         task.add_done_callback(self._sharing.discard)
+
+    async def _shared_action(self, action: Action) -> None:
+        shared = self.rt.shared
+        if shared is None:
+            return
+        if action.action == "pause":
+            await shared.pause_site(action.site, action.for_s)
+        else:
+            await shared.resume_site(action.site)
+            await shared.announce_action(action.action, action.site)
+
+    async def _share_unshared(self) -> bool:
+        """Actions taken while Redis was away, in order; False while it still is."""
+        while self._unshared:
+            action = self._unshared[0]
+            try:
+                await self._shared_action(action)
+            except SharedStateUnavailable:
+                return False
+            self._unshared.pop(0)
+            log.warning("operator: %s %s shared with every proxy now that Redis is back", action.action, action.site)
+        return True
 
     def done(self) -> None:
         """Stopping: the URL goes, unless another proxy has written its own since."""
@@ -235,10 +277,10 @@ class OperatorControls:
             self.pauses.pause(site, action.for_s)
             done.append("paused" + (f" for {human_seconds(action.for_s)}" if action.for_s else " until resumed"))
             if shared is not None:
-                self._share(shared.pause_site(site, action.for_s))
+                self._share(action)
         else:
             if shared is not None:
-                self._share(shared.resume_site(site))
+                self._share(action)
             if self.pauses.resume(site):  # with Redis, the view refreshed from every instance
                 done.append("operator pause lifted")
             for known in self._health_sites(site):

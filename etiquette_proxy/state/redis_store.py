@@ -41,6 +41,7 @@ MAX_RECORDS_LOADED = 50_000  # records read on (re)connect; beyond that, only wh
 TRAPS = "etiquette:traps:"  # per site, path and parameter: a HyperLogLog of the values seen
 TRAPS_TTL_S = 30 * 86400  # an idle count goes after this; refreshed with every value added
 HEALTH = "etiquette:health:"  # per site and window start: every instance's counters, summed
+OPERATOR_ACTIONS = "etiquette:operator:actions"  # stream: resume/forget taken through any instance
 OPERATOR = "etiquette:operator"  # hash: site or host -> pause end on the server clock, -1 open-ended
 # ARGV: site or host, seconds (-1: until resumed). The end is kept on the server clock.
 OPERATOR_PAUSE_LUA = """
@@ -132,6 +133,27 @@ class RedisShared:
         for asked in await self.operator_pauses():
             if asked == site or asked.rsplit(":", 1)[0] == site:
                 await self._call(self._client.hdel(OPERATOR, asked))
+
+    async def announce_action(self, action: str, site: str) -> None:
+        """Tell every other instance an operator's `resume`/`forget` of `site` (what each
+        instance keeps itself, such as a health pause, is lifted by each)."""
+        await self._call(self._client.xadd(OPERATOR_ACTIONS, {"from": self.instance, "action": action, "site": site},
+                                           maxlen=1000, approximate=True))
+
+    async def actions_since(self, last: str | None) -> tuple[str, list[tuple[str, str]]]:
+        """(the newest id, [(action, site)] other instances announced after `last`); the first
+        call (`last` None) only learns where the stream is."""
+        if last is None:
+            newest = await self._call(self._client.xrevrange(OPERATOR_ACTIONS, count=1))
+            return (_text(newest[0][0]) if newest else "0-0"), []
+        entries = await self._call(self._client.xrange(OPERATOR_ACTIONS, min=f"({last}", count=100))
+        out: list[tuple[str, str]] = []
+        for entry_id, fields in entries:
+            last = _text(entry_id)
+            f = {_text(k): _text(v) for k, v in fields.items()}
+            if f.get("from") != self.instance and f.get("action") in ("resume", "forget") and f.get("site"):
+                out.append((f["action"], f["site"]))
+        return last, out
 
     async def operator_pauses(self) -> dict[str, float | None]:
         """Sites an operator paused through any instance: seconds left, None until resumed."""
@@ -328,3 +350,7 @@ class RedisShared:
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+def _text(x: object) -> str:
+    return x.decode(errors="replace") if isinstance(x, bytes) else str(x)

@@ -124,8 +124,17 @@ def test_redis_away_fails_closed_and_comes_back_by_itself(start_proxy, redis_ser
     assert len(down) == 6 and all(r["outcome"] == "paused" and "Redis" in r["reason"] for r in down), down
     # said once in the log, not per request
     assert a.stderr().count("unreachable") == 1, a.stderr()
+    # an operator's pause taken meanwhile holds here at once, and on every proxy once Redis is
+    # back: it is never lost with the outage (SPEC §10: never widen access)
+    key = f"127.0.0.1:{site.port}"
+    paused = sites_cli(a, "pause", key)
+    assert paused.returncode == 0 and "not shared yet" in paused.stdout, paused.stdout + paused.stderr
 
     redis_server.start()
+    assert wait_for(lambda: "shared with every proxy now that Redis is back" in a.stderr(), seconds=10), a.stderr()
+    held = [p.get(site.url("/held")) for p in (a, b)]
+    assert [(r.status_code, "operator" in r.text) for r in held] == [(503, True), (503, True)], [r.text for r in held]
+    assert sites_cli(a, "resume", key).returncode == 0
     deadline = time.monotonic() + 10
     statuses: list[int] = []
     while time.monotonic() < deadline:  # bounded: Redis is back, the proxies reconnect by themselves
@@ -134,6 +143,7 @@ def test_redis_away_fails_closed_and_comes_back_by_itself(start_proxy, redis_ser
             break
         time.sleep(0.2)
     assert statuses == [200, 200]
+    assert not site.hits("/held")
     assert a.stderr().count("reachable again") == 1
 
 
@@ -159,7 +169,7 @@ def test_an_operator_pause_through_one_proxy_holds_on_the_other(start_proxy, red
     key = f"127.0.0.1:{site.port}"
     assert b.get(site.url("/warm")).status_code == 200
     paused = sites_cli(a, "pause", key, "--for", "10m")
-    assert paused.returncode == 0 and "not_shared" not in paused.stdout, paused.stdout + paused.stderr
+    assert paused.returncode == 0 and "not shared" not in paused.stdout, paused.stdout + paused.stderr
     # SPEC §3, §10: the pause was taken through A; B's next request is refused too, at once.
     r = b.get(site.url("/held"))
     assert r.status_code == 503 and r.headers["X-Etiquette-Decision"] == "paused", r.text
@@ -177,6 +187,10 @@ def test_an_operator_pause_through_one_proxy_holds_on_the_other(start_proxy, red
             break
         time.sleep(0.2)
     assert statuses == [200, 200]
+    # forgotten through B: what A learned of the site's health goes too (SPEC §3 `sites forget`)
+    assert health_of(a, key) is not None
+    assert sites_cli(b, "forget", key).returncode == 0
+    assert wait_for(lambda: health_of(a, key) is None), health_of(a, key)
 
 
 def test_a_gone_url_learned_through_one_proxy_is_answered_by_the_other(start_proxy, redis_server, site):
@@ -200,10 +214,19 @@ def test_a_gone_url_learned_through_one_proxy_is_answered_by_the_other(start_pro
     assert site.hits("/fresh")[-1].at >= fresh_at + 1.0
 
 
-def traps_on(proxy: Proxy, key: str) -> list[dict]:
+def live_fields(proxy: Proxy, key: str) -> dict:
+    """The site's live fields on the proxy's dashboard API (SPEC §11)."""
     with proxy.session() as s:
         board = {e["site"]: e for e in s.get("http://etiquette.proxy/api/sites", timeout=10).json()["sites"]}
-    return board.get(key, {}).get("live", {}).get("traps", [])
+    return board.get(key, {}).get("live", {})
+
+
+def traps_on(proxy: Proxy, key: str) -> list[dict]:
+    return live_fields(proxy, key).get("traps", [])
+
+
+def health_of(proxy: Proxy, key: str) -> dict | None:
+    return live_fields(proxy, key).get("health")
 
 
 def wait_for(predicate, seconds: float = 5.0) -> bool:
@@ -240,9 +263,7 @@ def test_two_proxies_count_one_url_space_trap_together(start_proxy, redis_server
 
 
 def health_reasons(proxy: Proxy, key: str) -> list[str]:
-    with proxy.session() as s:
-        board = {e["site"]: e for e in s.get("http://etiquette.proxy/api/sites", timeout=10).json()["sites"]}
-    return (board.get(key, {}).get("live", {}).get("health") or {}).get("reasons", [])
+    return (health_of(proxy, key) or {}).get("reasons", [])
 
 
 def test_a_health_window_is_judged_on_both_proxies_counts(start_proxy, redis_server, site):
