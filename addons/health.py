@@ -173,6 +173,8 @@ class HealthWatch:
         self._origins: dict[str, str] = {}
         self._pending: dict[str, list[BandChange]] = {}  # changes no request line has carried yet
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._tick_every = math.inf  # the ticker's current interval
+        self._tick_sooner = asyncio.Event()
         runtime.post_routes[REPORT_PATH] = self.post_report
         runtime.site_status.append(self.live_fields)
 
@@ -301,7 +303,12 @@ class HealthWatch:
         self.restore()
         if origin:
             self._origins[site] = origin
-        return self.book.site(site)
+        h = self.book.site(site)
+        # Windows close within one tick of their end (shared windows count on it, SPEC §10).
+        if _tick_s(h.settings.window_s) < self._tick_every:
+            self._tick_every = _tick_s(h.settings.window_s)
+            self._tick_sooner.set()
+        return h
 
     def _after(self, site: str, h: SiteHealth, changes: Iterable[BandChange | None],
                notes: FlowNotes | None) -> None:
@@ -399,7 +406,12 @@ class HealthWatch:
         while True:
             windows = [self.book.site(s).settings.window_s for s in self.book.scored_sites()]
             windows.append(float(self.rt.config.get("health.window")))
-            await asyncio.sleep(_tick_s(min(windows)))
+            self._tick_every = _tick_s(min(windows))
+            try:  # a site with a shorter window (a per-site health.window) wakes it early
+                await asyncio.wait_for(self._tick_sooner.wait(), self._tick_every)
+            except TimeoutError:
+                pass
+            self._tick_sooner.clear()
             self.tick()
 
     def tick(self) -> None:
