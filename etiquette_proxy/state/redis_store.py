@@ -229,7 +229,7 @@ class RedisShared:
         """Run until cancelled: `apply(key, record or None, ttl_s)` for every record another
         instance keeps or forgets, and, on every (re)connect, for those Redis holds already (a
         message missed while away is read back then). Redis away: retried every second."""
-        while True:  # until cancelled (the addon's done); each round waits at least 1 s
+        while True:  # until cancelled (the addon's done); a lost connection is retried after 1 s
             pubsub = self._client.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(RECORDS_CHANNEL)
@@ -250,24 +250,40 @@ class RedisShared:
     async def _load_records(self, namespace: str, apply: Callable[[str, Any | None, float], None]) -> None:
         prefix = f"{RECORDS}{namespace}:"
         loaded = 0
+        names: list[Any] = []
         async for name in self._client.scan_iter(match=f"{prefix}*", count=1000):
+            names.append(name)
+            if len(names) >= 500:
+                loaded += await self._load_batch(prefix, names, apply)
+                names = []
             if loaded >= MAX_RECORDS_LOADED:
                 log.warning("shared records: more than %d %s records in Redis; the rest are not "
                             "read back (new ones still arrive)", MAX_RECORDS_LOADED, namespace)
                 return
-            pipe = self._client.pipeline(transaction=False)
+        loaded += await self._load_batch(prefix, names, apply)
+
+    async def _load_batch(self, prefix: str, names: list[Any],
+                          apply: Callable[[str, Any | None, float], None]) -> int:
+        """Read back `names` (value and time left) in one round trip; how many were applied."""
+        if not names:
+            return 0
+        pipe = self._client.pipeline(transaction=False)
+        for name in names:
             pipe.get(name)
             pipe.pttl(name)
-            raw, ttl_ms = await pipe.execute()
-            if raw is None or ttl_ms is None or ttl_ms <= 0:
-                continue
+        replies = await pipe.execute()
+        applied = 0
+        for i, name in enumerate(names):
+            raw, ttl_ms = replies[2 * i], replies[2 * i + 1]
+            if raw is None or not isinstance(ttl_ms, int) or ttl_ms <= 0:
+                continue  # gone meanwhile, or kept without an expiry (not ours)
             try:
                 record = json.loads(raw)
             except ValueError:
                 continue
-            key = (name.decode() if isinstance(name, bytes) else str(name))[len(prefix):]
-            apply(key, record, ttl_ms / 1000)
-            loaded += 1
+            apply(_text(name)[len(prefix):], record, ttl_ms / 1000)
+            applied += 1
+        return applied
 
     def _apply_message(self, namespace: str, data: Any,
                        apply: Callable[[str, Any | None, float], None]) -> None:
