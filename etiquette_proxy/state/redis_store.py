@@ -18,6 +18,9 @@ from itertools import count
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from etiquette_proxy.state.shared_pacing import (
@@ -87,7 +90,10 @@ class RedisShared:
         self.lease_ttl_s = lease_ttl_s
         self._client = aioredis.Redis.from_url(
             url, socket_timeout=CALL_TIMEOUT_S, socket_connect_timeout=CALL_TIMEOUT_S,
-            health_check_interval=30)
+            health_check_interval=30,
+            # A pooled connection from before a Redis restart fails once on first use: one
+            # retry on a fresh connection, so a Redis that is back is not reported away again.
+            retry=Retry(NoBackoff(), 1), retry_on_error=[RedisConnectionError])
         self._reserve = self._client.register_script(RESERVE_LUA)
         self._publish = self._client.register_script(PUBLISH_LUA)
         self._unlock = self._client.register_script(UNLOCK_LUA)
