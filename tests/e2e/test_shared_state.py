@@ -296,7 +296,8 @@ def test_a_health_window_is_judged_on_both_proxies_counts(fleet):
 
 def test_redis_away_fails_closed_and_comes_back_by_itself(tmp_path, redis_server, site):
     site.route("/robots.txt", Answer(404))
-    a, b = start_both(tmp_path, ["state.backend=redis", f"state.url={redis_server.url}", *site_sets(site, {"pacing.rate": 50})])
+    sets = ["state.backend=redis", f"state.url={redis_server.url}", *site_sets(site, {"pacing.rate": 50})]
+    a, b = start_both(tmp_path, sets)
     try:
         redis_away(redis_server, site, a, b)
     finally:
