@@ -12,10 +12,16 @@ it find the proxy). Each action is one audit line with `event: operator`.
   inside a pause the site asked for.
 - forget: lifts the operator's pause and drops what health learned (windows, baseline, band);
   the 429 contract stays for the same reason.
+
+With `state.backend: redis` (SPEC §10) a pause taken through any instance holds on all: it is
+written to Redis (on the server's clock) before the answer goes back to the command line, the
+shared reservation refuses the site's requests on every instance from then on, and each
+instance refreshes its own view (its gate, its dashboard) from Redis every second.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -47,12 +53,14 @@ from etiquette_proxy.operate.controls import (
 )
 from etiquette_proxy.pacing.rates import Rates
 from etiquette_proxy.state.interface import save
+from etiquette_proxy.state.redis_store import SharedStateUnavailable
 from etiquette_proxy.visibility.page import Page, human_seconds
 
 log = logging.getLogger(__name__)
 
 NAMESPACE = "operator"
 PAUSED_RETRY_S = 60  # Retry-After for an open-ended operator pause
+REFRESH_S = 1.0      # how often an instance reads the shared pauses (state.backend: redis)
 
 
 def _json_page(status: int, payload: dict[str, Any]) -> Page:
@@ -89,6 +97,11 @@ class OperatorControls:
         self._url_file: str | None = None
         self._url = ""
         self._loaded_from: object = None
+        self._sharing: set[asyncio.Task[None]] = set()  # actions on their way to Redis
+        self._shared_down: str | None = None  # why the last action could not be shared
+        self._unshared: list[Action] = []  # taken while Redis was away: shared once it is back
+        self._refresher: asyncio.Task[None] | None = None
+        self._actions_seen: str | None = None  # the shared action stream, read up to here
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -126,8 +139,104 @@ class OperatorControls:
             log.warning("operator: could not write %s: %s (`etiquette-proxy sites` will not find this proxy)",
                         directory, e)
 
+    def running(self) -> None:
+        if self.rt.shared is not None and self._refresher is None:
+            self._refresher = asyncio.ensure_future(self._refresh_loop())
+
+    async def _refresh_loop(self) -> None:
+        """SPEC §10: every instance's view of the operator's pauses follows Redis."""
+        while True:
+            await self.refresh()
+            await asyncio.sleep(REFRESH_S)
+
+    async def refresh(self) -> None:
+        """Take the shared pauses as this instance's own (Redis unreachable: keep what is held,
+        the shared reservation fails closed meanwhile)."""
+        shared = self.rt.shared
+        if shared is None or self._sharing:
+            return
+        self._restore()
+        try:
+            if not await self._share_unshared():
+                return  # Redis still away: this instance's own view holds meanwhile
+            pauses = await shared.operator_pauses()
+        except SharedStateUnavailable:
+            return
+        if not self._sharing:  # else an action taken meanwhile is newer than what was read
+            self.pauses.replace({site: None if left is None else self._clock() + left
+                                 for site, left in pauses.items()})
+        try:
+            self._actions_seen, actions = await shared.actions_since(self._actions_seen)
+        except SharedStateUnavailable:
+            return
+        for action, site in actions:  # resumed or forgotten through another instance
+            for known in self._health_sites(site):
+                if action == "resume":
+                    self.health.resume(known, "resumed by operator (through another proxy)")
+                else:
+                    self.health.forget(known)
+
+    async def response(self, flow: http.HTTPFlow) -> None:
+        """The answer to an action goes back once the action is in Redis (or says it is not)."""
+        if (not self._sharing or flow.request.path != ROUTE or flow.request.method != "POST"
+                or not notes_of(flow).facts.get("internal")):
+            return
+        await asyncio.gather(*list(self._sharing), return_exceptions=True)
+        why, self._shared_down = self._shared_down, None
+        if why is None or flow.response is None:
+            return
+        try:
+            answer = json.loads(flow.response.content or b"{}")
+            answer["not_shared"] = why
+            answer["reason"] = (f"{answer.get('reason', '')}; not shared yet ({why}): holds on this proxy "
+                                f"now, on every proxy once Redis is back")
+            flow.response.content = (json.dumps(answer) + "\n").encode()
+        except ValueError:
+            pass
+
+    def _share(self, action: Action) -> None:
+        """Send the action to Redis in the background (the answer waits for it, see response)."""
+        async def run() -> None:
+            if self._unshared:  # in order, after those still waiting for Redis
+                self._unshared.append(action)
+                self._shared_down = "earlier actions still wait for Redis"
+                return
+            try:
+                await self._shared_action(action)
+            except SharedStateUnavailable as e:
+                self._shared_down = str(e)
+                self._unshared.append(action)  # never lost: a pause must not lapse (SPEC §10)
+        task = asyncio.ensure_future(run())
+        self._sharing.add(task)
+        task.add_done_callback(self._sharing.discard)
+
+    async def _shared_action(self, action: Action) -> None:
+        shared = self.rt.shared
+        if shared is None:
+            return
+        if action.action == "pause":
+            await shared.pause_site(action.site, action.for_s)
+        else:
+            await shared.resume_site(action.site)
+            await shared.announce_action(action.action, action.site)
+
+    async def _share_unshared(self) -> bool:
+        """Actions taken while Redis was away, in order; False while it still is."""
+        while self._unshared:
+            action = self._unshared[0]
+            try:
+                await self._shared_action(action)
+            except SharedStateUnavailable:
+                return False
+            self._unshared.pop(0)
+            log.warning("operator: %s %s shared with every proxy now that Redis is back", action.action, action.site)
+        return True
+
     def done(self) -> None:
         """Stopping: the URL goes, unless another proxy has written its own since."""
+        if self._refresher is not None:
+            self._refresher.cancel()
+            self._refresher = None
         if self._url_file is None:
             return
         try:
@@ -187,11 +296,16 @@ class OperatorControls:
         self._restore()
         site = action.site
         done: list[str] = []
+        shared = self.rt.shared
         if action.action == "pause":
             self.pauses.pause(site, action.for_s)
             done.append("paused" + (f" for {human_seconds(action.for_s)}" if action.for_s else " until resumed"))
+            if shared is not None:
+                self._share(action)
         else:
-            if self.pauses.resume(site):
+            if shared is not None:
+                self._share(action)
+            if self.pauses.resume(site):  # with Redis, the view refreshed from every instance
                 done.append("operator pause lifted")
             for known in self._health_sites(site):
                 if action.action == "resume" and self.health.resume(known, "resumed by operator"):

@@ -2,11 +2,20 @@
 
 The record lives in the validator store (namespace `gone`, keyed by the normalised URL), so it
 survives restarts and shares the store's size limit. A later 2xx or 304 for the URL clears it.
+
+With `state.backend: redis` (SPEC §10) every record kept or cleared is also written to Redis,
+with the same expiry, before the response goes on, and announced: every other instance puts it
+into its own store as it arrives (and reads Redis's records back on every (re)connect), so the
+check itself stays a local read. Redis unreachable: each instance keeps what it has; gone
+memory only ever answers locally, it never lets a request through that pacing would not.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Awaitable
+from typing import Any
 
 from etiquette_addons.answers import answer_locally
 from etiquette_addons.notes import notes_of, skip, url_key
@@ -15,6 +24,7 @@ from mitmproxy import http
 
 from etiquette_proxy.clock import wall
 from etiquette_proxy.revalidation.gone import NAMESPACE, GonePolicy, GoneRecord
+from etiquette_proxy.state.redis_store import RedisShared, SharedStateUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +36,32 @@ class GoneMemory:
     def __init__(self, runtime: Runtime):
         self.rt = runtime
         self.policies: PerSite[GonePolicy] = PerSite(runtime, GonePolicy.from_config)
+        self._follower: asyncio.Task[None] | None = None
+
+    def running(self) -> None:
+        if self.rt.shared is not None and self._follower is None:
+            self._follower = asyncio.ensure_future(self.rt.shared.follow_records(NAMESPACE, self._learn))
+
+    def done(self) -> None:
+        if self._follower is not None:
+            self._follower.cancel()
+            self._follower = None
+
+    def _learn(self, key: str, state: Any | None, ttl_s: float) -> None:
+        """A record another instance kept (or cleared): into this instance's store."""
+        store = self.rt.store
+        if store is None:
+            return
+        try:
+            if state is None:
+                store.forget_record(NAMESPACE, key)
+            else:
+                GoneRecord.from_state(state)  # a value that is not a record never lands
+                store.put_record(NAMESPACE, key, state, ttl_s=ttl_s)
+        except ValueError as e:
+            log.warning("shared gone record for %s ignored: %s", key, e)
+        except Exception:  # noqa: BLE001 - a saving, not a permission
+            log.exception("gone memory could not take the shared record for %s", key)
 
     def request(self, flow: http.HTTPFlow) -> None:
         if skip(flow) or self.rt.store is None:
@@ -57,15 +93,32 @@ class GoneMemory:
             return
         answer_locally(flow, decision.status, "gone", decision.reason)
 
-    def response(self, flow: http.HTTPFlow) -> None:
+    def response(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
+        """Keep or clear the URL's record; with Redis, an awaitable that shares the change (the
+        chain awaits it, so every instance knows before this client hears the answer)."""
         if flow.response is None or self.rt.store is None or notes_of(flow).local:
-            return
+            return None
         try:
-            self._remember(flow, flow.response.status_code)
+            change = self._remember(flow, flow.response.status_code)
         except Exception:  # noqa: BLE001 - bookkeeping only; the response goes out as it is
             log.exception("gone memory could not record %s", flow.request.url)
+            return None
+        if change is None or self.rt.shared is None:
+            return None
+        return self._share(self.rt.shared, *change)
 
-    def _remember(self, flow: http.HTTPFlow, status: int) -> None:
+    @staticmethod
+    async def _share(shared: RedisShared, key: str, state: dict[str, Any] | None, ttl_s: float) -> None:
+        try:
+            if state is None:
+                await shared.forget_record(NAMESPACE, key)
+            else:
+                await shared.put_record(NAMESPACE, key, state, ttl_s)
+        except SharedStateUnavailable:
+            pass  # said once in the log by the store; this instance remembers it still
+
+    def _remember(self, flow: http.HTTPFlow, status: int) -> tuple[str, dict[str, Any] | None, float] | None:
+        """Keep or clear the URL's record; what changed (key, record or None, ttl), if anything."""
         assert self.rt.store is not None
         if status in (404, 410):
             key = url_key(flow, self.rt)
@@ -80,11 +133,16 @@ class GoneMemory:
             if key is not None and record is not None:
                 # The TTL only lets diskcache clean up; GonePolicy.check decides with the TTL
                 # in force (a record keeps when it was seen, not when it ends).
-                self.rt.store.put_record(NAMESPACE, key, record.to_state(), ttl_s=policy.record_ttl(record))
-            elif key is not None and flow.metadata.get(_HAD_RECORD):
+                ttl_s = policy.record_ttl(record)
+                self.rt.store.put_record(NAMESPACE, key, record.to_state(), ttl_s=ttl_s)
+                return key, record.to_state(), ttl_s
+            if key is not None and flow.metadata.get(_HAD_RECORD):
                 self.rt.store.forget_record(NAMESPACE, key)  # an older record must not outlive this answer
+                return key, None, 0.0
         elif flow.metadata.get(_HAD_RECORD) and (GonePolicy.clears(status) or status == 304):
             # A 304 also says the URL exists (it answers our or the client's validators).
             key = url_key(flow, self.rt)
             if key is not None:
                 self.rt.store.forget_record(NAMESPACE, key)
+                return key, None, 0.0
+        return None

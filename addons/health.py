@@ -14,6 +14,14 @@ acts on what it returns:
 - state is persisted per site in the state store (namespace "health") when a window closes and
   on shutdown, so scores, baselines and months of history survive restarts.
 
+With `state.backend: redis` (SPEC §10) a site's windows are counted by every instance and
+judged on the sum: when a window closes here, this instance adds its counters to the window's
+hash in Redis (HINCRBY), waits until every instance has closed it too (the window's end plus
+one tick and a second), and judges the summed window. Every instance judges the same counts
+against the same history, so the score and band are one per site, and each acts on the band
+through its own pacing (halve, pause) as it would alone. Redis unreachable: the window is
+judged on this instance's own counts (as one proxy would); pacing fails closed meanwhile.
+
 `POST http://etiquette.proxy/report-extraction` (parser health, beside the score) is a POST
 route on the dashboard (chain.py hands it `post_report`), answered before any gate sees it; the
 site's health reaches the dashboard through a status provider (`live_fields`, handed the same way).
@@ -48,6 +56,7 @@ from etiquette_proxy.pacing.restraints import Restraint, Restraints
 from etiquette_proxy.site_key import SiteKeys
 from etiquette_proxy.sites import SiteRegistry
 from etiquette_proxy.state.interface import save
+from etiquette_proxy.state.redis_store import SharedStateUnavailable
 from etiquette_proxy.visibility.page import Page
 
 log = logging.getLogger(__name__)
@@ -140,6 +149,11 @@ def canaries_of(config: Any, keys: SiteKeys | None = None) -> list[tuple[str, st
     return out
 
 
+def _tick_s(window_s: float) -> float:
+    """How often windows are closed without traffic: a quarter window, within [0.05, 30] s."""
+    return min(30.0, max(0.05, window_s / 4))
+
+
 # (url, site, client user agent, use the last copy) -> allowed by robots.txt
 RobotsAllows = Callable[[str, str, str, bool], Awaitable[bool]]
 
@@ -167,10 +181,13 @@ class HealthWatch:
         self._origins: dict[str, str] = {}
         self._pending: dict[str, list[BandChange]] = {}  # changes no request line has carried yet
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._tick_every = math.inf  # the ticker's current interval
+        self._tick_sooner = asyncio.Event()
 
     # -- lifecycle --------------------------------------------------------------------------
 
     def running(self) -> None:
+        self.book.shared = self.rt.shared is not None
         self.restore()
         self._spawn(self._ticker())
         for site, url, marker in canaries_of(self.rt.config, self.rt.site_keys()):
@@ -303,13 +320,21 @@ class HealthWatch:
         self.restore()
         if origin:
             self._origins[site] = origin
-        return self.book.site(site)
+        h = self.book.site(site)
+        # Windows close within one tick of their end (shared windows count on it, SPEC §10).
+        if _tick_s(h.settings.window_s) < self._tick_every:
+            self._tick_every = _tick_s(h.settings.window_s)
+            self._tick_sooner.set()
+        return h
 
     def _after(self, site: str, h: SiteHealth, changes: Iterable[BandChange | None],
                notes: FlowNotes | None) -> None:
         for change in changes:
             if change is not None:
                 self._act(change, notes)
+        if h.shared:
+            for start, counts, wrong in h.take_closed():
+                self._spawn(self._judge_shared(site, h, start, counts, wrong))
         self._maybe_save(site, h)
         if notes is not None:
             self._annotate(site, notes)
@@ -326,6 +351,28 @@ class HealthWatch:
         if pending:
             records = [change_record(c) for c in pending]
             notes.extra["band_change"] = records[-1] if len(records) == 1 else records
+
+    async def _judge_shared(self, site: str, h: SiteHealth, start: float, counts: dict[str, int],
+                            wrong: str | None) -> None:
+        """SPEC §10: add this instance's counts to the window's shared sum, wait for the others,
+        judge the sum (on Redis trouble: this instance's own counts)."""
+        shared = self.rt.shared
+        window = h.settings.window_s
+        try:
+            if shared is None:
+                raise SharedStateUnavailable("not shared")
+            if counts or wrong:
+                await shared.add_window(site, start, counts, wrong, expire_s=3 * window + 60)
+            # Every instance closes the window within one tick of its end (_ticker).
+            await asyncio.sleep(max(0.0, start + window + _tick_s(window) + 1.0 - wall()))
+            counts, wrong = await shared.read_window(site, start)
+        except SharedStateUnavailable:
+            pass
+        try:
+            change = h.close_shared(start, counts, wrong)
+            self._after(site, h, [change], None)
+        except Exception:  # noqa: BLE001 - health is advisory
+            log.exception("health: could not judge the shared window of %s", site)
 
     # -- band changes -----------------------------------------------------------------------
 
@@ -376,7 +423,12 @@ class HealthWatch:
         while True:
             windows = [self.book.site(s).settings.window_s for s in self.book.scored_sites()]
             windows.append(float(self.rt.config.get("health.window")))
-            await asyncio.sleep(min(30.0, max(0.05, min(windows) / 4)))
+            self._tick_every = _tick_s(min(windows))
+            try:  # a site with a shorter window (a per-site health.window) wakes it early
+                await asyncio.wait_for(self._tick_sooner.wait(), self._tick_every)
+            except TimeoutError:
+                pass
+            self._tick_sooner.clear()
             self.tick()
 
     def tick(self) -> None:

@@ -346,15 +346,27 @@ class Pacing:
                 if answer.wait_s <= 0:
                     return lease, "", 0
                 # A booked start: sleep until it (outside the line: later bookings are later),
-                # then make sure no 429 paused the site meanwhile (SPEC §5: never inside a pause).
-                gone = await self._sleep(answer.wait_s, client)
-                left, reason = (0.0, "") if gone else await shared.paused_for(site)
-                if gone or left > 0:
-                    self._shared_release(site, lease)
+                # then leave only if no 429 or operator paused the site meanwhile (SPEC §5: never
+                # inside a pause) and leaving now does not bunch with the other departures.
+                wait, why = answer.wait_s, "departures"
+                gone = ""
+                for _ in range(10_000):  # bounded: max_hold ends the wait
+                    gone = await self._sleep(wait, client)
+                    if gone:
+                        break
+                    wait, why = await shared.depart(site, lease, budget.rate, budget.settings.burst)
+                    if not why:
+                        return lease, "", 0
+                    if why != "departures" or time.monotonic() - started + wait > budget.settings.max_hold:
+                        break
+                self._shared_release(site, lease)
                 if gone:
                     return None, gone, 1
-                if left <= 0:
-                    return lease, "", 0
+                if why == "operator":
+                    return None, _operator_reason(wait), _operator_retry(wait)
+                if why == "departures":
+                    return None, ("shared budget (departures): no free moment within pacing.max_hold; "
+                                  "not sent to the site"), max(1, math.ceil(wait))
             return None, "shared budget: no turn; not sent to the site", 1
         except SharedStateUnavailable as e:
             return None, f"{e}; not sent to the site", SHARED_DOWN_RETRY_S
@@ -375,6 +387,9 @@ class Pacing:
                     self._learn(site, budget, answer)
                     if answer.granted:
                         return answer, lease
+                    if answer.why == "operator":  # paused through another instance: at once
+                        return (Reservation(False, _operator_retry(answer.wait_s), answer.why, 0, ""),
+                                _operator_reason(answer.wait_s))
                     if answer.wait_s > left:
                         return answer, (f"shared budget ({answer.why}): expected wait {answer.wait_s:.1f}s "
                                         f"is beyond pacing.max_hold; not sent to the site")
@@ -583,6 +598,17 @@ class Pacing:
 
     def done(self) -> None:
         self.save_all()
+
+
+def _operator_reason(left_s: float) -> str:
+    """An operator's pause taken through any instance (the shared reservation says so)."""
+    if left_s <= 0:
+        return "paused by the operator (etiquette-proxy sites resume to lift); not sent to the site"
+    return f"paused by the operator for {human_seconds(left_s)} more; not sent to the site"
+
+
+def _operator_retry(left_s: float) -> int:
+    return PAUSED_RETRY_S if left_s <= 0 else max(1, math.ceil(left_s))
 
 
 def _settle(future: asyncio.Future[Turn | str], outcome: Turn | str) -> None:

@@ -229,19 +229,33 @@ class RobotsGate:
         hold = settings.timeout * (settings.max_redirects + 1) + 5.0
         deadline = time.monotonic() + 2 * hold
         for _ in range(100_000):  # bounded by the deadline as well
-            raw = await shared.get_json(NAMESPACE, origin)
-            if raw is not None:
-                try:
-                    entry: RobotsEntry | None = RobotsEntry.from_state(raw)
-                except ValueError:
-                    entry = None
-                if entry is not None and self.policy.is_fresh(entry):
-                    return entry, None
+            entry = await self._shared_entry(shared, origin)
+            if entry is not None:
+                return entry, None
             token = await shared.try_lock(f"robots:{origin}", hold)
-            if token is not None or time.monotonic() > deadline:
+            if token is not None:
+                # The holder may have shared its result and let go between our two questions:
+                # ask again under the lock, or the origin is fetched twice.
+                entry = await self._shared_entry(shared, origin)
+                if entry is not None:
+                    await shared.unlock(f"robots:{origin}", token)
+                    return entry, None
                 return None, token
+            if time.monotonic() > deadline:
+                return None, None
             await asyncio.sleep(0.05)
         return None, None
+
+    async def _shared_entry(self, shared: RedisShared, origin: str) -> RobotsEntry | None:
+        """A fresh entry another instance fetched and shared, or None."""
+        raw = await shared.get_json(NAMESPACE, origin)
+        if raw is None:
+            return None
+        try:
+            entry = RobotsEntry.from_state(raw)
+        except ValueError:
+            return None
+        return entry if self.policy.is_fresh(entry) else None
 
     async def _fetch(self, origin: str, site: str, ua: str, settings: RobotsSettings) -> FetchResult:
         url = f"{origin}/robots.txt"

@@ -21,6 +21,7 @@ log gives its measured rate and the most requests in any 1 s window. Target: wit
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -155,6 +156,9 @@ def exact(args: argparse.Namespace, tmp: Path) -> int:
           f"{rate:.2f}/s (target 100/s); most in any 1 s window: {most}")
     print(check("site's rate within 2 % of 100/s", abs(rate - 100) <= 2.0, f"{rate:.2f}/s"))
     print(check("any 1 s window <= rate + burst (101)", most <= 101, str(most)))
+    # Departures are checked on Redis's clock (at most 101 per 1.01 s); what the site sees beyond
+    # that is delay after the check, which grows with the machine's load.
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 
 

@@ -205,6 +205,61 @@ class _Open:
         return not self.routes and not self.canaries
 
 
+# -- one window counted by several instances (SPEC §10, state.backend: redis) ---------------------
+# A window is a flat map of integer counters, so each instance adds its own with HINCRBY and any
+# instance reads the sum: `r|<route>|n`, `...|hard`, `|challenge`, `|soft`, `|error`, `|l<bucket>`
+# (latency histogram), `canaries`, `canaries_good`. The first wrong canary URL is a string,
+# kept beside it (first writer wins).
+_TALLY_FIELDS = ("n", "hard", "challenge", "soft", "error")
+MAX_SHARED_FIELDS = 4000  # a window read back is bounded whatever another instance wrote
+
+
+def window_counts(w: _Open) -> dict[str, int]:
+    """The counters one instance adds for window `w`."""
+    out: dict[str, int] = {}
+    for route, t in w.routes.items():
+        r = route.replace("|", "/")
+        for name in _TALLY_FIELDS:
+            if value := getattr(t, name):
+                out[f"r|{r}|{name}"] = value
+        for bucket, count in t.latency.buckets.items():
+            out[f"r|{r}|l{bucket}"] = count
+    if w.canaries:
+        out["canaries"] = w.canaries
+    if w.canaries_good:
+        out["canaries_good"] = w.canaries_good
+    return out
+
+
+def window_from_counts(start: float, counts: Mapping[str, int], canary_wrong: str | None) -> _Open:
+    """Every instance's counters for the window starting at `start`, summed, as one window.
+    Counters that make no sense (negative, unknown, more signals than requests) are dropped."""
+    w = _Open(start)
+    for key, value in list(counts.items())[:MAX_SHARED_FIELDS]:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            continue
+        if key == "canaries":
+            w.canaries = value
+        elif key == "canaries_good":
+            w.canaries_good = value
+        elif key.startswith("r|"):
+            route, _, name = key[2:].rpartition("|")
+            if len(w.routes) >= MAX_ROUTES and route not in w.routes:
+                route = "(other routes)"
+            t = w.routes.setdefault(route, Tally())
+            if name in _TALLY_FIELDS:
+                setattr(t, name, getattr(t, name) + value)
+            elif name[:1] == "l" and name[1:].lstrip("-").isdigit() and abs(int(name[1:])) < 1000:
+                t.latency.buckets[int(name[1:])] = t.latency.buckets.get(int(name[1:]), 0) + value
+                t.latency.count += value
+    for route, t in list(w.routes.items()):
+        if t.hard + t.challenge + t.soft + t.error > t.n:
+            del w.routes[route]
+    w.canaries_good = min(w.canaries_good, w.canaries)
+    w.canary_wrong = canary_wrong[:200] if canary_wrong else None
+    return w
+
+
 @dataclass(frozen=True)
 class _Judged:
     start: float
@@ -223,7 +278,7 @@ class SiteHealth:
     # deques and size norms built on first use keep an idle site small (100,000 sites).
     __slots__ = ("site", "settings", "_clock", "_markers", "_sizes", "band", "_smoothed",
                  "_probation", "_warmup", "_warmup_count", "_open", "_history", "_judged",
-                 "_baseline_memo")
+                 "_baseline_memo", "shared", "_closed")
 
     def __init__(self, site: str, settings: HealthSettings | None = None, clock: Clock = wall):
         self.site = site
@@ -242,6 +297,11 @@ class SiteHealth:
         self._history = HealthHistory(self.settings.baseline_days + 1)
         self._judged: _Judged | None = None
         self._baseline_memo: tuple[float, Baseline | None] | None = None
+        # SPEC §10: with several instances a window is judged on every instance's counts: a
+        # closed window waits here (counted by this instance) until `close_shared` is given
+        # the sum; `take_closed` hands it to the caller that adds it to the shared counts.
+        self.shared = False
+        self._closed: list[_Open] = []
 
     def _window_start(self, t: float) -> float:
         return math.floor(t / self.settings.window_s) * self.settings.window_s
@@ -396,9 +456,34 @@ class SiteHealth:
 
     # -- windows ----------------------------------------------------------------------------
 
+    # -- windows counted by several instances (SPEC §10) --------------------------------------
+
+    def take_closed(self) -> list[tuple[float, dict[str, int], str | None]]:
+        """Windows closed here since the last call, to add to the shared counts: (start, this
+        instance's counters, its first wrong canary URL). Each must then be judged on the sum
+        with `close_shared`, oldest first."""
+        out = [(w.start, window_counts(w), w.canary_wrong) for w in self._closed]
+        self._closed.clear()
+        return out
+
+    def close_shared(self, start: float, counts: Mapping[str, int],
+                     canary_wrong: str | None) -> BandChange | None:
+        """Judge the window starting at `start` on every instance's counters summed."""
+        if self._judged is not None and start <= self._judged.start:
+            return None  # judged already (windows are judged once, in order)
+        w = window_from_counts(start, counts, canary_wrong)
+        return None if w.empty() else self._close(w)
+
     def _roll(self, now: float) -> BandChange | None:
         closing = self._open
         self._open = _Open(self._window_start(now))
+        if self.shared:
+            # Even an empty window: the other instances may have counted in it.
+            self._closed.append(closing)
+            del self._closed[:-4]  # bounded: a caller that never takes them keeps the last few
+            self._history.retire(now)
+            self._baseline_memo = None
+            return None
         change = None if closing.empty() else self._close(closing)
         self._history.retire(now)
         self._baseline_memo = None  # history moved on
@@ -628,11 +713,12 @@ class HealthBook:
         # at rest (`_at_rest`: healthy, its open window empty, no parser health) leaves memory
         # past `limit` and is read back on its next use, exactly as it was.
         self._sites: SiteRegistry[SiteHealth] = SiteRegistry(
-            lambda _, site: SiteHealth(site, self._settings(site), self._clock), limit,
+            lambda _, site: self._fresh(site), limit,
             persisted=None if state is None else Persisted(
                 NAMESPACE, "health", self._load, self._dump, at_rest=self._at_rest),
             state=state, on_evict=on_evict)
         self._parsers: dict[str, ParserHealth] = {}
+        self.shared = False  # windows judged on every instance's counts (SPEC §10)
 
     @classmethod
     def from_config(cls, config: Any, clock: Clock = wall) -> HealthBook:
@@ -674,8 +760,15 @@ class HealthBook:
             self._parsers[site] = ParserHealth.from_state(
                 stored["parser"], self._settings(site).window_s, self._clock)
         if stored.get("health") is None:  # parser health alone: the site's health starts fresh
-            return SiteHealth(site, self._settings(site), self._clock)
-        return SiteHealth.from_state(site, stored["health"], self._settings(site), self._clock)
+            return self._fresh(site)
+        h = SiteHealth.from_state(site, stored["health"], self._settings(site), self._clock)
+        h.shared = self.shared
+        return h
+
+    def _fresh(self, site: str) -> SiteHealth:
+        h = SiteHealth(site, self._settings(site), self._clock)
+        h.shared = self.shared  # windows judged on every instance's counts (SPEC §10)
+        return h
 
     def parser(self, site: str) -> ParserHealth:
         """The ParserHealth for `site`, created on first use."""
@@ -723,9 +816,9 @@ class HealthBook:
                     continue
                 try:
                     if kind is SiteHealth:
-                        self._sites.put(self._settings, name, SiteHealth.from_state(
-                            name, site_state, self._settings(name), self._clock
-                        ))
+                        h = SiteHealth.from_state(name, site_state, self._settings(name), self._clock)
+                        h.shared = self.shared
+                        self._sites.put(self._settings, name, h)
                     else:
                         self._parsers[name] = ParserHealth.from_state(
                             site_state, self._settings(name).window_s, self._clock

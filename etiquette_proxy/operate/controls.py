@@ -132,6 +132,11 @@ class OperatorPauses:
             del self._until[asked]
         return None
 
+    def replace(self, until: dict[str, float | None]) -> None:
+        """Hold exactly these pauses (ends on this clock; None until resumed): the shared view
+        every instance takes from Redis (SPEC §10)."""
+        self._until = dict(until)
+
     def is_paused(self, site: str) -> bool:
         return self.left_s(site) is not None
 

@@ -454,6 +454,9 @@ class TrapCheck:
     refuse: bool = False
     reason: str = ""  # why it was refused; empty when it passes
     declared: tuple[Trap, ...] = ()  # traps this very request revealed: log each once
+    # (path, parameter, value) new to this detector: what a shared count (SPEC §10, Redis
+    # HyperLogLog) must be told so several instances count one URL space together.
+    counted: tuple[tuple[str, str, str], ...] = ()
 
 
 PASS = TrapCheck()
@@ -463,6 +466,7 @@ class _ParamStats:
     __slots__ = (
         "declared_at",
         "distinct",
+        "shared",
         "recent",
         "recent_len",
         "refused",
@@ -473,6 +477,7 @@ class _ParamStats:
     def __init__(self, values: _ValueSet) -> None:
         self.values = values
         self.distinct = 0
+        self.shared = 0  # distinct values every instance together has seen (SPEC §10)
         self.requests = 0
         self.recent = 0  # bit i set: the i-th latest request brought a new value
         self.recent_len = 0
@@ -489,10 +494,11 @@ class _ParamStats:
         return self.recent.bit_count()
 
     def distinct_shown(self) -> int:
-        """Misses are exact-enough up to the Bloom filter's design load; past it, HyperLogLog."""
+        """Misses are exact-enough up to the Bloom filter's design load; past it, HyperLogLog
+        (and the shared count, when several instances count together)."""
         if self.distinct <= self.values.design_load:
-            return self.distinct
-        return max(self.distinct, self.values.estimate() or 0)
+            return max(self.distinct, self.shared)
+        return max(self.distinct, self.shared, self.values.estimate() or 0)
 
 
 class TrapDetector:
@@ -531,7 +537,7 @@ class TrapDetector:
         params = self._path(path[:_MAX_PATH_KEY])
 
         # Look before counting: a request refused under refuse-new adds nothing.
-        looked: list[tuple[_ParamStats, int, bool]] = []
+        looked: list[tuple[_ParamStats, int, bool, str, str]] = []
         for name, value in fields:
             stats = params.get(name)
             if stats is None:
@@ -539,29 +545,46 @@ class TrapDetector:
                     continue  # bounded: further parameter names on this path are not tracked
                 stats = params[name] = _ParamStats(_ValueSet(s.exact_values, s.bloom_bits))
             h = value_hash(value)
-            looked.append((stats, h, h not in stats.values))
+            looked.append((stats, h, h not in stats.values, name, value))
 
         if s.action == "refuse-new":
-            for stats, _, new in looked:
+            for stats, _, new, _, _ in looked:
                 if new and stats.declared_at is not None:
                     stats.refused += 1
                     trap = self._trap(path, params, stats)
                     return TrapCheck(True, f"refuse-new: a value never seen before; {trap.reason}")
 
         declared: list[Trap] = []
-        for stats, h, new in looked:
+        counted: list[tuple[str, str, str]] = []
+        for stats, h, new, name, value in looked:
             if new and h not in stats.values:  # a value repeated within one request counts once
                 stats.distinct += 1
+                counted.append((path[:_MAX_PATH_KEY], name, value))
             stats.values.add(h)  # always: the HyperLogLog counts every value it is shown
             stats.record(new, s.novelty_window)
             if stats.declared_at is None and self._is_trap(stats):
                 stats.declared_at = self._clock()
                 declared.append(self._trap(path, params, stats))
-        return TrapCheck(declared=tuple(declared)) if declared else PASS
+        if not declared and not counted:
+            return PASS
+        return TrapCheck(declared=tuple(declared), counted=tuple(counted))
+
+    def merge_shared(self, path: str, name: str, distinct: int) -> Trap | None:
+        """Every instance's distinct count for (path, parameter), from the shared HyperLogLog
+        (SPEC §10); the trap, when this count is what declares it."""
+        params = self._paths.get(path) if self._paths is not _NO_PATHS else None
+        stats = params.get(name) if params is not None else None
+        if stats is None or params is None:
+            return None
+        stats.shared = max(stats.shared, distinct)
+        if stats.declared_at is None and self._is_trap(stats):
+            stats.declared_at = self._clock()
+            return self._trap(path, params, stats)
+        return None
 
     def _is_trap(self, stats: _ParamStats) -> bool:
         s = self.settings
-        return (stats.distinct > s.max_distinct
+        return (max(stats.distinct, stats.shared) > s.max_distinct
                 and stats.recent_len == s.novelty_window
                 and stats.novel > s.novelty_share * s.novelty_window)
 

@@ -13,18 +13,23 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from itertools import count
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from etiquette_proxy.state.shared_pacing import (
-    PAUSE_LUA,
+    DEPART_LUA,
     PUBLISH_LUA,
     RESERVE_LUA,
     Reservation,
+    departure_window,
+    host_of,
     read_reply,
     site_keys,
 )
@@ -33,6 +38,40 @@ log = logging.getLogger(__name__)
 
 PREFIX = "etiquette:pacing:"
 SHARED = "etiquette:shared:"
+RECORDS = "etiquette:records:"  # per-URL records shared by every instance (gone memory)
+RECORDS_CHANNEL = "etiquette:records"  # their changes, announced to every instance
+MAX_RECORDS_LOADED = 50_000  # records read on (re)connect; beyond that, only what is announced
+TRAPS = "etiquette:traps:"  # per site, path and parameter: a HyperLogLog of the values seen
+TRAPS_TTL_S = 30 * 86400  # an idle count goes after this; refreshed with every value added
+HEALTH = "etiquette:health:"  # per site and window start: every instance's counters, summed
+OPERATOR_ACTIONS = "etiquette:operator:actions"  # stream: resume/forget taken through any instance
+OPERATOR = "etiquette:operator"  # hash: site or host -> pause end on the server clock, -1 open-ended
+# ARGV: site or host, seconds (-1: until resumed). The end is kept on the server clock.
+OPERATOR_PAUSE_LUA = """
+local t = redis.call('TIME')
+local s = tonumber(ARGV[2])
+local ends = s < 0 and -1 or tonumber(t[1]) + tonumber(t[2]) / 1000000 + s
+redis.call('HSET', KEYS[1], ARGV[1], string.format('%.6f', ends))
+return 1
+"""
+# Every pause still in force: {site, seconds left or -1, ...}; ended ones are dropped.
+OPERATOR_LEFT_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local all = redis.call('HGETALL', KEYS[1])
+local out = {}
+for i = 1, #all, 2 do
+  local u = tonumber(all[i + 1]) or 0
+  if u < 0 then
+    out[#out + 1] = all[i]; out[#out + 1] = '-1'
+  elseif u > now then
+    out[#out + 1] = all[i]; out[#out + 1] = string.format('%.6f', u - now)
+  else
+    redis.call('HDEL', KEYS[1], all[i])
+  end
+end
+return out
+"""
 UNLOCK_LUA = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 # A call slower than this counts as Redis being unreachable (fail closed, SPEC §10).
 CALL_TIMEOUT_S = 2.0
@@ -51,13 +90,19 @@ class RedisShared:
         self.lease_ttl_s = lease_ttl_s
         self._client = aioredis.Redis.from_url(
             url, socket_timeout=CALL_TIMEOUT_S, socket_connect_timeout=CALL_TIMEOUT_S,
-            health_check_interval=30)
+            health_check_interval=30,
+            # A pooled connection from before a Redis restart fails once on first use: one
+            # retry on a fresh connection, so a Redis that is back is not reported away again.
+            retry=Retry(NoBackoff(), 1), retry_on_error=[RedisConnectionError])
         self._reserve = self._client.register_script(RESERVE_LUA)
         self._publish = self._client.register_script(PUBLISH_LUA)
         self._unlock = self._client.register_script(UNLOCK_LUA)
-        self._paused = self._client.register_script(PAUSE_LUA)
+        self._depart = self._client.register_script(DEPART_LUA)
+        self._operator_pause = self._client.register_script(OPERATOR_PAUSE_LUA)
+        self._operator_left_script = self._client.register_script(OPERATOR_LEFT_LUA)
         # Lease ids unique across processes and machines: host name, pid, a counter.
-        self._lease_prefix = f"{os.uname().nodename}:{os.getpid()}:"
+        self.instance = f"{os.uname().nodename}:{os.getpid()}:{id(self):x}"
+        self._lease_prefix = f"{self.instance}:"
         self._leases = count(1)
         self._down: str | None = None
 
@@ -66,17 +111,65 @@ class RedisShared:
         """Ask the shared budget for a start now or booked within `horizon_s`; (its answer, the
         lease id, the request's if granted)."""
         lease = f"{self._lease_prefix}{next(self._leases)}"
+        limit, span = departure_window(rate, burst)
         reply = await self._call(self._reserve(
-            keys=list(site_keys(PREFIX, site)),
+            keys=[*site_keys(PREFIX, site), OPERATOR],
             args=[repr(rate), burst, max_concurrency, lease, repr(self.lease_ttl_s), known_version,
-                  repr(max(0.0, horizon_s))]))
+                  repr(max(0.0, horizon_s)), limit, repr(span), site, host_of(site)]))
         return read_reply(reply), lease
 
-    async def paused_for(self, site: str) -> tuple[float, str]:
-        """Seconds of shared pause left for `site` (server clock), and its reason."""
-        reply = await self._call(self._paused(keys=[site_keys(PREFIX, site)[0]]))
-        left, reason = (x.decode() if isinstance(x, bytes) else str(x) for x in reply)
-        return float(left), reason
+    async def depart(self, site: str, lease: str, rate: float, burst: int) -> tuple[float, str]:
+        """A booked start, awake: (0, "") to leave now; else (seconds, why) to wait ("departures")
+        or not to go ("pause: ...", "operator"), on the server clock."""
+        limit, span = departure_window(rate, burst)
+        keys = site_keys(PREFIX, site)
+        reply = await self._call(self._depart(keys=[keys[0], keys[2], OPERATOR],
+                                              args=[limit, repr(span), lease, site, host_of(site)]))
+        wait, why = (x.decode() if isinstance(x, bytes) else str(x) for x in reply)
+        return float(wait), why
+
+    # -- operator pauses (SPEC §3 `sites pause/resume`): one for every instance ------------------
+
+    async def pause_site(self, site: str, for_s: float | None) -> None:
+        """Pause `site` (a host: every port of it) for every instance, on the server clock."""
+        await self._call(self._operator_pause(keys=[OPERATOR], args=[site, repr(for_s or -1.0)]))
+
+    async def resume_site(self, site: str) -> None:
+        """Lift the operator's pause of `site` (a host: every port's) for every instance."""
+        for asked in await self.operator_pauses():
+            if asked == site or asked.rsplit(":", 1)[0] == site:
+                await self._call(self._client.hdel(OPERATOR, asked))
+
+    async def announce_action(self, action: str, site: str) -> None:
+        """Tell every other instance an operator's `resume`/`forget` of `site` (what each
+        instance keeps itself, such as a health pause, is lifted by each)."""
+        await self._call(self._client.xadd(OPERATOR_ACTIONS, {"from": self.instance, "action": action, "site": site},
+                                           maxlen=1000, approximate=True))
+
+    async def actions_since(self, last: str | None) -> tuple[str, list[tuple[str, str]]]:
+        """(the newest id, [(action, site)] other instances announced after `last`); the first
+        call (`last` None) only learns where the stream is."""
+        if last is None:
+            newest = await self._call(self._client.xrevrange(OPERATOR_ACTIONS, count=1))
+            return (_text(newest[0][0]) if newest else "0-0"), []
+        entries = await self._call(self._client.xrange(OPERATOR_ACTIONS, min=f"({last}", count=100))
+        out: list[tuple[str, str]] = []
+        for entry_id, fields in entries:
+            last = _text(entry_id)
+            f = {_text(k): _text(v) for k, v in fields.items()}
+            if f.get("from") != self.instance and f.get("action") in ("resume", "forget") and f.get("site"):
+                out.append((f["action"], f["site"]))
+        return last, out
+
+    async def operator_pauses(self) -> dict[str, float | None]:
+        """Sites an operator paused through any instance: seconds left, None until resumed."""
+        raw = await self._call(self._operator_left_script(keys=[OPERATOR]))
+        out: dict[str, float | None] = {}
+        for i in range(0, len(raw) - 1, 2):
+            name = raw[i].decode() if isinstance(raw[i], bytes) else str(raw[i])
+            left = float(raw[i + 1])
+            out[name] = None if left < 0 else left
+        return out
 
     async def release(self, site: str, lease: str) -> None:
         """The request is answered (or failed): its concurrency slot is free for every instance."""
@@ -119,6 +212,145 @@ class RedisShared:
         # Only our own lock: after expiry another instance may hold it.
         await self._call(self._unlock(keys=[f"{SHARED}lock:{name}"], args=[token]))
 
+    # -- per-URL records (gone memory, SPEC §10): kept in Redis, announced to every instance -----
+
+    async def put_record(self, namespace: str, key: str, record: Any, ttl_s: float) -> None:
+        """Keep `record` for every instance for `ttl_s`, and tell the running ones now."""
+        value = json.dumps(record, separators=(",", ":"))
+        ttl_ms = max(1, int(ttl_s * 1000))
+        message = json.dumps([self.instance, namespace, key, record, ttl_ms / 1000])
+        pipe = self._client.pipeline(transaction=True)
+        pipe.set(f"{RECORDS}{namespace}:{key}", value, px=ttl_ms)
+        pipe.publish(RECORDS_CHANNEL, message)
+        await self._call(pipe.execute())
+
+    async def forget_record(self, namespace: str, key: str) -> None:
+        pipe = self._client.pipeline(transaction=True)
+        pipe.delete(f"{RECORDS}{namespace}:{key}")
+        pipe.publish(RECORDS_CHANNEL, json.dumps([self.instance, namespace, key, None, 0]))
+        await self._call(pipe.execute())
+
+    async def follow_records(self, namespace: str,
+                             apply: Callable[[str, Any | None, float], None]) -> None:
+        """Run until cancelled: `apply(key, record or None, ttl_s)` for every record another
+        instance keeps or forgets, and, on every (re)connect, for those Redis holds already (a
+        message missed while away is read back then). Redis away: retried every second."""
+        while True:  # until cancelled (the addon's done); a lost connection is retried after 1 s
+            pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(RECORDS_CHANNEL)
+                await self._load_records(namespace, apply)
+                while True:
+                    message = await pubsub.get_message(timeout=1.0)
+                    if message is not None:
+                        self._apply_message(namespace, message.get("data"), apply)
+            except (TimeoutError, RedisError, OSError) as e:
+                log.debug("shared records: %s; following again in 1 s", e)
+            finally:
+                try:
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                except (RedisError, OSError):
+                    pass
+            await asyncio.sleep(1.0)
+
+    async def _load_records(self, namespace: str, apply: Callable[[str, Any | None, float], None]) -> None:
+        prefix = f"{RECORDS}{namespace}:"
+        loaded = 0
+        names: list[Any] = []
+        async for name in self._client.scan_iter(match=f"{prefix}*", count=1000):
+            names.append(name)
+            if len(names) >= 500:
+                loaded += await self._load_batch(prefix, names, apply)
+                names = []
+            if loaded >= MAX_RECORDS_LOADED:
+                log.warning("shared records: more than %d %s records in Redis; the rest are not "
+                            "read back (new ones still arrive)", MAX_RECORDS_LOADED, namespace)
+                return
+        loaded += await self._load_batch(prefix, names, apply)
+
+    async def _load_batch(self, prefix: str, names: list[Any],
+                          apply: Callable[[str, Any | None, float], None]) -> int:
+        """Read back `names` (value and time left) in one round trip; how many were applied."""
+        if not names:
+            return 0
+        pipe = self._client.pipeline(transaction=False)
+        for name in names:
+            pipe.get(name)
+            pipe.pttl(name)
+        replies = await pipe.execute()
+        applied = 0
+        for i, name in enumerate(names):
+            raw, ttl_ms = replies[2 * i], replies[2 * i + 1]
+            if raw is None or not isinstance(ttl_ms, int) or ttl_ms <= 0:
+                continue  # gone meanwhile, or kept without an expiry (not ours)
+            try:
+                record = json.loads(raw)
+            except ValueError:
+                continue
+            apply(_text(name)[len(prefix):], record, ttl_ms / 1000)
+            applied += 1
+        return applied
+
+    def _apply_message(self, namespace: str, data: Any,
+                       apply: Callable[[str, Any | None, float], None]) -> None:
+        try:
+            sender, ns, key, record, ttl_s = json.loads(data)
+        except (TypeError, ValueError):
+            return  # not ours: another program on the channel
+        if sender == self.instance or ns != namespace or not isinstance(key, str):
+            return
+        if not isinstance(ttl_s, (int, float)) or isinstance(ttl_s, bool):
+            return
+        apply(key, record, float(ttl_s))
+
+    # -- trap counts (runaway, SPEC §7 and §10): one HyperLogLog per site, path and parameter ------
+
+    async def count_distinct(self, values: dict[tuple[str, str, str], list[str]]) -> dict[tuple[str, str, str], int]:
+        """Add each (site, path, parameter)'s new values to its shared HyperLogLog (PFADD) and
+        read how many distinct values every instance together has seen (PFCOUNT); one round
+        trip for the whole batch."""
+        keys = list(values)
+        pipe = self._client.pipeline(transaction=False)
+        for site, path, name in keys:
+            key = f"{TRAPS}{{{site}}}:{path}\x1f{name}"
+            pipe.pfadd(key, *values[(site, path, name)])
+            pipe.pfcount(key)
+            pipe.expire(key, TRAPS_TTL_S)
+        replies = await self._call(pipe.execute())
+        return {k: int(replies[3 * i + 1]) for i, k in enumerate(keys)}
+
+    # -- health windows (SPEC §8, §10): counted by every instance, judged on the sum -------------
+
+    async def add_window(self, site: str, start: float, counts: dict[str, int], canary_wrong: str | None,
+                         expire_s: float) -> None:
+        """Add this instance's counters for the site's window at `start` (HINCRBY)."""
+        key = f"{HEALTH}{{{site}}}:{start:.3f}"
+        pipe = self._client.pipeline(transaction=True)
+        for field, value in counts.items():
+            pipe.hincrby(key, field, value)
+        if canary_wrong:
+            pipe.hsetnx(key, "canary_wrong", canary_wrong)
+        pipe.hincrby(key, "instances", 1)
+        pipe.expire(key, max(1, int(expire_s)))
+        await self._call(pipe.execute())
+
+    async def read_window(self, site: str, start: float) -> tuple[dict[str, int], str | None]:
+        """Every instance's counters for the site's window at `start`, and a wrong canary URL."""
+        raw = await self._call(self._client.hgetall(f"{HEALTH}{{{site}}}:{start:.3f}"))
+        counts: dict[str, int] = {}
+        wrong: str | None = None
+        for k, v in raw.items():
+            field = k.decode() if isinstance(k, bytes) else str(k)
+            text = v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+            if field == "canary_wrong":
+                wrong = text
+            elif field != "instances":
+                try:
+                    counts[field] = int(text)
+                except ValueError:
+                    continue
+        return counts, wrong
+
     async def _call(self, call: Awaitable[Any]) -> Any:
         try:
             result = await asyncio.wait_for(call, CALL_TIMEOUT_S)
@@ -140,3 +372,7 @@ class RedisShared:
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+def _text(x: object) -> str:
+    return x.decode(errors="replace") if isinstance(x, bytes) else str(x)

@@ -573,3 +573,57 @@ def test_observe_error_counts_resets_as_hard_blocks(site):
     assert site.observe_error("Connection reset by peer", 0.01).signal.signal is Signal.HARD_BLOCK
     assert site.observe_error("timed out", 30.0, route="r1").signal.signal is Signal.ERROR
     assert sum(t.hard for t in site._open.routes.values()) == 1
+
+
+# -- one window counted by several instances (SPEC §10) ---------------------------------------
+
+
+def shared_windows(instances: list[SiteHealth], clock: FakeClock, n: int, hard: int) -> list[list[BandChange]]:
+    """Split one window's traffic over `instances`, close it on each, and judge each on the sum
+    of everyone's counters (what Redis's HINCRBY hash holds)."""
+    for i in range(n):
+        instances[i % len(instances)].observe(Signal.HARD_BLOCK if i < hard else Signal.OK, 0.2)
+    clock.advance(W - (clock() % W))
+    summed: dict[str, int] = {}
+    closed = []
+    for h in instances:
+        assert h.tick() is None  # shared: nothing is judged on one instance's counts alone
+        (start, counts, wrong), = h.take_closed()
+        closed.append(start)
+        for k, v in counts.items():
+            summed[k] = summed.get(k, 0) + v
+    assert len(set(closed)) == 1
+    return [[c] if (c := h.close_shared(closed[0], summed, None)) else [] for h in instances]
+
+
+def test_two_instances_judge_a_window_on_their_summed_counts_as_one_would(clock):
+    other_clock = FakeClock(clock())
+    single = SiteHealth("shop.test:443", HealthSettings(), other_clock)
+    a, b = (SiteHealth("shop.test:443", HealthSettings(), clock) for _ in range(2))
+    a.shared = b.shared = True
+    for _ in range(WARMUP_WINDOWS):
+        assert shared_windows([a, b], clock, n=60, hard=0) == [[], []]
+        assert run_window(single, other_clock, n=60) == []
+    # 60 requests a window, 40 of them hard blocks, split 30/30: each alone would have 30
+    # (< min_requests 50: no score); together they are judged, window after window, and both
+    # move band exactly when one proxy seeing all the traffic does.
+    moves = 0
+    for _ in range(6):
+        changes = shared_windows([a, b], clock, n=60, hard=40)
+        alone = run_window(single, other_clock, n=60, hard=40)
+        assert [[c.to_band for c in cs] for cs in changes] == [[c.to_band for c in alone]] * 2
+        assert a.score() == b.score() == single.score()
+        moves += len(alone)
+    assert moves == 1 and a.band is b.band is single.band is Band.DEGRADING
+    assert a.assessment().window_requests == 60
+    # a window is judged once, whoever asks again
+    assert a.close_shared(a.assessment().window_start or 0.0, {"r||n": 99}, None) is None
+
+
+def test_counters_from_another_instance_are_bounded_and_checked():
+    from etiquette_proxy.health.site import window_from_counts
+    w = window_from_counts(0.0, {"r|direct|n": 5, "r|direct|hard": 9, "r|x|n": 3, "r|x|l12": 3,
+                                 "r|x|lnope": 1, "canaries": 1, "canaries_good": 4, "bogus": -1}, "u")
+    assert "direct" not in w.routes  # more blocks than requests: dropped, never trusted
+    assert w.routes["x"].n == 3 and w.routes["x"].latency.count == 3
+    assert (w.canaries, w.canaries_good, w.canary_wrong) == (1, 1, "u")

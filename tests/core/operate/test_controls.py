@@ -71,6 +71,18 @@ def test_pauses_end_on_time_match_hosts_and_survive_a_restart(clock):
     assert again.resume("api.test") and not again.is_paused("api.test:80") and not again.resume("api.test")
 
 
+def test_the_shared_view_replaces_what_this_instance_held(clock):
+    # SPEC §10: with Redis, every instance takes the pauses Redis holds (taken through any of
+    # them); one lifted elsewhere is lifted here, one taken elsewhere holds here.
+    pauses = OperatorPauses(clock)
+    pauses.pause("shop.test:80", 60)
+    pauses.replace({"api.test": None, "news.test:443": clock() + 30})
+    assert not pauses.is_paused("shop.test:80")
+    assert math.isinf(pauses.left_s("api.test:8443")) and pauses.left_s("news.test:443") == 30
+    clock.advance(31)
+    assert pauses.left_s("news.test:443") is None and pauses.sites() == ["api.test"]  # ran out here
+
+
 def test_private_files_are_0600_whatever_the_umask(tmp_path):
     old = os.umask(0)
     try:

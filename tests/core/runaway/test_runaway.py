@@ -457,3 +457,24 @@ def test_guard_state_round_trips(clock: FakeClock) -> None:
     assert paced_rate(again, 1.0, clock) == pytest.approx(1 / 60)
     with pytest.raises(ValueError):
         RunawayGuard.from_state({"v": 1, "retired": None, "traps": None}, cfg)
+
+
+def test_the_shared_count_declares_a_trap_one_instance_alone_would_not(clock: FakeClock) -> None:
+    # SPEC §10: two instances each see 18 values of ?ref=; their shared HyperLogLog counts 36.
+    traps = trap_detector(clock, max_distinct=20, novelty_window=20, action="refuse-new")
+    counted = []
+    for i in range(25):
+        check = traps.observe(f"/cal?ref=a{i % 18}&page=1")
+        assert not check.declared and not check.refuse
+        counted += check.counted
+    # what the shared count is told: each value new to this instance, once
+    assert [v for _, name, v in counted if name == "ref"] == [f"a{i}" for i in range(18)]
+    assert {(p, n) for p, n, _ in counted} == {("/cal", "ref"), ("/cal", "page")}
+    assert traps.merge_shared("/cal", "ref", 19) is None  # not past max_distinct yet
+    assert traps.merge_shared("/elsewhere", "ref", 99) is None  # a path this instance never saw
+    clock.advance(1.0)
+    trap = traps.merge_shared("/cal", "ref", 36)
+    assert trap is not None and trap.distinct == 36 and trap.declared_at == clock()
+    assert traps.merge_shared("/cal", "ref", 40) is None  # declared once
+    assert traps.observe("/cal?ref=new").refuse  # refuse-new holds on this instance too
+    assert traps.merge_shared("/cal", "page", 36) is None  # one value only: no novelty, no trap
