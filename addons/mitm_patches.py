@@ -21,7 +21,9 @@ its SYNs dropped by the kernel and clients timed out before the proxy ever saw t
 `mode_servers` sees the changed `start_server` (its own `asyncio` name is swapped for a copy),
 and the kernel caps the figure at `net.core.somaxconn`. Under `run --workers N`,
 `share_listening_port()` adds SO_REUSEPORT to that same call: every worker listens on the
-supervisor's port and the kernel spreads new connections over them.
+supervisor's port and the kernel spreads new connections over them. The same call accepts in
+batches of 100 (`ACCEPT_BATCH`: the descriptor guard gets to evict between batches) and ends a
+client connection cancelled at stop without Python 3.11's "Exception in callback" traceback.
 All are pinned to mitmproxy 11.0.x: `tests/addons/test_mitm_patches.py` fails if the patched
 names or their call shapes change.
 """
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import socket
 import types
 from collections.abc import Generator
 from typing import Any
@@ -47,6 +50,7 @@ GIVE_UP = "etiquette_give_up"  # flow.metadata key: (status, reason) instead of 
 # audit line says what the client got.
 ANSWERED_WITH = "etiquette_answered_with"
 LISTEN_BACKLOG = 4096  # the kernel's default net.core.somaxconn since Linux 5.4
+ACCEPT_BATCH = 100  # connections accepted per readiness event (asyncio's default backlog)
 _NOT_ANSWERS = frozenset({status_codes.NO_RESPONSE, status_codes.CLIENT_CLOSED_REQUEST})
 
 _installed = False
@@ -101,8 +105,39 @@ def install() -> None:
     # whose start_server listens with a deeper backlog (create_server's `backlog`).
     listening = types.ModuleType("asyncio")
     listening.__dict__.update(asyncio.__dict__)
-    listening.start_server = functools.partial(asyncio.start_server, backlog=LISTEN_BACKLOG)  # type: ignore[attr-defined]
+    listening.start_server = functools.partial(_start_server, reuse_port=None)  # type: ignore[attr-defined]
     mode_servers.asyncio = listening  # type: ignore[attr-defined]
+
+
+async def _start_server(handle: Any, *args: Any, reuse_port: bool | None, **kwargs: Any) -> Any:
+    # asyncio uses `backlog` twice: for listen() (the kernel's queue) and as how many
+    # connections one readiness event accepts in a row before any of them is handled. At 4096
+    # a herd was accepted up to the descriptor limit before the descriptor guard
+    # (connections.py) could evict a single half-open client, and the proxy stayed at EMFILE.
+    # So: accept in batches of asyncio's default 100, and deepen only the kernel's queue.
+    server = await asyncio.start_server(_ends_quietly_when_cancelled(handle), *args, backlog=ACCEPT_BATCH,
+                                        reuse_port=reuse_port, **kwargs)
+    for listening in server.sockets:
+        sock = socket.socket(fileno=listening.fileno())
+        try:
+            sock.listen(LISTEN_BACKLOG)
+        finally:
+            sock.detach()  # the server's socket: not ours to close
+    return server
+
+
+def _ends_quietly_when_cancelled(handle: Any) -> Any:
+    """A client connection cancelled at stop (the draining stop cancels what is left) is a
+    normal end. Python 3.11's StreamReaderProtocol calls `task.exception()` on the connection's
+    task when it is done, which raises for a cancelled task and logs a traceback ("Exception
+    in callback ... CancelledError"; 3.12's streams.py checks `task.cancelled()` first)."""
+    @functools.wraps(handle)
+    async def handle_quietly(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await handle(reader, writer)
+        except asyncio.CancelledError:
+            writer.close()
+    return handle_quietly
 
 
 def share_listening_port() -> None:
@@ -110,8 +145,7 @@ def share_listening_port() -> None:
     (Linux spreads new connections over every socket in the group). Only workers do this: a
     lone proxy must fail on a port already taken, not quietly share it."""
     install()
-    mode_servers.asyncio.start_server = functools.partial(  # type: ignore[attr-defined]
-        asyncio.start_server, backlog=LISTEN_BACKLOG, reuse_port=True)
+    mode_servers.asyncio.start_server = functools.partial(_start_server, reuse_port=True)  # type: ignore[attr-defined]
 
 
 def _before_error_hook(steps: Generator[Any, Any, Any], flow: Any, code: int) -> Generator[Any, Any, Any]:
