@@ -77,7 +77,7 @@ def test_mitmproxy_listens_with_the_deeper_backlog():
     assert "asyncio.start_server(self.handle_stream, host, port)" in inspect.getsource(mode_servers)
     mitm_patches.install()
     start = mode_servers.asyncio.start_server
-    assert start.keywords == {"backlog": mitm_patches.LISTEN_BACKLOG}
+    assert start.func is mitm_patches._start_server and start.keywords == {"reuse_port": None}
     assert mode_servers.asyncio.sleep is asyncio.sleep  # the rest of asyncio is untouched
     import asyncio as real
 

@@ -195,9 +195,15 @@ def test_client_garbage_does_not_crash_the_proxy(proxy, sites):
     assert proxy.get(site.url("/private/q")).status_code == 403
 
 
-def test_every_audit_line_has_the_required_keys(proxy):
+def test_every_audit_line_has_the_required_keys(proxy, sites):
     from etiquette_proxy.audit.log import REQUIRED_KEYS
 
+    # Its own traffic (a worker of ./run-tests may run this test first): fetched, refused,
+    # the robots.txt fetch, a site without robots.txt.
+    site, bare = sites(Answer(200, RULES)), sites(Answer(404))
+    for path in ("/a", "/private/x", "/private/open", "/b", "/private/y"):
+        proxy.get(site.url(path))
+        proxy.get(bare.url(path))
     lines = proxy.audit()
     assert len(lines) > 10
     for line in lines:
