@@ -130,14 +130,14 @@ class ValidatorStore:
         self._written = 0
         self._hot: dict[str, StoredEntry | None] = {}  # url key -> entry or absent; LRU first
         self._hot_version: object = None
-        self._hot_until = 0.0
+        self._data_version = _DataVersion(self._cache, clock)
         # key -> (row bytes, parsed row, entry): rows read before, reused while their bytes match.
         self._parsed: dict[str, tuple[bytes, Any, StoredEntry | None]] = {}
         # (key, namespace, parser) -> (parsed row, record): a record parsed from a kept row,
         # reused while that row object is the one kept (parsers return immutable values,
         # except _as_dict, which is never kept).
         self._records: dict[tuple[str, str, Any], tuple[Any, Any]] = {}
-        self._known = _KnownRecords(self._cache, clock)
+        self._known = _KnownRecords(self._data_version)
 
     @classmethod
     def from_config(cls, config: Any, directory: str | Path) -> ValidatorStore:
@@ -158,19 +158,10 @@ class ValidatorStore:
     def get(self, key: str) -> StoredEntry | None:
         """The entry stored for a URL key, or None (corrupt entries are dropped, never served)."""
         hot = self._hot
-        now = time.monotonic()
-        version = self._hot_version
-        if now >= self._hot_until or version is None:
-            # Asked at most every HOT_CHECK_S: a write by another process up to that long ago
-            # may be unseen, as it would be by a read made that much earlier.
-            try:
-                version = self._cache._sql("PRAGMA data_version").fetchone()  # noqa: SLF001
-            except Exception:  # noqa: BLE001 - no answer: no hot set this time
-                version = None
-            if version is None or version != self._hot_version:  # another connection wrote
-                hot.clear()
-            self._hot_version = version
-            self._hot_until = now + HOT_CHECK_S
+        version = self._data_version.version()  # one data_version check for get() and get_record()
+        if version is None or version != self._hot_version:  # another connection wrote
+            hot.clear()
+        self._hot_version = version
         if key in hot:
             entry = hot.pop(key)
         else:
@@ -484,39 +475,54 @@ class ValidatorStore:
             log.warning("could not delete store row %r: %s", cache_key[:200], e)
 
 
-class _KnownRecords:
-    """What get_record()/get_with_record() answered per URL key, kept while no other SQLite
-    connection wrote the database (module docstring); used by one thread only, the first to
-    ask (the event loop): a worker thread's connection has its own data_version."""
+class _DataVersion:
+    """SQLite's PRAGMA data_version on this store's connection: it moves when another connection
+    (another process, or a worker thread of this one) commits a write. Asked at most every
+    HOT_CHECK_S, and only on the first thread that asks (the event loop): every thread has its
+    own connection, and another thread's numbers would not compare. None: no answer (nothing
+    may be kept)."""
 
     def __init__(self, cache: diskcache.Cache, clock: Callable[[], float]):
         self._cache = cache
         self._clock = clock
-        # url key -> {(what was asked): (answer, its row's expiry or None)}; least recent first
-        self._keys: dict[str, dict[Any, tuple[Any, float | None]]] = {}
-        self.version: object = None
+        self._version: object = None
         self._until = float("-inf")
         self._thread: int | None = None
 
-    def get(self, key: str, asked: Any) -> Any:
-        """The answer kept for `asked` about `key`, or _MISS (read SQLite, then put())."""
+    def version(self) -> object:
         thread = threading.get_ident()
         if self._thread != thread:
             if self._thread is not None:
-                return _MISS
+                return None
             self._thread = thread
         now = self._clock()
-        if now >= self._until or self.version is None:
-            # Asked at most every HOT_CHECK_S: a write by another process up to that long ago
-            # may be unseen, as it would be by a read made that much earlier.
+        if now >= self._until or self._version is None:
+            # A write by another process up to HOT_CHECK_S ago may be unseen, as it would be
+            # by a read made that much earlier.
             try:
-                version = self._cache._sql("PRAGMA data_version").fetchone()  # noqa: SLF001
-            except Exception:  # noqa: BLE001 - no answer: nothing is kept this time
-                version = None
-            if version is None or version != self.version:  # another connection wrote
-                self._keys.clear()
-            self.version = version
+                self._version = self._cache._sql("PRAGMA data_version").fetchone()  # noqa: SLF001
+            except Exception:  # noqa: BLE001 - no answer: nothing kept this time
+                self._version = None
             self._until = now + HOT_CHECK_S
+        return self._version
+
+
+class _KnownRecords:
+    """What get_record()/get_with_record() answered per URL key, kept while no other SQLite
+    connection wrote the database (module docstring)."""
+
+    def __init__(self, writes: _DataVersion):
+        self._writes = writes
+        # url key -> {(what was asked): (answer, its row's expiry or None)}; least recent first
+        self._keys: dict[str, dict[Any, tuple[Any, float | None]]] = {}
+        self.version: object = None
+
+    def get(self, key: str, asked: Any) -> Any:
+        """The answer kept for `asked` about `key`, or _MISS (read SQLite, then put())."""
+        version = self._writes.version()
+        if version is None or version != self.version:  # another connection wrote
+            self._keys.clear()
+        self.version = version
         answers = self._keys.get(key)
         if answers is None:
             return _MISS
@@ -530,7 +536,7 @@ class _KnownRecords:
 
     def put(self, key: str, asked: Any, answer: Any, expires: float | None, version: object) -> None:
         """Keep `answer`, read from SQLite while data_version was `version`."""
-        if version is None or version != self.version or self._thread != threading.get_ident():
+        if version is None or version != self.version:
             return
         answers = self._keys.get(key)
         if answers is None:
