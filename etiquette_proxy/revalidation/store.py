@@ -177,10 +177,9 @@ class ValidatorStore:
                         ) -> tuple[StoredEntry | None, T | None]:
         """The entry and its `namespace` record (e.g. the revisit schedule), in one read when
         the record rides in the entry's row."""
-        known = self._known.get(key, ("with-entry", namespace, parse))
+        known, version = self._known.get(key, ("with-entry", namespace, parse))
         if known is not _MISS:
             return known  # type: ignore[no-any-return]
-        version = self._known.version
         entry, row = self._entry_row(key)
         expires = None
         if entry is None or namespace not in ENTRY_RECORDS:
@@ -278,10 +277,9 @@ class ValidatorStore:
         `GoneRecord.from_state`); None when absent. A record `parse` rejects with ValueError is
         dropped with a warning."""
         _checked(namespace)
-        known = self._known.get(key, (namespace, parse))
+        known, version = self._known.get(key, (namespace, parse))
         if known is not _MISS:
             return known  # type: ignore[no-any-return]
-        version = self._known.version
         record, expires = self._record(namespace, key, parse)
         if parse is not _as_dict or record is None:  # _as_dict's copies are the caller's to change
             self._known.put(key, (namespace, parse), record, expires, version)
@@ -517,25 +515,28 @@ class _KnownRecords:
         self._keys: dict[str, dict[Any, tuple[Any, float | None]]] = {}
         self.version: object = None
 
-    def get(self, key: str, asked: Any) -> Any:
-        """The answer kept for `asked` about `key`, or _MISS (read SQLite, then put())."""
+    def get(self, key: str, asked: Any) -> tuple[Any, object]:
+        """The answer kept for `asked` about `key` (or _MISS: read SQLite, then put() it with
+        the data_version returned here, None when nothing may be kept)."""
         version = self._writes.version()
-        if version is None or version != self.version:  # another connection wrote
+        if version is None:
+            return _MISS, None  # another thread, or no answer: read SQLite, keep nothing
+        if version != self.version:  # another connection wrote
             self._keys.clear()
-        self.version = version
+            self.version = version
         answers = self._keys.get(key)
         if answers is None:
-            return _MISS
+            return _MISS, version
         kept = answers.get(asked)
         if kept is None:
-            return _MISS
+            return _MISS, version
         if kept[1] is not None and time.time() >= kept[1]:
-            return _MISS  # diskcache would no longer return the row (its expiry is wall time)
+            return _MISS, version  # diskcache would no longer return the row (its expiry is wall time)
         self._keys[key] = self._keys.pop(key)  # most recently used last
-        return kept[0]
+        return kept[0], version
 
     def put(self, key: str, asked: Any, answer: Any, expires: float | None, version: object) -> None:
-        """Keep `answer`, read from SQLite while data_version was `version`."""
+        """Keep `answer`, read from SQLite after get() returned `version`."""
         if version is None or version != self.version:
             return
         answers = self._keys.get(key)

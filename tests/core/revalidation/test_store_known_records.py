@@ -169,3 +169,20 @@ def test_a_cull_forgets_what_was_kept(tmp_path: Path) -> None:
             store.put(StoredEntry.build(f"{URL}/{i}", [], [], body, NOW + i), body)
         assert store._cache.get(f"gone|{URL}") is None  # noqa: SLF001 - the row was culled ...
         assert gone(store) is None  # ... and the kept answer with it
+
+
+def test_a_reader_on_a_worker_thread_reads_sqlite_and_leaves_the_kept_answers_alone(
+        stores: tuple[ValidatorStore, ValidatorStore]) -> None:
+    """A worker thread has its own SQLite connection (its data_version numbers are its own)."""
+    ours, theirs = stores
+    assert gone(ours) is None  # the event loop's thread asks first: kept
+    theirs.put_record(GONE, URL, GONE_410, ttl_s=60)  # unseen by the loop for up to HOT_CHECK_S
+    seen = reads(ours)
+    answers: list[GoneRecord | None] = []
+    for _ in range(2):
+        worker = threading.Thread(target=lambda: answers.append(gone(ours)))
+        worker.start()
+        worker.join(10)
+    assert answers == [GoneRecord(410, NOW)] * 2  # read from SQLite each time, never kept
+    assert seen == [f"gone|{URL}"] * 2
+    assert gone(ours) is None and len(seen) == 2  # the loop's kept answer, untouched
