@@ -95,7 +95,8 @@ def cases(fingerprint: ModuleType, store_module: ModuleType, tmp: Path, n: int) 
 
 
 # Fingerprinting 60 KiB takes milliseconds: fewer calls.
-CALLS = {"fingerprint 60 KiB HTML page": 0.05, "fingerprint 60 KiB README text": 0.02, "put new 1 KiB entry + schedule": 0.25}
+CALLS = {"fingerprint 60 KiB HTML page": 0.05, "fingerprint 60 KiB README text": 0.02,
+         "put new 1 KiB entry + schedule": 0.25}
 
 
 def main() -> int:
