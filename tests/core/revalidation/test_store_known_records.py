@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from etiquette_proxy.clock import FakeClock
 from etiquette_proxy.revalidation import store as store_module
 from etiquette_proxy.revalidation.gone import NAMESPACE as GONE
 from etiquette_proxy.revalidation.gone import GoneRecord
@@ -23,22 +24,6 @@ URL = "http://example.com/page"
 NOW = 1.8e9
 GONE_410 = {"status": 410, "since": NOW}
 SCHEDULE = {"fingerprint": "a", "interval_s": 60.0, "last_fetched": NOW, "next_check": NOW + 60}
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
 
 
 @pytest.fixture
