@@ -79,7 +79,7 @@ HOT_CHECK_S = 0.001  # how often data_version is asked (at most)
 
 # URL keys whose records (and absences) get_record()/get_with_record() keep (module docstring):
 # gone memory asks on every request, and SQLite's "no such row" was most of its cost.
-HOT_RECORDS = 8192
+HOT_RECORDS = 4096  # as HOT_ENTRIES: ~1.5 KB a key at most (an entry and its schedule), ~6 MB
 _MISS = object()
 
 
