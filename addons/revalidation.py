@@ -47,6 +47,7 @@ from etiquette_proxy.revalidation.validators import (
     Injection,
     StoredEntry,
     answer_304,
+    credentials_digest,
     inject_headers,
     may_serve_unvalidated,
     should_store,
@@ -373,11 +374,15 @@ class Revalidation:
             else:
                 digest = self._digest(raw, encoding, fingerprinter, store.max_body)
             revisit = self._revisit(flow, notes, digest, now, state)
-            entry = (StoredEntry.build(key, request_headers, response_headers, raw, now, body_sha256=sha)
-                     if decision.store else None)
-            if (entry is not None and current is not None and same_body
-                    and 0 <= now - current.stored_at < REFRESH_EVERY_S
-                    and _same_variant(current, entry)):
+            recent = (decision.store and current is not None and same_body
+                      and 0 <= now - current.stored_at < REFRESH_EVERY_S)
+            # Told from the headers when the site sends no Vary; else from the built entry.
+            unchanged = recent and current is not None and _same_variant_as(current, request_headers, response_headers)
+            entry = None
+            if decision.store and unchanged is not True:
+                entry = StoredEntry.build(key, request_headers, response_headers, raw, now, body_sha256=sha)
+                unchanged = recent and current is not None and _same_variant(current, entry)
+            if unchanged:
                 # The same body, validators, Vary values and credentials stored less than a
                 # minute ago: as after a 304 (_not_modified), the row is not rewritten for
                 # each repeat (other headers, e.g. Date, are stored with the next write).
@@ -439,6 +444,21 @@ def _same_variant(stored: StoredEntry, new: StoredEntry) -> bool:
     compared by the caller): validators, Vary values (RFC 9111 §4.1) and credentials."""
     return ((stored.etag, stored.last_modified, stored.vary, stored.credentials)
             == (new.etag, new.last_modified, new.vary, new.credentials))
+
+
+def _same_variant_as(stored: StoredEntry, request_headers: HeaderPairs,
+                     response_headers: HeaderPairs) -> bool | None:
+    """`_same_variant(stored, <the entry these headers would build>)` without building it (issue
+    17: most of a repeated 200's cost), or None when the response names a Vary (then build)."""
+    first: dict[str, str] = {}
+    for name, value in response_headers:
+        first.setdefault(name.lower(), value)
+    if "vary" in first:
+        return None
+    # StoredEntry.build: validators are the first values; no Vary, no Vary values.
+    return (stored.vary == () and stored.etag == first.get("etag")
+            and stored.last_modified == first.get("last-modified")
+            and stored.credentials == credentials_digest(request_headers))
 
 
 def _same_validators(entry: StoredEntry, response_headers: HeaderPairs) -> bool:

@@ -122,8 +122,8 @@ async def run(with_chain: bool, n: int, paths: int, tmp: str, without: str | Non
         for addon in (m for c in chain for m in getattr(c, "members", [c])):
             if isinstance(addon, RobotsGate):
                 origin = f"http://{SITE_HOST}:{SITE_PORT}"
-                addon.entries[origin] = addon.policy.after_fetch(
-                    origin, FetchResult(200, b"User-agent: *\nDisallow: /private/\n"), None, RobotsSettings())
+                addon.entries.put(rt.config, origin, addon.policy.after_fetch(
+                    origin, FetchResult(200, b"User-agent: *\nDisallow: /private/\n"), None, RobotsSettings()))
     trigger = master.addons.handle_lifecycle
     times: list[float] = []
     statuses: Counter[str] = Counter()

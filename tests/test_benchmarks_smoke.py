@@ -47,3 +47,15 @@ def test_layout_figures_name_the_largest_units_and_the_addon_share() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "addon layer / core: lines" in proc.stdout
     assert "class by lines" in proc.stdout and "etiquette_proxy/" in proc.stdout and "addons/" in proc.stdout
+
+
+def test_fetched_path_benchmark_runs_at_tiny_size() -> None:
+    # --before this very checkout: the other-checkout loader is exercised too.
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "fetched_path.py"), "--before", str(ROOT), "--rounds", "1",
+         "--n", "20"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "fingerprint 60 KiB HTML page" in proc.stdout and "after/before" in proc.stdout
+    assert "get_record gone, absent" in proc.stdout

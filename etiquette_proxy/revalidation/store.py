@@ -27,6 +27,14 @@ parsed row and its StoredEntry are kept for the last PARSED_ROWS keys, checked b
 bytes, so they can never be stale (issue 17: JSON parsing and validating the entry was most of
 a lookup's cost).
 
+get_record() and get_with_record() keep what they answered (a record, or its absence: gone
+memory asks for every request, and almost every answer is "none") for the last HOT_RECORDS URL
+keys, under the same rule as get()'s hot set: valid while SQLite's `data_version` says no other
+connection wrote the database (another worker, another proxy sharing the state directory, a
+Redis announcement taken in by another process, a worker thread of this one), asked at most
+every HOT_CHECK_S; this store's own writes drop the key (a cull drops them all), and a record
+kept past its diskcache expiry reads as absent, as the row would.
+
 Eviction may drop an entry's body before its metadata (or the other way round). `body()`
 checks size and SHA-256 against the entry, so a missing or replaced body reads as None and is
 never served. Gone records share the same eviction: losing one only means the URL is fetched
@@ -39,6 +47,7 @@ import hashlib
 import json
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -66,6 +75,12 @@ CHECK_FRACTION = 64
 # drop the key.
 HOT_ENTRIES = 4096
 HOT_CHECK_S = 0.001  # how often data_version is asked (at most)
+
+
+# URL keys whose records (and absences) get_record()/get_with_record() keep (module docstring):
+# gone memory asks on every request, and SQLite's "no such row" was most of its cost.
+HOT_RECORDS = 4096  # as HOT_ENTRIES: ~1.5 KB a key at most (an entry and its schedule), ~6 MB
+_MISS = object()
 
 
 # Parsed entry rows kept, keyed by their bytes (module docstring): bounded, a few KB each.
@@ -96,7 +111,7 @@ class ValidatorStore:
     """Stored entries, bodies and per-URL records, evicted least recently used."""
 
     def __init__(self, directory: str | Path, size_limit: int = 1024**3,
-                 max_body: int = 10 * 1024**2):
+                 max_body: int = 10 * 1024**2, clock: Callable[[], float] = time.monotonic):
         if size_limit <= 0 or max_body < 0:
             raise ValueError(f"store.size_limit ({size_limit!r}) must be > 0 and "
                              f"store.max_body ({max_body!r}) >= 0")
@@ -115,13 +130,14 @@ class ValidatorStore:
         self._written = 0
         self._hot: dict[str, StoredEntry | None] = {}  # url key -> entry or absent; LRU first
         self._hot_version: object = None
-        self._hot_until = 0.0
+        self._data_version = _DataVersion(self._cache, clock)
         # key -> (row bytes, parsed row, entry): rows read before, reused while their bytes match.
         self._parsed: dict[str, tuple[bytes, Any, StoredEntry | None]] = {}
         # (key, namespace, parser) -> (parsed row, record): a record parsed from a kept row,
         # reused while that row object is the one kept (parsers return immutable values,
         # except _as_dict, which is never kept).
         self._records: dict[tuple[str, str, Any], tuple[Any, Any]] = {}
+        self._known = _KnownRecords(self._data_version)
 
     @classmethod
     def from_config(cls, config: Any, directory: str | Path) -> ValidatorStore:
@@ -142,19 +158,10 @@ class ValidatorStore:
     def get(self, key: str) -> StoredEntry | None:
         """The entry stored for a URL key, or None (corrupt entries are dropped, never served)."""
         hot = self._hot
-        now = time.monotonic()
-        version = self._hot_version
-        if now >= self._hot_until or version is None:
-            # Asked at most every HOT_CHECK_S: a write by another process up to that long ago
-            # may be unseen, as it would be by a read made that much earlier.
-            try:
-                version = self._cache._sql("PRAGMA data_version").fetchone()  # noqa: SLF001
-            except Exception:  # noqa: BLE001 - no answer: no hot set this time
-                version = None
-            if version is None or version != self._hot_version:  # another connection wrote
-                hot.clear()
-            self._hot_version = version
-            self._hot_until = now + HOT_CHECK_S
+        version = self._data_version.version()  # one data_version check for get() and get_record()
+        if version is None or version != self._hot_version:  # another connection wrote
+            hot.clear()
+        self._hot_version = version
         if key in hot:
             entry = hot.pop(key)
         else:
@@ -170,10 +177,18 @@ class ValidatorStore:
                         ) -> tuple[StoredEntry | None, T | None]:
         """The entry and its `namespace` record (e.g. the revisit schedule), in one read when
         the record rides in the entry's row."""
+        known, version = self._known.get(key, ("with-entry", namespace, parse))
+        if known is not _MISS:
+            return known  # type: ignore[no-any-return]
         entry, row = self._entry_row(key)
+        expires = None
         if entry is None or namespace not in ENTRY_RECORDS:
-            return entry, self._own_record(_checked(namespace), key, parse)
-        return entry, self._row_record(key, row, namespace, parse)
+            record, expires = self._own_record(_checked(namespace), key, parse)
+        else:
+            record, expires = self._row_record(key, row, namespace, parse)
+        if parse is not _as_dict or record is None:  # _as_dict's copies are the caller's to change
+            self._known.put(key, ("with-entry", namespace, parse), (entry, record), expires, version)
+        return entry, record
 
     def body(self, entry: StoredEntry) -> bytes | None:
         """The body stored for `entry`, or None if it is gone or is not the body `entry` names."""
@@ -198,6 +213,7 @@ class ValidatorStore:
         if len(body) > self.max_body:
             return False
         self._hot.pop(entry.url, None)
+        self._known.drop(entry.url)
         with self._cache.transact():
             row = self._row(entry, records)
             # Body first: a crash between the two leaves an orphan body (evicted in time),
@@ -216,6 +232,7 @@ class ValidatorStore:
         touched too); False (nothing written) when the stored entry is gone or names another
         body by now."""
         self._hot.pop(entry.url, None)
+        self._known.drop(entry.url)
         with self._cache.transact():
             row = self._row(entry, records)
             current = self._entry(entry.url, self._read_json(f"e|{entry.url}"))
@@ -241,6 +258,7 @@ class ValidatorStore:
     def forget(self, key: str) -> None:
         """Drop the entry and body for a URL key (records riding in its row are kept)."""
         self._hot.pop(key, None)
+        self._known.drop(key)
         with self._cache.transact():
             row = self._read_json(f"e|{key}")
             records = row.get("records") if isinstance(row, dict) else None
@@ -259,6 +277,16 @@ class ValidatorStore:
         `GoneRecord.from_state`); None when absent. A record `parse` rejects with ValueError is
         dropped with a warning."""
         _checked(namespace)
+        known, version = self._known.get(key, (namespace, parse))
+        if known is not _MISS:
+            return known  # type: ignore[no-any-return]
+        record, expires = self._record(namespace, key, parse)
+        if parse is not _as_dict or record is None:  # _as_dict's copies are the caller's to change
+            self._known.put(key, (namespace, parse), record, expires, version)
+        return record
+
+    def _record(self, namespace: str, key: str, parse: Callable[[Any], T]) -> tuple[T | None, float | None]:
+        """get_record read from SQLite: the record and when its row expires (None: never)."""
         if namespace in ENTRY_RECORDS:
             entry, row = self._entry_row(key)
             if entry is not None:
@@ -271,6 +299,7 @@ class ValidatorStore:
         cache_key = f"{_checked(namespace)}|{key}"
         data = _json(record)
         self._hot.pop(key, None)
+        self._known.drop(key)
         if namespace in ENTRY_RECORDS and ttl_s is None:
             with self._cache.transact():
                 row = self._read_json(f"e|{key}")
@@ -290,6 +319,7 @@ class ValidatorStore:
         """Drop a record."""
         cache_key = f"{_checked(namespace)}|{key}"
         self._hot.pop(key, None)
+        self._known.drop(key)
         if namespace in ENTRY_RECORDS:
             with self._cache.transact():
                 row = self._read_json(f"e|{key}")
@@ -343,20 +373,21 @@ class ValidatorStore:
                 raise ValueError(f"{namespace!r} records do not live in the entry row")
         if len(given) < len(ENTRY_RECORDS):  # only then is the stored row read
             for namespace in ENTRY_RECORDS - given.keys():
-                kept = self.get_record(namespace, entry.url)
+                kept, _ = self._record(namespace, entry.url, _as_dict)
                 if kept is not None:
                     given[namespace] = kept
         if given:
             data["records"] = given
         return _json(data)
 
-    def _row_record(self, key: str, row: Any, namespace: str, parse: Callable[[Any], T]) -> T | None:
+    def _row_record(self, key: str, row: Any, namespace: str,
+                    parse: Callable[[Any], T]) -> tuple[T | None, float | None]:
         if not _has_record(row, namespace):
             # Written before records rode in the row, or never scheduled: its own row, if any.
             return self._own_record(namespace, key, parse)
         kept = self._records.get((key, namespace, parse))
         if kept is not None and kept[0] is row:
-            return kept[1]  # type: ignore[no-any-return]
+            return kept[1], None
         try:
             record = parse(row["records"][namespace])
             if parse is not _as_dict:
@@ -366,24 +397,30 @@ class ValidatorStore:
                     except (KeyError, RuntimeError, StopIteration):
                         pass
                 self._records[(key, namespace, parse)] = (row, record)
-            return record
+            return record, None
         except ValueError as e:
             # A bad record does not spoil the entry: it reads as absent and is replaced on
             # the next write of the row.
             log.warning("ignoring corrupt %s record in the entry row for %r: %s",
                         namespace, key[:200], e)
-            return None
+            return None, None
 
-    def _own_record(self, namespace: str, key: str, parse: Callable[[Any], T]) -> T | None:
+    def _own_record(self, namespace: str, key: str, parse: Callable[[Any], T]) -> tuple[T | None, float | None]:
+        """The record in its own row and when that row expires (diskcache's wall time)."""
         cache_key = f"{namespace}|{key}"
-        data = self._read_json(cache_key)
-        if data is None:
-            return None
         try:
-            return parse(data)
+            raw, expires = self._cache.get(cache_key, expire_time=True)
+        except Exception as e:  # unreadable row or file: drop it, never crash a request
+            self._drop(cache_key, f"{type(e).__name__}: {e}")
+            return None, None
+        data = self._parse_json(cache_key, raw)
+        if data is None:
+            return None, None
+        try:
+            return parse(data), expires
         except ValueError as e:
             self._drop(cache_key, str(e))
-            return None
+            return None, None
 
     def _touch(self, cache_key: str) -> None:
         # diskcache has no public "re-store" that keeps the value (touch() moves only the
@@ -401,6 +438,7 @@ class ValidatorStore:
             self._writes = self._written = 0
             if self._cache.volume() > self.size_limit:
                 self._hot.clear()
+                self._known.clear()
                 self._cache.cull()
 
     def _read(self, cache_key: str) -> Any:
@@ -428,10 +466,92 @@ class ValidatorStore:
     def _drop(self, cache_key: str, why: str) -> None:
         log.warning("dropping corrupt store row %r: %s", cache_key[:200], why)
         self._hot.clear()
+        self._known.clear()
         try:
             self._cache.delete(cache_key)
         except Exception as e:
             log.warning("could not delete store row %r: %s", cache_key[:200], e)
+
+
+class _DataVersion:
+    """SQLite's PRAGMA data_version on this store's connection: it moves when another connection
+    (another process, or a worker thread of this one) commits a write. Asked at most every
+    HOT_CHECK_S, and only on the first thread that asks (the event loop): every thread has its
+    own connection, and another thread's numbers would not compare. None: no answer (nothing
+    may be kept)."""
+
+    def __init__(self, cache: diskcache.Cache, clock: Callable[[], float]):
+        self._cache = cache
+        self._clock = clock
+        self._version: object = None
+        self._until = float("-inf")
+        self._thread: int | None = None
+
+    def version(self) -> object:
+        thread = threading.get_ident()
+        if self._thread != thread:
+            if self._thread is not None:
+                return None
+            self._thread = thread
+        now = self._clock()
+        if now >= self._until or self._version is None:
+            # A write by another process up to HOT_CHECK_S ago may be unseen, as it would be
+            # by a read made that much earlier.
+            try:
+                self._version = self._cache._sql("PRAGMA data_version").fetchone()  # noqa: SLF001
+            except Exception:  # noqa: BLE001 - no answer: nothing kept this time
+                self._version = None
+            self._until = now + HOT_CHECK_S
+        return self._version
+
+
+class _KnownRecords:
+    """What get_record()/get_with_record() answered per URL key, kept while no other SQLite
+    connection wrote the database (module docstring)."""
+
+    def __init__(self, writes: _DataVersion):
+        self._writes = writes
+        # url key -> {(what was asked): (answer, its row's expiry or None)}; least recent first
+        self._keys: dict[str, dict[Any, tuple[Any, float | None]]] = {}
+        self.version: object = None
+
+    def get(self, key: str, asked: Any) -> tuple[Any, object]:
+        """The answer kept for `asked` about `key` (or _MISS: read SQLite, then put() it with
+        the data_version returned here, None when nothing may be kept)."""
+        version = self._writes.version()
+        if version is None:
+            return _MISS, None  # another thread, or no answer: read SQLite, keep nothing
+        if version != self.version:  # another connection wrote
+            self._keys.clear()
+            self.version = version
+        answers = self._keys.get(key)
+        if answers is None:
+            return _MISS, version
+        kept = answers.get(asked)
+        if kept is None:
+            return _MISS, version
+        if kept[1] is not None and time.time() >= kept[1]:
+            return _MISS, version  # diskcache would no longer return the row (its expiry is wall time)
+        self._keys[key] = self._keys.pop(key)  # most recently used last
+        return kept[0], version
+
+    def put(self, key: str, asked: Any, answer: Any, expires: float | None, version: object) -> None:
+        """Keep `answer`, read from SQLite after get() returned `version`."""
+        if version is None or version != self.version:
+            return
+        answers = self._keys.get(key)
+        if answers is None:
+            if len(self._keys) >= HOT_RECORDS:
+                del self._keys[next(iter(self._keys))]
+            answers = self._keys[key] = {}
+        answers[asked] = (answer, expires)
+
+    def drop(self, key: str) -> None:
+        """This store wrote `key`'s rows (any thread)."""
+        self._keys.pop(key, None)
+
+    def clear(self) -> None:
+        self._keys.clear()
 
 
 def _has_record(row: Any, namespace: str) -> bool:

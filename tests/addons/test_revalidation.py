@@ -284,3 +284,35 @@ def test_a_repeat_for_another_vary_variant_is_stored_for_it_within_the_minute(rt
     assert rt.store is not None
     entry = rt.store.get(URL)
     assert entry is not None and entry.vary == (("accept-language", "de"),)
+
+
+@pytest.mark.parametrize(("request_extra", "response_extra", "rewritten"), [
+    ([], {}, False),  # the same in every respect: not rewritten within the minute
+    ([], {"Cache-Control": "max-age=5"}, False),  # other headers wait for the next write
+    ([], {"ETag": '"v2"'}, True),  # validators the stored entry lacks
+    ([], {"Last-Modified": "Mon, 30 Nov 2026 00:00:00 GMT"}, True),
+    ([(b"authorization", b"Bearer other")], {}, True),  # other credentials: their own entry
+    ([], {"Vary": "Accept-Language"}, True),  # a Vary now: the entry records its values
+])
+def test_a_repeated_200_within_the_minute_is_stored_again_when_its_variant_differs(
+        rt: Runtime, monkeypatch, request_extra, response_extra, rewritten) -> None:  # type: ignore[no-untyped-def]
+    """The repeat is told from the headers without building its entry (issue 17): whatever
+    would make the built entry answer other requests must still store it."""
+    clock = [1_800_000_000.0]
+    monkeypatch.setattr(reval_module, "wall", lambda: clock[0])
+    addon = Revalidation(rt)
+    assert rt.store is not None
+    for at, extra_request, extra_response in ((0, [], {}), (10, request_extra, response_extra)):
+        clock[0] = 1_800_000_000.0 + at
+        f = flow(headers=[(b"host", b"site.test"), *extra_request])
+        run(addon.request(f))
+        respond(f, 200, BODY, {"Content-Type": "text/html", **extra_response})
+        run(addon.response(f))
+    entry = rt.store.get(URL)
+    assert entry is not None and rt.store.body(entry) == BODY
+    assert (entry.stored_at == 1_800_000_010.0) is rewritten
+    if rewritten:
+        assert entry == StoredEntry.build(URL, [(k.decode(), v.decode()) for k, v in
+                                                [(b"host", b"site.test"), *request_extra]],
+                                          {"Content-Type": "text/html", **response_extra,
+                                           "Content-Length": str(len(BODY))}, BODY, 1_800_000_010.0)

@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import hashlib
+import random
+import re
+
 import pytest
 
 from etiquette_proxy.config import defaults
@@ -97,3 +101,59 @@ def test_timestamps_are_stripped_on_pages_without_any_token() -> None:
     assert fp("<p>News</p><i>Generated 2024-05-01T14:02:11Z</i>") == fp(
         "<p>News</p><i>Generated 2024-06-30T01:00:00Z</i>"
     )
+
+
+# -- the fast scan finds exactly what re.sub finds (issue 17) ----------------------------------
+
+def reference_fingerprint(body: bytes) -> str:
+    """Fingerprinter.fingerprint as plain re.sub passes of BUILTIN_PATTERNS (before issue 17)."""
+    from etiquette_proxy.revalidation import fingerprint as module
+
+    if b"\x00" in body[:1024]:
+        return hashlib.sha256(body).hexdigest()
+    lowered = body.lower()
+    has_token_words = any(word in lowered for word in module._TOKEN_WORDS)  # noqa: SLF001
+    data = module._TOKEN_TAG.sub(module._drop_token_tag, body) if has_token_words else body  # noqa: SLF001
+    for p in module.BUILTIN_PATTERNS:
+        if has_token_words or not ("csrf" in p or "nonce" in p):
+            data = re.compile(p.encode("ascii")).sub(b" ", data)
+    return hashlib.sha256(b" ".join(data.split())).hexdigest()
+
+
+# Pieces that match, nearly match, or sit next to the patterns: digits and word bytes on both
+# sides of a boundary, overlapping candidates, mixed case, non-ASCII bytes.
+PIECES = [
+    b"2024-05-01T14:02:11Z", b"2024-05-01 14:02", b"12024-05-01 14:02", b"x2024-05-01T14:02:11.5+02:00",
+    b"1999-12-31T23:59", b"2024-05-01T1", b"--", b"-12-12 12:", b"Wed, 01 May 2024 14:02:11 GMT",
+    b"Thu 2 Jan 2025 09:15 +0100", b"xMon, 01 May 2024 14:02:11 GMT", b"Sun,  1 May", b"14:02:11",
+    b"9:15:00.123", b"123:45:67", b"1:2:3", b"12:34:56:78", b"::", b":12:", b"1714572131",
+    b"1714572131123", b"a1714572131", b"17145721311", b"1499999999", b"15000000000000",
+    b'nonce="abc"', b"nonce = 'x y'", b"nonce=abc>", b"xnonce=1", b"NONCE=1", b'csrfToken: "t"',
+    b"XSRF_token='q'", b'"authenticity_token":"v"', b"Nonce = 'n'", b"csrf_token=abc", b"session-token123",
+    b"SessionToken=z", b"xcsrf_token=1", b"<input name=csrf value=1>", b"<META name=x-csrf content=2>",
+    b"token", b"1", b"5", b"-", b":", b" ", b"\n", b"\t", b"a", b"Z", b"_", b"\xc3\xa9", b"\xff",
+    b"Mon", b"GMT", b"=", b'"', b"'", b">", b"<p>",
+]
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_the_fast_scan_matches_plain_re_sub(seed: int) -> None:
+    rng = random.Random(seed)
+    body = b"".join(rng.choice(PIECES) for _ in range(rng.randint(0, 60)))
+    assert Fingerprinter().fingerprint(body).digest == reference_fingerprint(body), body
+
+
+def test_the_fast_scan_matches_plain_re_sub_on_the_test_pages() -> None:
+    for values in (A, B):
+        page = PAGE.format(**values).encode()
+        assert Fingerprinter().fingerprint(page).digest == reference_fingerprint(page)
+        assert Fingerprinter().fingerprint(page.upper()).digest == reference_fingerprint(page.upper())
+
+
+@pytest.mark.parametrize("piece", [b"Mon, 01 May 2024 12:00:00 GMT ", b":00:00:", b"1714572131 ",
+                                   b"nonce=1 csrf_token=2 "])
+def test_a_body_dense_with_candidates_gets_the_same_fingerprint(piece: bytes) -> None:
+    """So many places to try that plain re.sub takes over: the same result."""
+    body = piece * 2000
+    assert Fingerprinter().fingerprint(body).digest == reference_fingerprint(body)
+    assert Fingerprinter().fingerprint(b"x" * 100 + body).digest == reference_fingerprint(b"x" * 100 + body)
