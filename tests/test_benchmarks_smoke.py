@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -47,3 +49,31 @@ def test_layout_figures_name_the_largest_units_and_the_addon_share() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "addon layer / core: lines" in proc.stdout
     assert "class by lines" in proc.stdout and "etiquette_proxy/" in proc.stdout and "addons/" in proc.stdout
+
+
+def test_before_arm_imports_the_other_checkouts_own_packages(tmp_path: Path) -> None:
+    # overhead.py --before DIR: DIR is a plain checkout (addons/, etiquette_proxy/), as
+    # `git worktree add` makes it. Both packages must come from DIR, never this checkout's
+    # editable install (a mixed proxy failed to start once the two disagreed).
+    other = tmp_path / "other"
+    for pkg in ("addons", "etiquette_proxy"):
+        (other / pkg).mkdir(parents=True)
+    (other / "addons" / "__init__.py").write_text("")
+    (other / "addons" / "cli.py").write_text("WHO = 'other addons'\n")
+    (other / "etiquette_proxy" / "__init__.py").write_text("")
+    (other / "etiquette_proxy" / "config.py").write_text("WHO = 'other core'\n")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from _harness import checkout_path, clean_env
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    path = checkout_path(other, tmp_path / "shim")
+    proc = subprocess.run(
+        [sys.executable, "-c",
+         "import etiquette_addons.cli as a, etiquette_proxy.config as c; print(a.WHO, '|', c.WHO)"],
+        capture_output=True, text=True, timeout=60, env=clean_env(path), cwd=tmp_path,
+    )
+    assert proc.stdout.strip() == "other addons | other core", proc.stderr
+    (other / "etiquette_proxy" / "config.py").unlink()  # not a checkout of this project any more
+    with pytest.raises(SystemExit, match="config.py"):
+        checkout_path(other, tmp_path / "shim2")
