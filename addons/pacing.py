@@ -57,6 +57,8 @@ _JOINED = frozenset({"retry-after", "ratelimit", "ratelimit-policy"})  # every v
 # rate-limit fields of ratelimit_fields.py): only these are decoded from each response.
 _READ = frozenset(name.encode("ascii") for name in (*_JOINED, *RATE_LIMIT_FIELDS))
 
+_UNRESTRAINED = fold(())  # what no restraint folds to
+
 TICKET = "pacing_ticket"
 LEASE = "pacing_lease"          # the shared budget's concurrency lease (state.backend: redis)
 PUBLISH = "pacing_publish"      # a 429 contract to share before the response goes on
@@ -154,7 +156,8 @@ class Pacing:
 
     def _restrain(self, site: str, budget: SiteBudget) -> str | None:
         """Apply other features' restraints; the reason of a pause among them, if any."""
-        folded = fold(self.restraints.on(site))
+        on = self.restraints.on(site)
+        folded = fold(on) if on else _UNRESTRAINED  # most sites, most of the time
         try:
             budget.restrain(folded.rate_factor, folded.rate_cap, folded.concurrency_factor)
         except ValueError as e:  # a feature's bad numbers must not take pacing down

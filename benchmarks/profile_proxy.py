@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _harness import BIN, HERE, header, self_signed, start_site, started, wrk  # noqa: E402
-from overhead import FAST_PACING, load_args, start_proxies  # noqa: E402
+from overhead import FAST_PACING, load_args, start_chain, start_proxies  # noqa: E402
 
 OURS = ("addons/", "etiquette_proxy/", "etiquette_addons/")
 ROOT_TEXT = str(Path(__file__).resolve().parent.parent) + "/"
@@ -157,6 +157,8 @@ def main() -> int:
     ap.add_argument("--no-validators", action="store_true", help="the site sends no ETag/Last-Modified")
     ap.add_argument("--https", action="store_true", help="TLS on both sides (reverse mode, as overhead.py)")
     ap.add_argument("--close", action="store_true", help="a new client connection per request")
+    ap.add_argument("--checkout", metavar="DIR",
+                    help="profile the chain of another checkout DIR (as overhead.py --before)")
     args = ap.parse_args()
     if not 1 <= args.duration <= 120:
         ap.error("duration in 1..120 s")
@@ -179,6 +181,11 @@ def main() -> int:
         from _harness import stop
 
         stop(other)  # only the profiled proxy shares the machine with wrk and the site
+        if args.checkout and args.target == "etiquette":
+            stop(proxy)
+            proxy, _ = start_chain(Path(tmp) / "c0", site, list(FAST_PACING), args.https, prefix or None,
+                                   checkout=Path(args.checkout))
+            print(f"profiling the chain of {Path(args.checkout).resolve()}")
         with started(site, proxy):
             lua, lua_args = load_args(site, args.https, "64")
             wrk(proxy.url, lua, lua_args, args.connections, 2)  # warm-up
