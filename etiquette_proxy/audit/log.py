@@ -16,8 +16,8 @@ import math
 import os
 import sys
 import threading
-from datetime import UTC, datetime
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from etiquette_proxy.audit.chain import ZERO, last_link, link
