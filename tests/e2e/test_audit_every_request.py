@@ -54,19 +54,3 @@ def test_every_request_of_a_mixed_crawl_has_one_chained_line_matching_the_site(s
     assert check.returncode == 0, check.stdout + check.stderr
     assert f"{len(proxy.audit()):,} chained line(s)" in check.stdout
 
-
-def test_a_request_refused_by_mitmproxys_header_check_is_answered_400_and_logged(start_proxy, site):
-    # mitm_patches.check_invalid_recorded: its fast path (nothing to refuse) must not lose the
-    # slow one — a request that could smuggle (both Transfer-Encoding and Content-Length) is
-    # refused by mitmproxy's check_invalid with a 400 that carries the decision and a line.
-    import socket
-
-    proxy = start_proxy(sets=FAST_PACING)
-    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
-        s.sendall(f"POST {site.url('/te-cl')} HTTP/1.1\r\nHost: 127.0.0.1:{site.port}\r\n"
-                  "Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n".encode())
-        head = s.recv(4096).split(b"\r\n\r\n", 1)[0].decode("latin-1")
-    assert head.startswith("HTTP/1.1 400 ") and "X-Etiquette-Decision: refused" in head
-    lines = proxy.wait_audit(lambda r: "/te-cl" in r["url"])
-    assert [(r["outcome"], r["status"], r["upstream_status"]) for r in lines] == [("refused", 400, None)]
-    assert "/te-cl" not in site.paths()
