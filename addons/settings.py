@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import ipaddress
 import logging
@@ -150,7 +151,8 @@ class Settings:
         return signer
 
     def running(self) -> None:
-        settle_heap()
+        # After every member's running hook and the ready line: start-up is not delayed by it.
+        asyncio.get_running_loop().call_soon(settle_heap)
         server = ctx.master.addons.get("proxyserver")
         addrs = server.listen_addrs() if server else []
         for host, port, *_ in addrs[:1]:
