@@ -77,3 +77,16 @@ def test_before_arm_imports_the_other_checkouts_own_packages(tmp_path: Path) -> 
     (other / "etiquette_proxy" / "config.py").unlink()  # not a checkout of this project any more
     with pytest.raises(SystemExit, match="config.py"):
         checkout_path(other, tmp_path / "shim2")
+
+
+def test_chain_cost_before_arm_runs_a_plain_checkout() -> None:
+    # chain_cost.py --before DIR with this checkout as DIR: both arms start and report every
+    # member (the arm imports DIR's addons/ and etiquette_proxy/ through the linked folder).
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "chain_cost.py"), "--before", str(ROOT), "--rounds", "1",
+         "--requests", "100"],
+        capture_output=True, text=True, timeout=180, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "before round 1" in proc.stdout and "after round 1" in proc.stdout
+    assert "AuditWriter" in proc.stdout and "all hooks" in proc.stdout
