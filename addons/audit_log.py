@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+from etiquette_addons.fields import field_value
 from etiquette_addons.mitm_patches import ANSWERED_WITH
 from etiquette_addons.notes import FORWARDED, FlowNotes, notes_of
 from etiquette_addons.runtime import Runtime
@@ -111,18 +112,12 @@ class AuditWriter:
                 waited_s=notes.waited_s,
                 rate=self.rates.of(notes.site),
                 reason=notes.reason or _default_reason(flow),
-                client_ua=_header(request.headers.fields, b"user-agent"),
+                client_ua=field_value(request.headers.fields, b"user-agent"),
                 **extra,
             )
             self.rt.record(record)
         except Exception:  # noqa: BLE001 - never let logging take a flow down
             log.exception("could not write the audit line for %s", request.url)
-
-
-def _header(fields: tuple[tuple[bytes, bytes], ...], name: bytes) -> str | None:
-    """`Headers.get(name)` in one pass over the raw fields: repeated values comma-joined."""
-    values = [v.decode("utf-8", "surrogateescape") for k, v in fields if k.lower() == name]
-    return ", ".join(values) if values else None
 
 
 def _client_left_after_forwarding(flow: http.HTTPFlow, notes: FlowNotes) -> bool:

@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from etiquette_addons.fields import fields_named
 from etiquette_addons.notes import FlowNotes, notes_of, skip
 from etiquette_addons.runtime import Runtime
 from etiquette_addons.side_fetch import SideFetchError, fetch
@@ -80,19 +81,27 @@ def route_label(runtime: Runtime) -> str:
     return runtime.config.upstream.proxy or "direct"
 
 
-def body_head(response: http.Response) -> tuple[bytes, int]:
+# What the classifier reads (etiquette_proxy/health/signals.py: content-type, cf-mitigated,
+# location) and what body_head reads: the only fields decoded from each response.
+_READ = frozenset({b"content-type", b"cf-mitigated", b"location", b"content-encoding", b"content-length"})
+
+
+def body_head(response: http.Response, headers: Mapping[str, str] | None = None) -> tuple[bytes, int]:
     """The first HEAD_BYTES of the decoded body (markers are searched there) and the body size.
 
     The size is the body as it came over the wire; only the head is decoded, so a large gzip
-    page costs a bounded inflate, not a full one.
+    page costs a bounded inflate, not a full one. `headers`: the response's fields as
+    `_headers` reads them (lower-case names), when the caller has them already.
     """
+    if headers is None:
+        headers = _headers(response)
     raw = response.raw_content
     if raw is None:  # streamed: nothing to look at, the size from the header
         try:
-            return b"", int(response.headers.get("content-length", "0"))
+            return b"", int(headers.get("content-length", "0"))
         except ValueError:
             return b"", 0
-    encoding = response.headers.get("content-encoding", "").strip().lower()
+    encoding = headers.get("content-encoding", "").strip().lower()
     if encoding in ("", "identity"):
         return raw[:HEAD_BYTES], len(raw)
     if encoding in ZLIB_CODINGS:
@@ -278,10 +287,11 @@ class HealthWatch:
             if notes.local or _FACT_SENT not in notes.facts:
                 self._annotate(notes.site, notes)  # a local answer: the site saw nothing
                 return
-            head, size = body_head(flow.response)
+            headers = _headers(flow.response)
+            head, size = body_head(flow.response, headers)
             h = self._site(notes.site, notes.origin)
             observed = h.observe_response(
-                flow.response.status_code, _headers(flow.response), head, size,
+                flow.response.status_code, headers, head, size,
                 self._latency(flow, notes), method=flow.request.method, route=route_label(self.rt),
             )
             if observed.signal.signal is not Signal.OK:
@@ -622,15 +632,10 @@ def parser_line(p: ParserSummary) -> str:
 
 
 def _headers(response: http.Response) -> dict[str, str]:
-    # The classifier reads a few headers (content-type, cf-mitigated): lower-cased names, a
-    # repeated field comma-joined, as `Headers.items()` gives them, in one pass over the raw
-    # fields (items() looks every name up again: quadratic in the header count, issue 17).
-    out: dict[str, str] = {}
-    for k, v in response.headers.fields:
-        name = k.decode("utf-8", "surrogateescape").lower()
-        value = v.decode("utf-8", "surrogateescape")
-        out[name] = f"{out[name]}, {value}" if name in out else value
-    return out
+    # The few fields health reads (_READ): lower-cased names, a repeated field comma-joined, as
+    # `Headers.items()` gives them, in one pass over the raw fields (items() looks every name
+    # up again: quadratic in the header count, issue 17), the others not decoded at all.
+    return fields_named(response.headers.fields, _READ)
 
 
 async def run_alert(command: str, change: BandChange) -> None:

@@ -96,8 +96,13 @@ def install() -> None:
     check_invalid = http_layer.HttpStream.check_invalid
 
     def check_invalid_recorded(self: Any, request: bool) -> Generator[Any, Any, bool]:
+        steps = check_invalid(self, request)
+        try:
+            first = next(steps)
+        except StopIteration as valid:  # nothing to refuse: every request but a refused one
+            return valid.value  # type: ignore[no-any-return]
         code = status_codes.BAD_REQUEST if request else status_codes.BAD_GATEWAY
-        return (yield from _before_error_hook(check_invalid(self, request), self.flow, code))
+        return (yield from _before_error_hook(steps, self.flow, code, first))
 
     http_layer.HttpStream.check_invalid = check_invalid_recorded  # type: ignore[method-assign]
 
@@ -148,14 +153,14 @@ def share_listening_port() -> None:
     mode_servers.asyncio.start_server = functools.partial(_start_server, reuse_port=True)  # type: ignore[attr-defined]
 
 
-def _before_error_hook(steps: Generator[Any, Any, Any], flow: Any, code: int) -> Generator[Any, Any, Any]:
-    """Pass a layer's commands through; note `code` as the answer before its error hook."""
-    reply = None
+def _before_error_hook(steps: Generator[Any, Any, Any], flow: Any, code: int, command: Any) -> Generator[Any, Any, Any]:
+    """Pass a layer's commands through, `command` (its first) included; note `code` as the
+    answer before its error hook."""
     while True:
+        if isinstance(command, http_layer.HttpErrorHook):
+            flow.metadata.setdefault(ANSWERED_WITH, code)
+        reply = yield command
         try:
             command = steps.send(reply)
         except StopIteration as done:
             return done.value
-        if isinstance(command, http_layer.HttpErrorHook):
-            flow.metadata.setdefault(ANSWERED_WITH, code)
-        reply = yield command

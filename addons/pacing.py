@@ -42,6 +42,7 @@ from mitmproxy import connection, http
 from etiquette_proxy.operate.controls import site_matches
 from etiquette_proxy.pacing.budget import SiteBudget, Turn
 from etiquette_proxy.pacing.per_site import budget_registry
+from etiquette_proxy.pacing.ratelimit_fields import _FIELDS as RATE_LIMIT_FIELDS  # what read_rate_hint reads
 from etiquette_proxy.pacing.rates import Rates
 from etiquette_proxy.pacing.restraints import Restraints, fold, restraint_note
 from etiquette_proxy.pacing.throttle import ThrottleDecision
@@ -52,6 +53,11 @@ from etiquette_proxy.visibility.page import human_seconds
 
 log = logging.getLogger(__name__)
 _JOINED = frozenset({"retry-after", "ratelimit", "ratelimit-policy"})  # every value, comma-joined
+# The fields SiteBudget.on_response reads (the 429 contract's Retry-After, SPEC §5, and the
+# rate-limit fields of ratelimit_fields.py): only these are decoded from each response.
+_READ = frozenset(name.encode("ascii") for name in (*_JOINED, *RATE_LIMIT_FIELDS))
+
+_UNRESTRAINED = fold(())  # what no restraint folds to
 
 TICKET = "pacing_ticket"
 LEASE = "pacing_lease"          # the shared budget's concurrency lease (state.backend: redis)
@@ -150,7 +156,8 @@ class Pacing:
 
     def _restrain(self, site: str, budget: SiteBudget) -> str | None:
         """Apply other features' restraints; the reason of a pause among them, if any."""
-        folded = fold(self.restraints.on(site))
+        on = self.restraints.on(site)
+        folded = fold(on) if on else _UNRESTRAINED  # most sites, most of the time
         try:
             budget.restrain(folded.rate_factor, folded.rate_cap, folded.concurrency_factor)
         except ValueError as e:  # a feature's bad numbers must not take pacing down
@@ -509,12 +516,15 @@ class Pacing:
         budget = self.budget(site)
         try:
             response = flow.response
-            # One pass over the raw fields: last value wins, except that a repeated
-            # Retry-After / RateLimit / RateLimit-Policy gives every value, comma-joined, so
-            # the parsers see all of them.
+            # One pass over the raw fields, decoding only the fields the budget reads: last
+            # value wins, except that a repeated Retry-After / RateLimit / RateLimit-Policy
+            # gives every value, comma-joined, so the parsers see all of them.
             headers: dict[str, str] = {}
             for k, v in response.headers.fields:
-                name = k.decode("utf-8", "surrogateescape").lower()
+                k = k.lower()
+                if k not in _READ:
+                    continue
+                name = k.decode("utf-8", "surrogateescape")
                 value = v.decode("utf-8", "surrogateescape")
                 headers[name] = (f"{headers[name]}, {value}" if name in _JOINED and name in headers
                                  else value)

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from urllib.parse import urljoin, urlsplit
 
 from etiquette_addons.answers import answer_locally, fail_closed
+from etiquette_addons.fields import field_value, has_field
 from etiquette_addons.notes import notes_of, skip
 from etiquette_addons.runtime import Runtime
 from etiquette_addons.side_fetch import SideFetchError, fetch
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 
 SHARED_ENTRY_S = 86400.0  # how long a shared entry is kept in Redis (its freshness is its own)
 REDIRECTS = (301, 302, 303, 307, 308)
+_SIGNALS = frozenset({b"content-usage", b"content-signal"})  # a site's word on purposes (SPEC §4)
 
 
 class RobotsGate:
@@ -85,7 +87,7 @@ class RobotsGate:
         notes = notes_of(flow)
         request = flow.request
         settings = self.settings_for(notes.site)
-        client_ua = request.headers.get("user-agent")
+        client_ua = field_value(request.headers.fields, b"user-agent")
         entry = await self.entry_for(notes.origin, notes.site, client_ua, settings)
         if not flow.live or flow.response is not None:
             return
@@ -119,8 +121,7 @@ class RobotsGate:
         """`Content-Usage` / `Content-Signal` response headers: a no to a declared purpose is
         logged on this line (the page was already fetched) and refuses the next request."""
         response = flow.response
-        if response is None or ("content-usage" not in response.headers
-                                and "content-signal" not in response.headers):
+        if response is None or not has_field(response.headers.fields, _SIGNALS):
             return
         notes = notes_of(flow)
         if notes.local or notes.facts.get("internal"):

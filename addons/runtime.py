@@ -72,7 +72,7 @@ class Runtime:
     def record(self, record: Mapping[str, Any]) -> None:
         """Write one audit line, then hand it to every `recorded` handler (a failing one is logged)."""
         if self.audit is not None:
-            self.audit.write(dict(record))
+            self.audit.write(record)  # never changes it: the handlers get the same record
         self.recorded.emit(record)
 
     def signed_keyid(self) -> str | None:

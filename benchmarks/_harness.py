@@ -144,6 +144,41 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
     return cert, key
 
 
+def checkout_path(checkout: Path, scratch: Path) -> str:
+    """A PYTHONPATH under which `etiquette_addons` and `etiquette_proxy` are `checkout`'s own.
+
+    `checkout` is another checkout of this repository (`git worktree add /tmp/before main`,
+    or `git archive BASE` unpacked): it holds `addons/` (installed as `etiquette_addons`) and
+    `etiquette_proxy/`. PYTHONPATH=checkout alone is not enough: it has no `etiquette_addons`
+    folder, so the editable install's finder would hand out *this* checkout's addons over the
+    other checkout's core — a mixed proxy that fails at import once the two disagree (that is
+    how `overhead.py --before DIR` failed to start), or, worse, measures the wrong code. So the
+    two packages are linked side by side in `scratch`, and the interpreter is asked where they
+    resolve from before any proxy starts; a mismatch stops the benchmark, naming both paths.
+    """
+    checkout = checkout.resolve()
+    addons, core = checkout / "addons", checkout / "etiquette_proxy"
+    for need in (addons / "cli.py", core / "__init__.py"):
+        if not need.is_file():
+            raise SystemExit(f"--before {checkout}: {need} is missing (expected a checkout of etiquette-proxy)")
+    scratch.mkdir(parents=True, exist_ok=True)
+    for name, target in (("etiquette_addons", addons), ("etiquette_proxy", core)):
+        link = scratch / name
+        if not link.is_symlink():
+            link.symlink_to(target, target_is_directory=True)
+    probe = ("import etiquette_addons.cli, etiquette_proxy.config, os; "
+             "print(os.path.realpath(etiquette_addons.cli.__file__)); "
+             "print(os.path.realpath(etiquette_proxy.config.__file__))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                         env=clean_env(str(scratch)), cwd=scratch)  # not our cwd: `-c` puts it first on sys.path
+    got = out.stdout.split()
+    want = [str(addons / "cli.py"), str(core / "config.py")]
+    if out.returncode != 0 or got != want:
+        raise SystemExit(f"--before {checkout}: its packages do not import as its own (wanted {want}, "
+                         f"got {got}); stderr: {out.stderr.strip()[-600:]}")
+    return str(scratch)
+
+
 def etiquette_command(state_dir: Path, sets: Sequence[str] = (), extra: Sequence[str] = ()) -> list[str]:
     exe = shutil.which("etiquette-proxy", path=str(BIN)) or "etiquette-proxy"
     cmd = [exe, "run", "--listen-port", "0", "--state-dir", str(state_dir)]
@@ -161,7 +196,12 @@ def start_etiquette(state_dir: Path, sets: Sequence[str] = (), prefix: Sequence[
     proc = subprocess.Popen([*prefix, *etiquette_command(state_dir, sets)], stdout=subprocess.PIPE,
                             stderr=stderr, text=True, env=clean_env(pythonpath))
     stderr.close()
-    return Started("etiquette-proxy", proc, _ready_line(proc, "etiquette-proxy listening on "))
+    try:
+        url = _ready_line(proc, "etiquette-proxy listening on ")
+    except RuntimeError as e:
+        tail = (state_dir.parent / f"{state_dir.name}.stderr").read_text(errors="replace")[-1500:]
+        raise RuntimeError(f"{e}; its stderr ends:\n{tail}") from None
+    return Started("etiquette-proxy", proc, url)
 
 
 def start_mitmdump(confdir: Path, extra: Sequence[str] = (), prefix: Sequence[str] = (),

@@ -21,7 +21,11 @@ all members measured in the same run, so the shares do not depend on run-to-run 
 `--each`'s differences do. `--no-validators`: the test responses carry no ETag and
 no Last-Modified, so every response is fetched, stored and fingerprinted (issue 17's other path).
 
-    python benchmarks/chain_cost.py [--requests 5000] [--paths 64] [--each | --per-hook] [--no-validators]
+`--before DIR`: `--per-hook` of another checkout DIR (e.g. `git worktree add /tmp/before main`) and of
+this one, each round in a process of its own, alternating; per member, before and after side by side.
+
+    python benchmarks/chain_cost.py [--requests 5000] [--paths 64] [--each | --per-hook | --before DIR]
+                                    [--no-validators]
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import inspect
+import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,10 +43,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+OTHER_CHECKOUT = "ETIQUETTE_CHAIN_COST_OTHER"  # set in the before arm's environment (--before)
 
-from _harness import header, percentile  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+if not os.environ.get(OTHER_CHECKOUT):  # else PYTHONPATH names the other checkout's packages
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _harness import checkout_path, clean_env, header, percentile  # noqa: E402
 
 SITE_HOST, SITE_PORT = "127.0.0.1", 8000
 SETS = [f'sites."{SITE_HOST}".pacing.rate=100000', f'sites."{SITE_HOST}".pacing.burst=100000',
@@ -177,8 +187,8 @@ def http_response(flow):  # type: ignore[no-untyped-def]
     return HttpResponseHook(flow)
 
 
-def per_hook(n: int, paths: int, rounds: int, validators: bool) -> int:
-    """CPU µs per flow in each member's hooks (median of rounds), next to the whole chain's."""
+def hook_rounds(n: int, paths: int, rounds: int, validators: bool) -> tuple[list[tuple[float, str]], float]:
+    """(µs per flow, "Member.hook") medians over `rounds`, and the whole dispatch per flow."""
     from statistics import median
 
     spent_rounds: list[dict[str, int]] = []
@@ -190,10 +200,18 @@ def per_hook(n: int, paths: int, rounds: int, validators: bool) -> int:
             spent_rounds.append(spent)
             whole.append(sum(times) / len(times))
     labels = sorted({k for s in spent_rounds for k in s})
-    rows = [(median([s.get(k, 0) / 1000 / n for s in spent_rounds]), k) for k in labels]
+    return [(median([s.get(k, 0) / 1000 / n for s in spent_rounds]), k) for k in labels], median(whole)
+
+
+def per_hook(n: int, paths: int, rounds: int, validators: bool, json_out: str | None = None) -> int:
+    """CPU µs per flow in each member's hooks (median of rounds), next to the whole chain's."""
+    rows, whole = hook_rounds(n, paths, rounds, validators)
+    if json_out:
+        Path(json_out).write_text(json.dumps({"rows": rows, "whole": whole}))
+        return 0
     total = sum(us for us, _ in rows)
     print(f"\nCPU µs per flow in each hook ({'with' if validators else 'without'} validators; median of "
-          f"{rounds} rounds x {n} flows); whole dispatch per flow {median(whole):.1f} µs (mean), hooks {total:.1f} µs:")
+          f"{rounds} rounds x {n} flows); whole dispatch per flow {whole:.1f} µs (mean), hooks {total:.1f} µs:")
     per_member: dict[str, float] = {}
     for us, k in rows:
         per_member[k.split(".")[0]] = per_member.get(k.split(".")[0], 0.0) + us
@@ -201,6 +219,55 @@ def per_hook(n: int, paths: int, rounds: int, validators: bool) -> int:
         hooks = ", ".join(f"{k.split('.')[1]} {v:.1f}" for v, k in sorted(rows, reverse=True)
                           if k.startswith(member + "."))
         print(f"  {us:8.1f} µs  {100 * us / total:5.1f}%  {member:<18} ({hooks})")
+    return 0
+
+
+def before_after(before: str, n: int, paths: int, rounds: int, validators: bool) -> int:
+    """`--per-hook` of another checkout (before) and of this one (after), each round in its
+    own process, alternating (before, after, after, before, ...): per member, the median of
+    the rounds, side by side, so a change's before/after comes from one run under one load."""
+    from statistics import median
+
+    me = [sys.executable, str(Path(__file__).resolve()), "--per-hook", "--rounds", "1", "--requests", str(n),
+          "--paths", str(paths), *([] if validators else ["--no-validators"])]
+    results: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+    with tempfile.TemporaryDirectory(prefix="etiquette-chain-ba-") as tmp:
+        env_before = clean_env(checkout_path(Path(before), Path(tmp) / "pythonpath"))
+        env_before[OTHER_CHECKOUT] = "1"
+        arms = [("before", env_before), ("after", clean_env())]
+        for r in range(rounds):
+            for name, env in arms if r % 2 == 0 else list(reversed(arms)):
+                out = Path(tmp) / f"{name}-{r}.json"
+                proc = subprocess.run([*me, "--json", str(out)], env=env, cwd=tmp, capture_output=True, text=True,
+                                      timeout=600)
+                if proc.returncode != 0:
+                    sys.exit(f"{name} round {r + 1} failed:\n{proc.stderr[-2000:]}")
+                results[name].append(json.loads(out.read_text()))
+                print(f"  {name} round {r + 1}: whole dispatch {results[name][-1]['whole']:.1f} µs/flow "
+                      f"(load {os.getloadavg()[0]:.2f})")
+                sys.stdout.flush()
+
+    def members(arm: str) -> dict[str, float]:
+        per_round = []
+        for res in results[arm]:
+            totals: dict[str, float] = {}
+            for us, label in res["rows"]:
+                totals[label.split(".")[0]] = totals.get(label.split(".")[0], 0.0) + us
+            per_round.append(totals)
+        names = {k for t in per_round for k in t}
+        return {k: median([t.get(k, 0.0) for t in per_round]) for k in names}
+
+    b, a = members("before"), members("after")
+    wb, wa = median([x["whole"] for x in results["before"]]), median([x["whole"] for x in results["after"]])
+    print(f"\nCPU µs per flow, median of {rounds} alternating rounds x {n} flows "
+          f"({'with' if validators else 'without'} validators); before = {before}:")
+    print(f"  {'member':<20} {'before':>9} {'after':>9} {'change':>8}")
+    for name in sorted(set(b) | set(a), key=lambda k: -b.get(k, a.get(k, 0.0))):
+        x, y = b.get(name, 0.0), a.get(name, 0.0)
+        print(f"  {name:<20} {x:9.1f} {y:9.1f} {100 * (y - x) / x if x else 0.0:+7.0f}%")
+    sb, sa = sum(b.values()), sum(a.values())
+    print(f"  {'all hooks':<20} {sb:9.1f} {sa:9.1f} {100 * (sa - sb) / sb:+7.0f}%")
+    print(f"  {'whole dispatch':<20} {wb:9.1f} {wa:9.1f} {100 * (wa - wb) / wb:+7.0f}%  (mitmproxy's own included)")
     return 0
 
 
@@ -246,10 +313,17 @@ def main() -> int:
     ap.add_argument("--each", action="store_true", help="also without one chain member at a time")
     ap.add_argument("--per-hook", action="store_true", help="time every member's hooks in one run")
     ap.add_argument("--no-validators", action="store_true", help="responses without ETag/Last-Modified")
+    ap.add_argument("--before", metavar="DIR",
+                    help="--per-hook of checkout DIR and of this one, alternating rounds (one process each)")
+    ap.add_argument("--json", metavar="OUT", help=argparse.SUPPRESS)  # --before's rounds report here
     args = ap.parse_args()
     if not 100 <= args.requests <= 200_000 or not 1 <= args.rounds <= 20:
         ap.error("requests in 100..200000, rounds in 1..20")
+    if args.json:
+        return per_hook(args.requests, args.paths, args.rounds, not args.no_validators, args.json)
     header("addon layer cost per request, in-process (mitmproxy dispatch, no sockets)")
+    if args.before:
+        return before_after(args.before, args.requests, args.paths, args.rounds, not args.no_validators)
     if args.each:
         return each_member(args.requests, args.paths, args.rounds, not args.no_validators)
     if args.per_hook:

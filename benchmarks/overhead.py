@@ -33,10 +33,11 @@ CONNECT is once per connection, so reverse mode measures the same per-request wo
 CPU per request includes accepting and setting up a connection (what benchmarks/held.py's
 `free` scenario pays per request).
 
-`--before DIR` adds an arm (c0): the same chain from another checkout (DIR holds its
-`etiquette_addons` and `etiquette_proxy` packages, e.g. `git archive BASE` with
-`ln -s addons etiquette_addons`), alternating with b and c in every round: a change's
-before/after from one run, under the same load.
+`--before DIR` adds an arm (c0): the same chain from another checkout DIR (`git worktree add
+/tmp/before main`, or `git archive BASE` unpacked), alternating with b and c in every round: a
+change's before/after from one run, under the same load. DIR's `addons/` and `etiquette_proxy/`
+are linked side by side as `etiquette_addons`/`etiquette_proxy` and checked to import from DIR
+before anything starts (PYTHONPATH=DIR alone mixed DIR's core with this checkout's addons).
 
     python benchmarks/overhead.py [--rounds 5] [--duration 5] [--connections 16] [--sign]
                                   [--no-validators] [--https] [--before DIR] [--close]
@@ -45,6 +46,7 @@ before/after from one run, under the same load.
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -57,6 +59,7 @@ from _harness import (  # noqa: E402
     WrkResult,
     audit_summary,
     check,
+    checkout_path,
     header,
     median,
     self_signed,
@@ -94,12 +97,14 @@ def _reverse(site: Started) -> list[str]:
 
 
 def start_chain(tmp: Path, site: Started, sets: list[str], https: bool, prefix: list[str] | None = None,
-                pythonpath: str | None = None) -> tuple[Started, Path]:
-    """The etiquette chain (of this checkout, or of `pythonpath`) and its state dir."""
+                checkout: Path | None = None) -> tuple[Started, Path]:
+    """The etiquette chain (of this checkout, or of another `checkout`) and its state dir."""
     state = tmp / "state"
+    pythonpath = checkout_path(checkout, tmp / "pythonpath") if checkout else None
     if not https:
         return start_etiquette(state, sets, prefix=prefix or (), pythonpath=pythonpath), state
-    chain = [*_reverse(site), "-s", str(ROOT / "addons" / "etiquette.py"), "--set", f"etiquette_state_dir={state}",
+    entry = (checkout or ROOT).resolve() / "addons" / "etiquette.py"
+    chain = [*_reverse(site), "-s", str(entry), "--set", f"etiquette_state_dir={state}",
              "--set", "etiquette_ready_line=false"]
     for s in [*sets, "upstream.insecure=true"]:
         chain += ["--set", f"etiquette_set={s}"]
@@ -157,9 +162,12 @@ def main() -> int:
         mitm, ety, state = start_proxies(Path(tmp), site, sets, args.https)
         procs = [site, mitm, ety]
         if args.before:
-            before, _ = start_chain(Path(tmp) / "c0", site, sets, args.https,
-                                    pythonpath=str(Path(args.before).resolve()))
+            before, _ = start_chain(Path(tmp) / "c0", site, sets, args.https, checkout=Path(args.before))
             procs.append(before)
+            rev = subprocess.run(["git", "-C", args.before, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                 text=True, timeout=10).stdout.strip() or "?"
+            print(f"(c0) before: {before.name} of {Path(args.before).resolve()} (commit {rev}) {before.url} "
+                  f"(pid {before.pid})")
         with started(*procs):
             print(f"site {site.url} (pid {site.pid}); {mitm.name} {mitm.url} (pid {mitm.pid}); "
                   f"{ety.name} {ety.url} (pid {ety.pid}), sets: {' '.join(sets)}")

@@ -21,6 +21,7 @@ own time. `--no-validators` and `--https` choose the site and the path as in ove
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -34,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _harness import BIN, HERE, header, self_signed, start_site, started, wrk  # noqa: E402
-from overhead import FAST_PACING, load_args, start_proxies  # noqa: E402
+from overhead import FAST_PACING, load_args, start_chain, start_proxies  # noqa: E402
 
 OURS = ("addons/", "etiquette_proxy/", "etiquette_addons/")
 ROOT_TEXT = str(Path(__file__).resolve().parent.parent) + "/"
@@ -122,6 +123,27 @@ def short_path(file: str) -> str:
     return "/".join(parts[-2:]) if len(parts) >= 2 else file
 
 
+def summarise_stalls(path: Path, requests: int, top: int) -> None:
+    """What held the event loop (benchmarks/_stalls_run.py's summary)."""
+    s = json.loads(path.read_text())
+    stalls, over = s["stalls_ms"], s["stall_ms_over"]
+    print(f"event-loop callbacks: {s['callbacks']:,} ({s['callbacks'] / max(1, requests):.1f} per request); "
+          f"wall time per callback (µs, log2 buckets): "
+          + ", ".join(f"<{2 * int(k)}: {v}" for k, v in s["histogram_us_log2"].items()))
+    print(f"callbacks over {over:g} ms: {len(stalls)} (1 per {requests / max(1, len(stalls)):.0f} requests), "
+          f"total {sum(stalls):.1f} ms; longest: {', '.join(f'{x:.1f}' for x in stalls[:10])} ms")
+    for gen in ("0", "1", "2"):
+        pauses = s["gc_ms"][gen]
+        if pauses:
+            print(f"  gc generation {gen}: {len(pauses)} collections, total {sum(pauses):.1f} ms, "
+                  f"longest {', '.join(f'{x:.2f}' for x in pauses[:5])} ms")
+    print(f"  objects the collector tracks: {s['gc_tracked_objects']:,} (frozen, never scanned: "
+          f"{s['gc_frozen_objects']:,}); gc thresholds {tuple(s['gc_threshold'])}")
+    print(f"where the loop was {over:g} ms into a long callback (sampled once per stall):")
+    for place, n in s["stall_places"][:top]:
+        print(f"  {n:5d}  {place}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=int, default=10, help="seconds of load and sampling (default 10)")
@@ -131,10 +153,12 @@ def main() -> int:
     ap.add_argument("--keep", metavar="DIR", help="keep the raw stacks (or cProfile output) here")
     ap.add_argument("--target", choices=("etiquette", "mitmdump"), default="etiquette",
                     help="profile etiquette-proxy (default) or bare mitmdump, for comparison")
-    ap.add_argument("--profiler", choices=("py-spy", "cprofile"), default="py-spy")
+    ap.add_argument("--profiler", choices=("py-spy", "cprofile", "stalls"), default="py-spy")
     ap.add_argument("--no-validators", action="store_true", help="the site sends no ETag/Last-Modified")
     ap.add_argument("--https", action="store_true", help="TLS on both sides (reverse mode, as overhead.py)")
     ap.add_argument("--close", action="store_true", help="a new client connection per request")
+    ap.add_argument("--checkout", metavar="DIR",
+                    help="profile the chain of another checkout DIR (as overhead.py --before)")
     args = ap.parse_args()
     if not 1 <= args.duration <= 120:
         ap.error("duration in 1..120 s")
@@ -145,9 +169,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="etiquette-prof-") as tmp:
         out_dir = Path(args.keep) if args.keep else Path(tmp)
         out_dir.mkdir(parents=True, exist_ok=True)
-        raw = out_dir / ("proxy.collapsed" if args.profiler == "py-spy" else f"{args.target}.cprofile")
+        raw = out_dir / {"py-spy": "proxy.collapsed", "cprofile": f"{args.target}.cprofile",
+                         "stalls": f"{args.target}.stalls.json"}[args.profiler]
         site = start_site(validators=not args.no_validators, tls=self_signed(Path(tmp)) if args.https else None)
-        prefix = [sys.executable, str(HERE / "_cprofile_run.py"), str(raw)] if args.profiler == "cprofile" else []
+        runner = {"cprofile": "_cprofile_run.py", "stalls": "_stalls_run.py"}.get(args.profiler)
+        prefix = [sys.executable, str(HERE / runner), str(raw)] if runner else []
         mitm, ety, _state = start_proxies(Path(tmp), site, list(FAST_PACING), args.https,
                                           prefix_b=prefix if args.target == "mitmdump" else None,
                                           prefix_c=prefix if args.target == "etiquette" else None)
@@ -155,12 +181,17 @@ def main() -> int:
         from _harness import stop
 
         stop(other)  # only the profiled proxy shares the machine with wrk and the site
+        if args.checkout and args.target == "etiquette":
+            stop(proxy)
+            proxy, _ = start_chain(Path(tmp) / "c0", site, list(FAST_PACING), args.https, prefix or None,
+                                   checkout=Path(args.checkout))
+            print(f"profiling the chain of {Path(args.checkout).resolve()}")
         with started(site, proxy):
             lua, lua_args = load_args(site, args.https, "64")
             wrk(proxy.url, lua, lua_args, args.connections, 2)  # warm-up
             spy = None
-            if args.profiler == "cprofile":
-                os.kill(proxy.pid, signal.SIGRTMIN + 5)  # _cprofile_run.START: profile the measured run only
+            if runner:
+                os.kill(proxy.pid, signal.SIGRTMIN + 5)  # START (_cprofile_run, _stalls_run): the measured run only
             if args.profiler == "py-spy":
                 cmd = [str(pyspy), "record", "--pid", str(proxy.pid), "--duration", str(args.duration), "--rate",
                        str(args.rate), "--format", "raw", "--nonblocking", "-o", str(raw)]
@@ -168,8 +199,8 @@ def main() -> int:
                 spy = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                 time.sleep(0.5)
             r = wrk(proxy.url, lua, lua_args, args.connections, args.duration, measure_pid=proxy.pid, close=args.close)
-            if args.profiler == "cprofile":
-                os.kill(proxy.pid, signal.SIGRTMIN + 6)  # _cprofile_run.STOP
+            if runner:
+                os.kill(proxy.pid, signal.SIGRTMIN + 6)  # STOP
                 deadline = time.monotonic() + 30
                 while not raw.exists() and time.monotonic() < deadline:
                     time.sleep(0.1)
@@ -187,6 +218,8 @@ def main() -> int:
                 return 1
         if args.profiler == "py-spy":
             summarise(raw, args.top)
+        elif args.profiler == "stalls":
+            summarise_stalls(raw, r.requests, args.top)
         else:
             summarise_cprofile(raw, r.requests, args.top)
         if args.keep:

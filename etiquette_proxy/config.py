@@ -355,6 +355,21 @@ class _View:
         raise AttributeError(key)
 
 
+class _ConfigView(_View):
+    """A view of the whole config (no site): its values never change (a reload makes a new
+    Config), so each attribute is looked up once and kept as a plain attribute (read on every
+    request: `config.upstream.read_timeout`, `config.mode`)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # its own slots, and copy/pickle probes: never config keys
+            raise AttributeError(name)
+        value = super().__getattr__(name)
+        if isinstance(value, _View):
+            value = _ConfigView(value._lookup, value._prefix)
+        self.__dict__[name] = value
+        return value
+
+
 _SECTIONS_OF: tuple[int, frozenset[str]] = (-1, frozenset())
 
 
@@ -394,7 +409,13 @@ class Config:
         return _View(lambda k: self.get(k, site))
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(_View(self.get), name)
+        if name.startswith("__"):  # copy/pickle probe dunders: not config keys
+            raise AttributeError(name)
+        # The values are fixed for the object's life: the first read of an attribute is kept
+        # on the instance (frozen: past the dataclass's __setattr__), later reads are plain.
+        value = getattr(_ConfigView(self.get), name)
+        object.__setattr__(self, name, value)
+        return value
 
 
 def defaults() -> Config:

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -59,3 +61,44 @@ def test_fetched_path_benchmark_runs_at_tiny_size() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "fingerprint 60 KiB HTML page" in proc.stdout and "after/before" in proc.stdout
     assert "get_record gone, absent" in proc.stdout
+
+
+def test_before_arm_imports_the_other_checkouts_own_packages(tmp_path: Path) -> None:
+    # overhead.py --before DIR: DIR is a plain checkout (addons/, etiquette_proxy/), as
+    # `git worktree add` makes it. Both packages must come from DIR, never this checkout's
+    # editable install (a mixed proxy failed to start once the two disagreed).
+    other = tmp_path / "other"
+    for pkg in ("addons", "etiquette_proxy"):
+        (other / pkg).mkdir(parents=True)
+    (other / "addons" / "__init__.py").write_text("")
+    (other / "addons" / "cli.py").write_text("WHO = 'other addons'\n")
+    (other / "etiquette_proxy" / "__init__.py").write_text("")
+    (other / "etiquette_proxy" / "config.py").write_text("WHO = 'other core'\n")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from _harness import checkout_path, clean_env
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    path = checkout_path(other, tmp_path / "shim")
+    proc = subprocess.run(
+        [sys.executable, "-c",
+         "import etiquette_addons.cli as a, etiquette_proxy.config as c; print(a.WHO, '|', c.WHO)"],
+        capture_output=True, text=True, timeout=60, env=clean_env(path), cwd=tmp_path,
+    )
+    assert proc.stdout.strip() == "other addons | other core", proc.stderr
+    (other / "etiquette_proxy" / "config.py").unlink()  # not a checkout of this project any more
+    with pytest.raises(SystemExit, match="config.py"):
+        checkout_path(other, tmp_path / "shim2")
+
+
+def test_chain_cost_before_arm_runs_a_plain_checkout() -> None:
+    # chain_cost.py --before DIR with this checkout as DIR: both arms start and report every
+    # member (the arm imports DIR's addons/ and etiquette_proxy/ through the linked folder).
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "chain_cost.py"), "--before", str(ROOT), "--rounds", "1",
+         "--requests", "100"],
+        capture_output=True, text=True, timeout=180, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "before round 1" in proc.stdout and "after round 1" in proc.stdout
+    assert "AuditWriter" in proc.stdout and "all hooks" in proc.stdout

@@ -16,6 +16,7 @@ import math
 import os
 import sys
 import threading
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -94,6 +95,23 @@ def audit_record(
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str)
 
 
+def _one_shot_encoder() -> Callable[[Any], str]:
+    """`_ENCODER.encode` for a dict, without the C encoder `encode` builds again for every call
+    (and its circular-reference dict: a record is flat data, never circular). The same bytes:
+    the same C function with the same options; pure-Python fallback where there is none."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return _ENCODER.encode
+    c_encode = make(None, _ENCODER.default, json.encoder.encode_basestring, None, ":", ",", False, False, True)
+
+    def encode(record: Any) -> str:
+        return "".join(c_encode(record, 0))
+    return encode
+
+
+_encode = _one_shot_encoder()
+
+
 class AuditLog:
     """Appends audit lines to a file (or stdout for "-"), flushed as written."""
 
@@ -122,11 +140,12 @@ class AuditLog:
             if f.read(1) != b"\n":
                 os.write(self._fd, b"\n")
 
-    def write(self, record: dict[str, Any]) -> None:
-        """Append one record as one chained line, in one write."""
-        if "chain" in record or "seq" in record:  # the chain's own keys come last, from here
+    def write(self, record: Mapping[str, Any]) -> None:
+        """Append one record as one chained line, in one write (the record is not changed)."""
+        if type(record) is not dict or "chain" in record or "seq" in record:
+            # the chain's own keys come last, from here
             record = {k: v for k, v in record.items() if k not in ("chain", "seq")}
-        text = _ENCODER.encode(record)
+        text = _encode(record)
         head = text[:-1] + "," if len(text) > 2 else "{"
         with self._lock:
             if self._fd < 0:

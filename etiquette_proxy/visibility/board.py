@@ -57,7 +57,9 @@ class SiteTally(SiteCounts):
     last_rate: float | None = None
     signed: Counter[str] = field(default_factory=Counter)  # SPEC §9: keyid -> requests signed with it
     not_signed: int = 0  # requests the client signed itself (or that could not be signed)
-    health: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=240))
+    # (the line's `ts` text, the board's clock when it came, score): `ts` is read as a time
+    # only when a snapshot asks (board.add runs once per request; snapshots are rare).
+    health: deque[tuple[Any, float, float]] = field(default_factory=lambda: deque(maxlen=240))
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -85,7 +87,9 @@ class SiteBoard:
         self._clock = clock
         self.started = clock()
         self.sites: dict[str, SiteTally] = {}
-        self.recent: deque[dict[str, Any]] = deque(maxlen=recent)
+        # Recent records as they came (audit records are not changed once written); their
+        # RECENT_KEYS are picked out when a snapshot asks, not once per request.
+        self.recent: deque[Mapping[str, Any]] = deque(maxlen=recent)
         self.records = 0
         self._latest: deque[float] = deque(maxlen=100_000)  # when recent decisions came (bounded)
 
@@ -95,12 +99,13 @@ class SiteBoard:
         if not isinstance(site, str) or not site:
             return
         if record.get("event") == "operator":  # an operator's action, not a request: recent only
-            self.recent.append({k: record.get(k) for k in RECENT_KEYS if record.get(k) is not None})
+            self.recent.append(record)
             if record.get("action") == "pause":
                 self.sites.setdefault(site, SiteTally())  # listed (and shown paused) before any request
             return
         self.records += 1
-        self._latest.append(self._clock())
+        now = self._clock()
+        self._latest.append(now)
         tally = self.sites.get(site)
         if tally is None:
             tally = self.sites[site] = SiteTally()
@@ -119,9 +124,8 @@ class SiteBoard:
             return  # the proxy's own robots.txt fetch
         score = health_score(record.get("health"))
         if score is not None:
-            at = epoch_of(record.get("ts")) or self._clock()
-            tally.health.append((at, score))
-        self.recent.append({k: record.get(k) for k in RECENT_KEYS if record.get(k) is not None})
+            tally.health.append((record.get("ts"), now, score))
+        self.recent.append(record)
 
     def snapshot(self, providers: Iterable[StatusProvider] = (),
                  identity: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -133,7 +137,7 @@ class SiteBoard:
             tally = self.sites[site]
             entry = tally.as_dict()
             entry["site"] = site
-            entry["health_history"] = [[round(t, 3), s] for t, s in tally.health]
+            entry["health_history"] = [[round(epoch_of(ts) or at, 3), s] for ts, at, s in tally.health]
             live: dict[str, Any] = {}
             for provider in providers:
                 try:
@@ -154,5 +158,5 @@ class SiteBoard:
             "records": self.records,
             "identity": dict(identity) if identity is not None else {"signing": False},
             "sites": sites,
-            "recent": list(reversed(self.recent)),
+            "recent": [{k: r.get(k) for k in RECENT_KEYS if r.get(k) is not None} for r in reversed(self.recent)],
         }

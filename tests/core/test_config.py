@@ -142,3 +142,25 @@ def test_unreadable_file(tmp_path):
     bad.write_bytes(b"\xff\xfe\x00")
     with pytest.raises(ConfigError, match="cannot be read"):
         load_config_file(str(bad))
+
+
+def test_attribute_reads_equal_get_for_every_key_and_stay_per_config_object():
+    # Attribute reads are kept on the Config object after the first (issue 17): they must be
+    # what get() says for every key, and a new object (a reload) must answer its own values.
+    from etiquette_proxy.config import SCHEMA, Config, defaults
+
+    for config in (defaults(), defaults()):
+        for key in SCHEMA:
+            node = config
+            for part in key.split("."):
+                node = getattr(node, part)
+            assert node == config.get(key), key
+            assert getattr(config, key.split(".")[0]) is getattr(config, key.split(".")[0])  # kept
+    first = defaults()
+    assert first.upstream.read_timeout == SCHEMA["upstream.read_timeout"].default
+    second = Config({**first.values, "upstream.read_timeout": 7.0})
+    assert second.upstream.read_timeout == 7.0 and first.upstream.read_timeout != 7.0
+    with pytest.raises(AttributeError):
+        _ = first.upstream.no_such_key
+    with pytest.raises(AttributeError):
+        _ = first.no_such_section

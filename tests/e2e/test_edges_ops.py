@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import requests
 
 from tests.e2e.proxy import ETIQUETTE, FAST_PACING, Proxy, clean_env
@@ -165,14 +166,21 @@ def test_a_site_that_resets_or_sends_garbage_gets_a_decision_and_a_line(start_pr
         garbage.close()
 
 
-def test_a_request_mitmproxy_refuses_gets_a_decision_and_a_truthful_line(start_proxy, site):
+# Requests mitmproxy refuses itself: a head it cannot read (Content-Length: abc), and one its
+# check_invalid refuses as a smuggling risk (both Transfer-Encoding and Content-Length) — the
+# path mitm_patches.check_invalid_recorded records, past its fast path for valid requests.
+REFUSED_BY_MITMPROXY = [("GET", "/smuggle", "Content-Length: abc\r\n\r\n"),
+                        ("POST", "/te-cl", "Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n")]
+
+
+@pytest.mark.parametrize(("method", "path", "rest"), REFUSED_BY_MITMPROXY)
+def test_a_request_mitmproxy_refuses_gets_a_decision_and_a_truthful_line(start_proxy, site, method, path, rest):
     proxy = start_proxy(sets=FAST_PACING)
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
-        s.sendall(f"GET {site.url('/smuggle')} HTTP/1.1\r\nHost: 127.0.0.1:{site.port}\r\n"
-                  "Content-Length: abc\r\n\r\n".encode())
+        s.sendall(f"{method} {site.url(path)} HTTP/1.1\r\nHost: 127.0.0.1:{site.port}\r\n{rest}".encode())
         head = s.recv(4096).split(b"\r\n\r\n", 1)[0].decode("latin-1")
     assert head.startswith("HTTP/1.1 400 ") and "X-Etiquette-Decision: refused" in head
-    [line] = lines_for(proxy, "/smuggle")
+    [line] = lines_for(proxy, path)
     assert (line["outcome"], line["status"], line["upstream_status"]) == ("refused", 400, None)
     assert site.paths() == []
 
