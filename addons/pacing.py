@@ -84,7 +84,6 @@ class Pacing:
         # (dropped when empty) and the contract version this process has applied.
         self._shared_lines: dict[str, SharedLine[tuple[float, connection.Client | None, SiteBudget]]] = {}
         self._versions: dict[str, int] = {}
-        self._background: set[asyncio.Task[None]] = set()
 
     # -- budgets -------------------------------------------------------------------------------
 
@@ -436,22 +435,12 @@ class Pacing:
         self._pump(site)
 
     def _shared_release(self, site: str, lease: str | None) -> None:
-        """Free the request's shared concurrency slot (in the background: the lease expires
-        anyway if Redis cannot be told)."""
+        """Free the request's shared concurrency slot (with the site's next ask, or within a turn
+        of the loop: RedisShared.release; the lease expires anyway if Redis cannot be told)."""
         shared = self.rt.shared
         if lease is None or shared is None:
             return
-        self._spawn(shared.release(site, lease))
-
-    def _spawn(self, call: Any) -> None:
-        async def run() -> None:
-            try:
-                await call
-            except SharedStateUnavailable:
-                pass  # said once in the log by the store
-        task = asyncio.get_running_loop().create_task(run())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        shared.release(site, lease)
 
     async def response(self, flow: http.HTTPFlow) -> None:
         """SPEC §10: a 429 seen here pauses the site for every instance before the client hears

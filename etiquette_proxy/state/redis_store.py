@@ -195,11 +195,11 @@ class RedisShared:
         reply = await self._call(self._reserve_many(keys=[*site_keys(PREFIX, site), OPERATOR], args=args))
         return list(zip(read_many_reply(reply, len(horizons)), leases, strict=False))
 
-    async def release(self, site: str, lease: str) -> None:
+    def release(self, site: str, lease: str) -> None:
         """The request is answered (or failed): its concurrency slot is free for every instance,
         with this instance's next reservation for the site or, at the latest, at the next turn
         of the event loop, in one round trip with every lease freed meanwhile (a lease Redis
-        cannot be told of expires by itself)."""
+        cannot be told of expires by itself). Called in the event loop; nothing to await."""
         self._freed.setdefault(site, []).append(lease)
         if self._freeing is None:
             self._freeing = asyncio.get_running_loop().create_task(self._free())

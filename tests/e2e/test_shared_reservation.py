@@ -69,14 +69,14 @@ def test_freed_leases_go_with_the_next_ask_or_in_one_round_trip(redis_server):
             assert [a.why for a, _ in first] == ["", "", "concurrency"]  # the cap of 2 is full
             # Both finish; the next ask, made before the loop turns, frees them in its own script.
             for _, lease in first[:2]:
-                await shared.release(site, lease)
+                shared.release(site, lease)
             again = await shared.reserve_many(site, 1000.0, 100, 2, 0, [1.0, 1.0])
             assert [a.granted for a, _ in again] == [True, True]
             assert sorted(x.decode() for x in await shared._client.zrange(leases_key, 0, -1)) == sorted(
                 lease for _, lease in again)
             # With no ask to ride on, they are freed within a turn or two of the loop.
             for _, lease in again:
-                await shared.release(site, lease)
+                shared.release(site, lease)
             for _ in range(100):  # bounded: a round trip on loopback
                 if await shared._client.zcard(leases_key) == 0:
                     break
