@@ -59,6 +59,8 @@ LEASE = "pacing_lease"          # the shared budget's concurrency lease (state.b
 PUBLISH = "pacing_publish"      # a 429 contract to share before the response goes on
 SHARED_DOWN_RETRY_S = 5         # Retry-After while the shared state (Redis) cannot be asked
 PAUSED_RETRY_S = 60  # Retry-After for a feature's pause (a restraint has no end time of its own)
+# A request in a site's SharedLine: when it arrived (monotonic), its client, its budget.
+_Ask = tuple[float, "connection.Client | None", SiteBudget]
 # What a parked request is woken with when its turn never comes.
 GONE = "gone"          # its client went away: dropped, never sent
 STOPPING = "stopping"  # the proxy stops: answered locally 503 `paused`
@@ -82,7 +84,7 @@ class Pacing:
         self._stop_watch: asyncio.Task[None] | None = None
         # SPEC §10 shared budget: per site, the in-process line to the shared reservation
         # (dropped when empty) and the contract version this process has applied.
-        self._shared_lines: dict[str, SharedLine[tuple[float, connection.Client | None, SiteBudget]]] = {}
+        self._shared_lines: dict[str, SharedLine[_Ask]] = {}
         self._versions: dict[str, int] = {}
 
     # -- budgets -------------------------------------------------------------------------------
@@ -378,15 +380,18 @@ class Pacing:
         (answer, why refused) with the Retry-After in wait_s."""
         line = self._shared_lines.get(site)
         if line is None:
+            def emptied() -> None:
+                if self._shared_lines.get(site) is line:
+                    del self._shared_lines[site]
+
             line = self._shared_lines[site] = SharedLine(
                 lambda asks: self._shared_ask(site, shared, asks),
                 lambda answer, ask: self._shared_refused(answer, *ask),
-                lambda lease: self._shared_release(site, lease),
-                lambda: self._shared_lines.pop(site, None) if self._shared_lines.get(site) is line else None)
+                lambda lease: self._shared_release(site, lease), emptied)
         return await line.book((started, client, budget))
 
     async def _shared_ask(self, site: str, shared: Any,
-                          asks: list[tuple[float, connection.Client | None, SiteBudget]]) -> list[tuple[Reservation, str]]:
+                          asks: list[_Ask]) -> list[tuple[Reservation, str]]:
         budget, now = asks[0][2], time.monotonic()
         booked: list[tuple[Reservation, str]] = await shared.reserve_many(
             site, budget.rate, budget.settings.burst, budget.max_concurrency(), self._versions.get(site, 0),
@@ -400,7 +405,8 @@ class Pacing:
         """The first request of the line not granted: (answer, why) to give up, or None once it
         waited and may ask again."""
         if answer.why == "operator":  # paused through another instance: at once
-            return Reservation(False, _operator_retry(answer.wait_s), answer.why, 0, ""), _operator_reason(answer.wait_s)
+            refusal = Reservation(False, _operator_retry(answer.wait_s), answer.why, 0, "")
+            return refusal, _operator_reason(answer.wait_s)
         if answer.wait_s > budget.settings.max_hold - (time.monotonic() - started):
             return answer, (f"shared budget ({answer.why}): expected wait {answer.wait_s:.1f}s "
                             f"is beyond pacing.max_hold; not sent to the site")

@@ -6,15 +6,18 @@ Default run: wrk (16 connections, 1 KiB pages, pacing out of the way for the sit
   (d) one `etiquette-proxy run` process, state.backend redis (a redis-server started here);
   (e) `etiquette-proxy run --workers 2`, state.backend redis: two worker processes on one port;
 in alternating rounds, medians, d/c, c/b and e/b. Targets (issue 15): d/c >= 0.85, e/b >= 1.3.
-wrk runs on the same 2 cores as the proxy (and, for (e), both workers): what it burns is taken
-from the workers, so (e) measures the machine, not the proxy's ceiling.
+Every arm gets the same site (benchmarks/site.py, no request log), the same wrk settings and
+pages. wrk runs on the same 2 cores as the proxy (and, for (e), both workers): what it burns is
+taken from the workers, so (e) measures the machine, not the proxy's ceiling. So each run also
+prints the CPU time every process spent per request (ms: the proxy, or each worker and the
+supervisor; the site; redis-server; wrk) and, for (e), the requests each worker answered.
 
 --exact: `run --workers 2` on one Redis, 64 wrk connections through its one port (the kernel
 spreads them over both workers), one site at pacing.rate 100 (burst 1): the site's own request
 log gives its measured rate and the most requests in any 1 s window. Target: within 2 % of
 100/s.
 
-    python benchmarks/workers.py [--rounds 3] [--duration 5]
+    python benchmarks/workers.py [--rounds 3] [--duration 5] [--workers 2]
     python benchmarks/workers.py --exact [--duration 10]
 """
 
@@ -44,8 +47,8 @@ from _harness import (  # noqa: E402
     header,
     median,
     start_etiquette,
-    start_site,
     start_mitmdump,
+    start_site,
     started,
     stop,
     wait_port,

@@ -243,7 +243,7 @@ def read_many_reply(reply: object, asks: int) -> list[Reservation]:
     if not isinstance(reply, list) or len(reply) < 5 or (len(reply) - 2) % 3 or (len(reply) - 2) // 3 > asks:
         raise ValueError(f"not a reservation reply for {asks} asks: {reply!r}")
     version, contract = int(_text(reply[0])), _text(reply[1])
-    out = []
+    out: list[Reservation] = []
     for i in range(2, len(reply), 3):
         granted, wait, why = (_text(x) for x in reply[i:i + 3])
         wait_s = float(wait)
