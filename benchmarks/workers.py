@@ -12,12 +12,17 @@ taken from the workers, so (e) measures the machine, not the proxy's ceiling. So
 prints the CPU time every process spent per request (ms: the proxy, or each worker and the
 supervisor; the site; redis-server; wrk) and, for (e), the requests each worker answered.
 
+`--before DIR` adds arms (d0) and (e0): (d) and (e) from another checkout (DIR holds its
+`etiquette_addons` and `etiquette_proxy` packages, e.g. `git archive BASE` with
+`ln -s addons etiquette_addons`), alternating with the others in every round: a change's
+before/after from one run, under the same load.
+
 --exact: `run --workers 2` on one Redis, 64 wrk connections through its one port (the kernel
 spreads them over both workers), one site at pacing.rate 100 (burst 1): the site's own request
 log gives its measured rate and the most requests in any 1 s window. Target: within 2 % of
 100/s.
 
-    python benchmarks/workers.py [--rounds 3] [--duration 5] [--workers 2]
+    python benchmarks/workers.py [--rounds 3] [--duration 5] [--workers 2] [--before DIR]
     python benchmarks/workers.py --exact [--duration 10]
 """
 
@@ -81,12 +86,14 @@ def start_logged_site(log: Path) -> Started:
     return Started("site", proc, _ready_line(proc, "site listening on "))
 
 
-def start_workers(state_dir: Path, sets: list[str], workers: int) -> Started:
+def start_workers(state_dir: Path, sets: list[str], workers: int, pythonpath: str | None = None) -> Started:
     """`etiquette-proxy run --workers N`: its one ready line comes once every worker listens."""
     state_dir.mkdir(parents=True, exist_ok=True)
     stderr = open(state_dir.parent / f"{state_dir.name}.stderr", "ab")
+    # The workers are `python -m etiquette_addons.cli`, which puts the working directory first on
+    # sys.path: for another checkout's code, run from that checkout.
     proc = subprocess.Popen(etiquette_command(state_dir, sets, ["--workers", str(workers)]), stdout=subprocess.PIPE,
-                            stderr=stderr, text=True, env=clean_env())
+                            stderr=stderr, text=True, env=clean_env(pythonpath), cwd=pythonpath)
     stderr.close()
     return Started(f"etiquette-proxy --workers {workers}", proc, _ready_line(proc, "etiquette-proxy listening on "))
 
@@ -156,39 +163,51 @@ def compare(args: argparse.Namespace, tmp: Path) -> int:
     disk = start_etiquette(tmp / "disk", FAST_PACING)
     shared = start_etiquette(tmp / "shared", on_redis)
     workers = start_workers(tmp / "workers", on_redis, args.workers)
-    runs: dict[str, list[WrkResult]] = {"b": [], "c": [], "d": [], "e": []}
-    cpu: dict[str, list[dict[str, float]]] = {"b": [], "c": [], "d": [], "e": []}
-    spread: list[list[int]] = []
-    with started(site, redis, mitm, disk, shared, workers):
-        targets = {"b": mitm, "c": disk, "d": shared, "e": workers}
-        on = {"b": None, "c": None, "d": redis, "e": redis}
+    targets = {"b": mitm, "c": disk, "d": shared, "e": workers}
+    on = {"b": None, "c": None, "d": redis, "e": redis}
+    audit_dirs = {"e": tmp / "workers"}
+    if args.before:
+        before = str(Path(args.before).resolve())
+        targets["d0"] = start_etiquette(tmp / "shared0", on_redis, pythonpath=before)
+        targets["e0"] = start_workers(tmp / "workers0", on_redis, args.workers, pythonpath=before)
+        on.update(d0=redis, e0=redis)
+        audit_dirs["e0"] = tmp / "workers0"
+    runs: dict[str, list[WrkResult]] = {k: [] for k in targets}
+    cpu: dict[str, list[dict[str, float]]] = {k: [] for k in targets}
+    spread: dict[str, list[list[int]]] = {"e": [], "e0": []}
+    with started(site, redis, *targets.values()):
         for name, proxy in targets.items():
             show(f"warm-up {name}", wrk(proxy.url, "proxy.lua", [site.url, "64"], args.connections, 2.0))
         for i in range(args.rounds):
             order = list(targets.items()) if i % 2 == 0 else list(reversed(targets.items()))
             for name, proxy in order:
                 r, per, lines = measured(proxy, site, on[name], args.connections, args.duration,
-                                         tmp / "workers" if name == "e" else None)
+                                         audit_dirs.get(name))
                 runs[name].append(r)
                 cpu[name].append(per)
                 show(f"({name}) round {i + 1}", r)
                 print("      CPU ms/request: " + ", ".join(f"{k} {v:.3f}" for k, v in per.items())
                       + (f"; requests per worker {lines}" if lines else ""))
                 if lines:
-                    spread.append(lines)
+                    spread[name].append(lines)
         print(f"wrk command (e, last): {runs['e'][-1].command}")
     rps = {k: median([r.rps for r in v]) for k, v in runs.items()}
     p99 = {k: median([r.p99_ms for r in v]) for k, v in runs.items()}
     print(f"\nmedians over {args.rounds} rounds, {args.connections} connections, {args.duration:g} s each:")
-    for k, label in (("b", "bare mitmdump"), ("c", "one process, diskcache"), ("d", "one process, Redis"),
-                     ("e", f"--workers {args.workers}, Redis")):
+    labels = {"b": "bare mitmdump", "c": "one process, diskcache", "d": "one process, Redis",
+              "e": f"--workers {args.workers}, Redis", "d0": "(d) before", "e0": "(e) before"}
+    for k in targets:
         per = {name: median([c[name] for c in cpu[k]]) for name in cpu[k][0]}
         shown = ", ".join(f"{n} {v:.3f}" for n, v in per.items())
-        print(f"  ({k}) {label:<24} {rps[k]:9.1f} req/s  p99 {p99[k]:8.2f} ms  CPU ms/request: {shown} "
+        print(f"  ({k}) {labels[k]:<24} {rps[k]:9.1f} req/s  p99 {p99[k]:8.2f} ms  CPU ms/request: {shown} "
               f"(total {sum(per.values()):.3f})")
-    if spread:
-        shares = [max(s) / max(1, sum(s)) for s in spread]
-        print(f"  (e) busiest worker's share of requests: {', '.join(f'{x:.2f}' for x in shares)}")
+    for k, seen in spread.items():
+        if seen:
+            shares = [max(s) / max(1, sum(s)) for s in seen]
+            print(f"  ({k}) busiest worker's share of requests: {', '.join(f'{x:.2f}' for x in shares)}")
+    if args.before:
+        print(f"  before: d0/c {rps['d0'] / rps['c']:.3f}, e0/b {rps['e0'] / rps['b']:.3f}; "
+              f"after/before: d/d0 {rps['d'] / rps['d0']:.3f}, e/e0 {rps['e'] / rps['e0']:.3f}")
     print(f"  d/c throughput {rps['d'] / rps['c']:.3f}, c/b {rps['c'] / rps['b']:.3f}, "
           f"d/b {rps['d'] / rps['b']:.3f}, e/b {rps['e'] / rps['b']:.3f}, e/d {rps['e'] / rps['d']:.3f}; "
           f"p99 d - c {p99['d'] - p99['c']:+.2f} ms")
@@ -240,6 +259,7 @@ def main() -> int:
     ap.add_argument("--connections", type=int, default=None, help="wrk connections (16; --exact: 64)")
     ap.add_argument("--exact", action="store_true", help="--workers 2 on one Redis, one site at rate 100")
     ap.add_argument("--workers", type=int, default=2, help="worker processes in arm (e) (default 2)")
+    ap.add_argument("--before", metavar="DIR", help="arms d0 and e0: (d) and (e) of another checkout (see above)")
     args = ap.parse_args()
     if not 1 <= args.rounds <= 20 or not 0.5 <= args.duration <= 120:
         ap.error("rounds in 1..20, duration in 0.5..120 s")
