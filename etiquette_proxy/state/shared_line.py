@@ -68,10 +68,11 @@ class SharedLine(Generic[Who]):
         return await ask.future
 
     async def _run(self) -> None:
+        batch: list[_Ask[Who]] = []
         try:
             tries = 0
             while self._asks:
-                batch: list[_Ask[Who]] = []
+                batch = []
                 while self._asks and len(batch) < MAX_ASKS:
                     ask = self._asks.popleft()
                     if not ask.future.done():  # a request cancelled while waiting asks nothing
@@ -82,9 +83,8 @@ class SharedLine(Generic[Who]):
                 try:
                     answers = await self._ask_many([a.who for a in batch])
                 except Exception as e:  # noqa: BLE001 - every request of the round trip hears of it
-                    for ask in batch:
-                        if not ask.future.done():
-                            ask.future.set_exception(e)
+                    _fail(batch, e)
+                    batch = []
                     continue
                 for ask, (answer, lease) in zip(batch, answers, strict=False):
                     if not answer.granted:
@@ -98,23 +98,32 @@ class SharedLine(Generic[Who]):
                 if answers and not answers[-1][0].granted:
                     head = batch[len(answers) - 1]
                     tries += 1
-                    final = None if head.future.done() else await self._refused(answers[-1][0], head.who)
-                    if final is None and tries >= MAX_TRIES:
-                        final = (Reservation(False, 1.0, "", 0, ""), "shared budget: no turn; not sent to the site")
-                    if final is None:
-                        rest.insert(0, head)
+                    try:
+                        final = None if head.future.done() else await self._refused(answers[-1][0], head.who)
+                    except Exception as e:  # noqa: BLE001 - this request hears of it; the line goes on
+                        _fail([head], e)
+                        final, tries = None, 0
                     else:
-                        tries = 0
-                        if not head.future.done():
-                            head.future.set_result(final)
+                        if final is None and tries >= MAX_TRIES:
+                            final = (Reservation(False, 1.0, "", 0, ""), "shared budget: no turn; not sent to the site")
+                        if final is None:
+                            rest.insert(0, head)
+                        else:
+                            tries = 0
+                            if not head.future.done():
+                                head.future.set_result(final)
                 self._asks.extendleft(reversed(rest))
+                batch = []
         finally:
             self._runner = None
-            if not self._asks:
-                self._done()
-            else:  # ended by an error of ours: whoever waits hears of it rather than waiting forever
-                while self._asks:
-                    ask = self._asks.popleft()
-                    if not ask.future.done():
-                        ask.future.set_exception(RuntimeError("shared line stopped"))
-                self._done()
+            # Ended by cancellation (the loop stops) or an error of ours: whoever still waits
+            # hears of it rather than waiting forever.
+            _fail([*batch, *self._asks], RuntimeError("shared line stopped"))
+            self._asks.clear()
+            self._done()
+
+
+def _fail(asks: list[_Ask[Who]], error: BaseException) -> None:
+    for ask in asks:
+        if not ask.future.done():
+            ask.future.set_exception(error)

@@ -149,3 +149,35 @@ def test_one_round_trip_carries_at_most_max_asks(n):
         assert budget.granted == [f"r{i}" for i in range(n)]
 
     asyncio.run(main())
+
+
+def test_a_head_whose_wait_fails_hears_of_it_and_the_ones_behind_are_still_asked():
+    async def main() -> None:
+        budget = FakeBudget(slots=0)
+
+        async def wait_fails_for_r0(answer: Reservation, who: str) -> tuple[Reservation, str] | None:
+            budget.slots = 5
+            if who == "r0":
+                raise OSError("the wait went wrong")
+            return None
+
+        line = line_for(budget, refused=wait_fails_for_r0)
+        r0, r1 = await asyncio.gather(line.book("r0"), line.book("r1"), return_exceptions=True)
+        assert isinstance(r0, OSError)
+        assert r1 == (GO, "lease-r1")
+
+    asyncio.run(main())
+
+
+def test_a_line_stopped_with_the_loop_leaves_nobody_waiting_forever():
+    async def main() -> None:
+        budget = FakeBudget(slots=10)
+        line = line_for(budget)
+        waiting = asyncio.ensure_future(line.book("r0"))
+        await ask_out(budget)
+        assert line._runner is not None
+        line._runner.cancel()  # what stopping the loop does to it
+        done, _ = await asyncio.wait([waiting], timeout=5)  # a bound, not a speed: it fails at once
+        assert done and isinstance(waiting.exception(), RuntimeError) and "stopped" in str(waiting.exception())
+
+    asyncio.run(main())
