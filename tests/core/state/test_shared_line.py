@@ -49,6 +49,14 @@ async def ask_out(budget: FakeBudget) -> None:
     raise AssertionError("no round trip")
 
 
+async def r0_asking(budget: FakeBudget) -> tuple[SharedLine[str], asyncio.Future[tuple[Reservation, str]]]:
+    """A line whose first request, r0, has its ask out."""
+    line = line_for(budget)
+    waiting = asyncio.ensure_future(line.book("r0"))
+    await ask_out(budget)
+    return line, waiting
+
+
 def line_for(budget: FakeBudget, refused=None, done=None) -> SharedLine[str]:
     async def wait_then_ask_again(answer: Reservation, who: str) -> tuple[Reservation, str] | None:
         budget.slots += 1  # meanwhile, a request elsewhere finished
@@ -124,9 +132,7 @@ def test_a_round_trip_that_fails_reaches_every_request_in_it_and_the_line_goes_o
 def test_a_request_cancelled_while_its_ask_is_out_gives_its_lease_back():
     async def main() -> None:
         budget = FakeBudget(slots=10)
-        line = line_for(budget)
-        waiting = asyncio.ensure_future(line.book("r0"))
-        await ask_out(budget)
+        line, waiting = await r0_asking(budget)
         waiting.cancel()
         assert (await line.book("r1"))[1] == "lease-r1"
         assert budget.freed == ["lease-r0"]
@@ -171,10 +177,7 @@ def test_a_head_whose_wait_fails_hears_of_it_and_the_ones_behind_are_still_asked
 
 def test_a_line_stopped_with_the_loop_leaves_nobody_waiting_forever():
     async def main() -> None:
-        budget = FakeBudget(slots=10)
-        line = line_for(budget)
-        waiting = asyncio.ensure_future(line.book("r0"))
-        await ask_out(budget)
+        line, waiting = await r0_asking(FakeBudget(slots=10))
         assert line._runner is not None
         line._runner.cancel()  # what stopping the loop does to it
         done, _ = await asyncio.wait([waiting], timeout=5)  # a bound, not a speed: it fails at once
