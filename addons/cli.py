@@ -43,6 +43,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="N proxy processes on one listening address, sharing state through Redis "
                           "(needs state.backend: redis; default 1)")
     run.add_argument("--worker", metavar="I", type=int, help=argparse.SUPPRESS)  # set by the supervisor
+    run.add_argument("--handoff-fd", metavar="FD", type=int, help=argparse.SUPPRESS)  # ditto: connections come here
 
     check = sub.add_parser("check-config", help="validate a config file; exit 2 listing every problem")
     check.add_argument("file", metavar="FILE")
@@ -131,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return verify_log(config, args)
     if args.workers != 1:
         return run_workers(config, args.config, overrides, args.workers)
-    return run(config, args.config, overrides, worker=args.worker)
+    return run(config, args.config, overrides, worker=args.worker, handoff_fd=args.handoff_fd)
 
 
 def check_config(path: str, overrides: Sequence[str] = ()) -> int:
@@ -333,7 +334,8 @@ def _setup_logging() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def run(config: Config, config_path: str | None, overrides: list[str], worker: int | None = None) -> int:
+def run(config: Config, config_path: str | None, overrides: list[str], worker: int | None = None,
+        handoff_fd: int | None = None) -> int:
     problem = _listen_problem(config, config_path or "--listen-host")
     if problem:
         print(problem, file=sys.stderr)
@@ -342,7 +344,7 @@ def run(config: Config, config_path: str | None, overrides: list[str], worker: i
     if worker is not None:  # one of `run --workers N`: on the supervisor's port, beside the others
         from etiquette_addons.mitm_patches import share_listening_port
 
-        share_listening_port()
+        share_listening_port(handoff_fd)
     try:
         return asyncio.run(_serve(config, config_path, overrides))
     except KeyboardInterrupt:

@@ -114,7 +114,8 @@ def install() -> None:
     mode_servers.asyncio = listening  # type: ignore[attr-defined]
 
 
-async def _start_server(handle: Any, *args: Any, reuse_port: bool | None, **kwargs: Any) -> Any:
+async def _start_server(handle: Any, *args: Any, reuse_port: bool | None, handoff_fd: int | None = None,
+                        **kwargs: Any) -> Any:
     # asyncio uses `backlog` twice: for listen() (the kernel's queue) and as how many
     # connections one readiness event accepts in a row before any of them is handled. At 4096
     # a herd was accepted up to the descriptor limit before the descriptor guard
@@ -128,6 +129,10 @@ async def _start_server(handle: Any, *args: Any, reuse_port: bool | None, **kwar
             sock.listen(LISTEN_BACKLOG)
         finally:
             sock.detach()  # the server's socket: not ours to close
+    if handoff_fd is not None:
+        from etiquette_addons.supervisor import receive_connections
+
+        receive_connections(handoff_fd, _ends_quietly_when_cancelled(handle))
     return server
 
 
@@ -145,12 +150,13 @@ def _ends_quietly_when_cancelled(handle: Any) -> Any:
     return handle_quietly
 
 
-def share_listening_port() -> None:
-    """`run --workers N`: listen with SO_REUSEPORT beside the other workers on the same port
-    (Linux spreads new connections over every socket in the group). Only workers do this: a
-    lone proxy must fail on a port already taken, not quietly share it."""
+def share_listening_port(handoff_fd: int | None = None) -> None:
+    """`run --workers N`: listen with SO_REUSEPORT beside the other workers on the same port, and
+    serve the connections the supervisor hands over on `handoff_fd` (supervisor.py says why).
+    Only workers do this: a lone proxy must fail on a port already taken, not quietly share it."""
     install()
-    mode_servers.asyncio.start_server = functools.partial(_start_server, reuse_port=True)  # type: ignore[attr-defined]
+    mode_servers.asyncio.start_server = functools.partial(  # type: ignore[attr-defined]
+        _start_server, reuse_port=True, **({} if handoff_fd is None else {"handoff_fd": handoff_fd}))
 
 
 def _before_error_hook(steps: Generator[Any, Any, Any], flow: Any, code: int, command: Any) -> Generator[Any, Any, Any]:

@@ -48,6 +48,7 @@ from etiquette_proxy.pacing.restraints import Restraints, fold, restraint_note
 from etiquette_proxy.pacing.throttle import ThrottleDecision
 from etiquette_proxy.sites import SiteRegistry
 from etiquette_proxy.state.redis_store import SharedStateUnavailable
+from etiquette_proxy.state.shared_line import SharedLine
 from etiquette_proxy.state.shared_pacing import Reservation
 from etiquette_proxy.visibility.page import human_seconds
 
@@ -64,6 +65,8 @@ LEASE = "pacing_lease"          # the shared budget's concurrency lease (state.b
 PUBLISH = "pacing_publish"      # a 429 contract to share before the response goes on
 SHARED_DOWN_RETRY_S = 5         # Retry-After while the shared state (Redis) cannot be asked
 PAUSED_RETRY_S = 60  # Retry-After for a feature's pause (a restraint has no end time of its own)
+# A request in a site's SharedLine: when it arrived (monotonic), its client, its budget.
+_Ask = tuple[float, "connection.Client | None", SiteBudget]
 # What a parked request is woken with when its turn never comes.
 GONE = "gone"          # its client went away: dropped, never sent
 STOPPING = "stopping"  # the proxy stops: answered locally 503 `paused`
@@ -85,11 +88,10 @@ class Pacing:
         self._by_client: dict[int, list[asyncio.Future[Turn | str]]] = {}   # id(client) -> its own
         self._timers: dict[str, asyncio.TimerHandle] = {}  # site -> when its line next moves
         self._stop_watch: asyncio.Task[None] | None = None
-        # SPEC §10 shared budget: per site, the in-process line to the shared reservation (FIFO
-        # lock, dropped when unused) and the contract version this process has applied.
-        self._shared_lines: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+        # SPEC §10 shared budget: per site, the in-process line to the shared reservation
+        # (dropped when empty) and the contract version this process has applied.
+        self._shared_lines: dict[str, SharedLine[_Ask]] = {}
         self._versions: dict[str, int] = {}
-        self._background: set[asyncio.Task[None]] = set()
 
     # -- budgets -------------------------------------------------------------------------------
 
@@ -380,34 +382,45 @@ class Pacing:
 
     async def _shared_book(self, site: str, budget: SiteBudget, shared: Any, started: float,
                            client: connection.Client | None) -> tuple[Reservation, str]:
-        """In arrival order (an asyncio lock is FIFO), ask until the shared budget grants a start
-        (now or booked); not granted: (answer, why refused) with the Retry-After in wait_s."""
-        lock, users = self._shared_lines.setdefault(site, (asyncio.Lock(), [0]))
-        users[0] += 1
-        try:
-            async with lock:
-                for _ in range(10_000):  # bounded
-                    left = budget.settings.max_hold - (time.monotonic() - started)
-                    answer, lease = await shared.reserve(site, budget.rate, budget.settings.burst,
-                                                         budget.max_concurrency(), self._versions.get(site, 0),
-                                                         left)
-                    self._learn(site, budget, answer)
-                    if answer.granted:
-                        return answer, lease
-                    if answer.why == "operator":  # paused through another instance: at once
-                        return (Reservation(False, _operator_retry(answer.wait_s), answer.why, 0, ""),
-                                _operator_reason(answer.wait_s))
-                    if answer.wait_s > left:
-                        return answer, (f"shared budget ({answer.why}): expected wait {answer.wait_s:.1f}s "
-                                        f"is beyond pacing.max_hold; not sent to the site")
-                    gone = await self._sleep(answer.wait_s, client)
-                    if gone:
-                        return Reservation(False, 1.0, gone, 0, ""), gone
-                return Reservation(False, 1.0, "", 0, ""), "shared budget: no turn; not sent to the site"
-        finally:
-            users[0] -= 1
-            if users[0] == 0:
-                del self._shared_lines[site]
+        """In arrival order (the site's SharedLine: the requests waiting when it moves ask in one
+        round trip), ask until the shared budget grants a start (now or booked); not granted:
+        (answer, why refused) with the Retry-After in wait_s."""
+        line = self._shared_lines.get(site)
+        if line is None:
+            def emptied() -> None:
+                if self._shared_lines.get(site) is line:
+                    del self._shared_lines[site]
+
+            line = self._shared_lines[site] = SharedLine(
+                lambda asks: self._shared_ask(site, shared, asks),
+                lambda answer, ask: self._shared_refused(answer, *ask),
+                lambda lease: self._shared_release(site, lease), emptied)
+        return await line.book((started, client, budget))
+
+    async def _shared_ask(self, site: str, shared: Any,
+                          asks: list[_Ask]) -> list[tuple[Reservation, str]]:
+        budget, now = asks[0][2], time.monotonic()
+        booked: list[tuple[Reservation, str]] = await shared.reserve_many(
+            site, budget.rate, budget.settings.burst, budget.max_concurrency(), self._versions.get(site, 0),
+            [budget.settings.max_hold - (now - started) for started, _, _ in asks])
+        if booked:
+            self._learn(site, budget, booked[0][0])
+        return booked
+
+    async def _shared_refused(self, answer: Reservation, started: float, client: connection.Client | None,
+                              budget: SiteBudget) -> tuple[Reservation, str] | None:
+        """The first request of the line not granted: (answer, why) to give up, or None once it
+        waited and may ask again."""
+        if answer.why == "operator":  # paused through another instance: at once
+            refusal = Reservation(False, _operator_retry(answer.wait_s), answer.why, 0, "")
+            return refusal, _operator_reason(answer.wait_s)
+        if answer.wait_s > budget.settings.max_hold - (time.monotonic() - started):
+            return answer, (f"shared budget ({answer.why}): expected wait {answer.wait_s:.1f}s "
+                            f"is beyond pacing.max_hold; not sent to the site")
+        gone = await self._sleep(answer.wait_s, client)
+        if gone:
+            return Reservation(False, 1.0, gone, 0, ""), gone
+        return None
 
     async def _sleep(self, seconds: float, client: connection.Client | None) -> str:
         """Wait `seconds`; "" when done, or why the request must not go (stopping, client gone)."""
@@ -435,22 +448,12 @@ class Pacing:
         self._pump(site)
 
     def _shared_release(self, site: str, lease: str | None) -> None:
-        """Free the request's shared concurrency slot (in the background: the lease expires
-        anyway if Redis cannot be told)."""
+        """Free the request's shared concurrency slot (with the site's next ask, or within a turn
+        of the loop: RedisShared.release; the lease expires anyway if Redis cannot be told)."""
         shared = self.rt.shared
         if lease is None or shared is None:
             return
-        self._spawn(shared.release(site, lease))
-
-    def _spawn(self, call: Any) -> None:
-        async def run() -> None:
-            try:
-                await call
-            except SharedStateUnavailable:
-                pass  # said once in the log by the store
-        task = asyncio.get_running_loop().create_task(run())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        shared.release(site, lease)
 
     async def response(self, flow: http.HTTPFlow) -> None:
         """SPEC §10: a 429 seen here pauses the site for every instance before the client hears

@@ -1,11 +1,22 @@
 """`etiquette-proxy run --workers N` (SPEC §3, §10): one supervisor, N proxy processes on one port.
 
-The supervisor takes the listening address first (a socket bound with SO_REUSEPORT, never
-listening, so it gets no connections; with port 0 it is also how the port is chosen) and keeps it
-for its whole life, so a restarted worker can always bind it again. Each worker is an ordinary
-`etiquette-proxy run` with `--worker I`: it listens with SO_REUSEPORT on that port
-(mitm_patches.share_listening_port), the kernel spreads new connections over the workers, and
-they share budgets, pauses and robots.txt only through Redis (SPEC §10).
+The supervisor takes the listening address first (a socket bound with SO_REUSEPORT; with port
+0 it is also how the port is chosen) and keeps it for its whole life, so a restarted worker can
+always bind it again. Each worker is an ordinary `etiquette-proxy run` with `--worker I`: it
+listens with SO_REUSEPORT on that port too (mitm_patches.share_listening_port: mitmproxy knows
+the address as its own, and refuses a request to itself), and they share budgets, pauses and
+robots.txt only through Redis (SPEC §10).
+
+Who serves a connection: the kernel's SO_REUSEPORT hash sends each *connection* to one socket
+of the group for its whole life, so a crawler's few keep-alive connections split unevenly
+(16 wrk connections: 65/35 seen) and one worker runs hot while the other waits. So the
+supervisor's socket listens first, a reuseport BPF program (`steer_to_first`) sends every new
+connection to it, and the supervisor hands each one on to the next ready worker in turn
+(round robin) over a Unix socket pair (SCM_RIGHTS; `receive_connections` in the worker): the
+same number of connections on every worker, one listening address. A worker that died is
+skipped until it is ready again; its connections in flight die with it. On a kernel without
+the program, the hash picks a socket as before, and what reaches the supervisor is handed on
+all the same.
 
 - Ready: one ready line (the `run` contract), printed once every worker has printed its own.
 - Operator controls: the supervisor writes `proxy-url` and `operator-token` once and removes
@@ -30,7 +41,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -43,6 +54,73 @@ READY_PREFIX = "etiquette-proxy listening on "
 START_TIMEOUT_S = 120.0  # a worker's start-up, generous for a loaded machine
 STOP_TIMEOUT_S = 15.0  # a worker's drain (DRAIN_S) and mitmproxy's stop, with room to spare
 _PR_SET_PDEATHSIG = 1
+LISTEN_BACKLOG = 4096  # as mitm_patches.LISTEN_BACKLOG: a herd waits in the kernel's queue
+ACCEPT_BATCH = 100  # connections accepted per readiness event
+HANDOFF_FLAG = "--handoff-fd"  # the worker's end of its hand-off socket pair (a hidden `run` option)
+_SO_ATTACH_REUSEPORT_CBPF = 51  # Linux asm-generic/socket.h
+_BPF_RET_K = 0x06  # BPF_RET | BPF_K
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def steer_to_first(sock: socket.socket) -> None:
+    """Every new connection on `sock`'s SO_REUSEPORT group goes to the group's first socket
+    (index 0: the first to listen, the supervisor's): a classic BPF program `ret #0`
+    (SO_ATTACH_REUSEPORT_CBPF, Linux >= 4.5). OSError where the kernel has no such option."""
+    program = (_SockFilter * 1)(_SockFilter(_BPF_RET_K, 0, 0, 0))
+    sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_REUSEPORT_CBPF, bytes(_SockFprog(1, program)))
+
+
+_receiving: dict[int, socket.socket] = {}  # fd -> the socket reading it (one per worker)
+
+
+def receive_connections(fd: int, handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+                        ) -> socket.socket | None:
+    """In a worker: serve every connection the supervisor hands over on the socket pair `fd`
+    with `handle`, as asyncio's start_server serves an accepted one (mitmproxy's handler); the
+    socket it reads (it owns `fd`), or None when `fd` is served already.
+    The supervisor gone (end of file): nothing more arrives (the worker dies with it). Once
+    per worker: mitmproxy may start one server per address family, both served from here."""
+    served = _receiving.get(fd)
+    if served is not None and served.fileno() == fd:
+        return None
+    loop = asyncio.get_running_loop()
+    channel = _receiving[fd] = socket.socket(fileno=fd)
+    channel.setblocking(False)
+
+    def receive() -> None:
+        for _ in range(ACCEPT_BATCH):
+            try:
+                data, fds, _, _ = socket.recv_fds(channel, 1, 1)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data, fds = b"", []
+            if not data and not fds:
+                loop.remove_reader(channel)
+                channel.close()
+                return
+            for each in fds:
+                sock = socket.socket(fileno=each)
+                sock.setblocking(False)
+                loop.create_task(_serve(sock))
+
+    async def _serve(sock: socket.socket) -> None:
+        reader = asyncio.StreamReader(loop=loop)
+        protocol = asyncio.StreamReaderProtocol(reader, handle, loop=loop)
+        try:
+            await loop.connect_accepted_socket(lambda: protocol, sock)
+        except OSError:
+            sock.close()  # gone before it was served: nothing was read from it
+
+    loop.add_reader(channel, receive)
+    return channel
 
 
 def _die_with_parent() -> None:
@@ -73,6 +151,8 @@ class Worker:
     proc: asyncio.subprocess.Process | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     pumps: list[asyncio.Task[None]] = field(default_factory=list)
+    channel: socket.socket | None = None  # the supervisor's end of the hand-off socket pair
+    handed: int = 0  # connections handed to it
 
 
 class Supervisor:
@@ -87,9 +167,18 @@ class Supervisor:
         self.token = new_token()
         self._sock = reserve_port(host, port)
         self.port = int(self._sock.getsockname()[1])
+        self._sock.listen(LISTEN_BACKLOG)  # first in the port's group: index 0
+        self._sock.setblocking(False)
+        try:
+            steer_to_first(self._sock)
+        except OSError as e:
+            log.warning("cannot steer new connections to the supervisor (%s): the kernel's hash spreads them", e)
         self.workers = [Worker(i) for i in range(1, count + 1)]
         self.stopping = asyncio.Event()
         self._written: list[str] = []
+        self._turn = 0  # the worker to hand the next connection to (round robin)
+        self._waiting: list[socket.socket] = []  # accepted while no worker was ready
+        self._accepting = False
 
     @property
     def url(self) -> str:
@@ -111,15 +200,22 @@ class Supervisor:
             if not await self._all_ready(rest):
                 return 1
             self._announce()
+            self._accept_again()
             watchers = [asyncio.create_task(self._watch(w)) for w in self.workers]
             await self.stopping.wait()
+            self._stop_accepting()
             for task in watchers:
                 task.cancel()
             await asyncio.gather(*watchers, return_exceptions=True)
             return 0
         finally:
+            self._stop_accepting()
             await self._stop_all()
             self._unannounce()
+            for sock in self._waiting:
+                sock.close()
+            for worker in self.workers:
+                self._close_channel(worker)
             self._sock.close()
 
     # -- starting -------------------------------------------------------------------------------
@@ -128,9 +224,20 @@ class Supervisor:
         env = dict(os.environ)
         env[TOKEN_ENV] = self.token
         worker.ready = asyncio.Event()
-        worker.proc = await asyncio.create_subprocess_exec(
-            *self.command(worker.index, self.port), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, env=env, preexec_fn=_die_with_parent)
+        self._close_channel(worker)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours.setblocking(False)
+        try:
+            worker.proc = await asyncio.create_subprocess_exec(
+                *self.command(worker.index, self.port), f"{HANDOFF_FLAG}={theirs.fileno()}",
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                env=env, preexec_fn=_die_with_parent, pass_fds=(theirs.fileno(),))
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()  # the worker's now
+        worker.channel = ours
         self.backoff.started(worker.index)
         assert worker.proc.stdout is not None and worker.proc.stderr is not None
         worker.pumps = [asyncio.create_task(self._pump_out(worker, worker.proc.stdout)),
@@ -141,6 +248,7 @@ class Supervisor:
         while line := await stream.readline():
             if not worker.ready.is_set() and line.startswith(READY_PREFIX.encode()):
                 worker.ready.set()
+                self._accept_again()  # connections that waited for a ready worker go now
                 continue
             self.out.write(line.decode(errors="replace"))
             self.out.flush()
@@ -204,6 +312,7 @@ class Supervisor:
         while not self.stopping.is_set():
             assert worker.proc is not None
             code = await worker.proc.wait()
+            self._close_channel(worker)  # no connection handed to a dead worker
             await asyncio.gather(*worker.pumps, return_exceptions=True)
             if self.stopping.is_set():
                 return
@@ -220,6 +329,67 @@ class Supervisor:
                 await asyncio.wait_for(worker.ready.wait(), START_TIMEOUT_S)
             if worker.ready.is_set():
                 log.warning("worker %d started again (pid %d)", worker.index, worker.proc.pid)
+
+    # -- handing connections on ------------------------------------------------------------------
+
+    def _accept_again(self) -> None:
+        """Accept (again): hand on what waited, then read the listening socket when it is ready."""
+        if self.stopping.is_set():
+            return
+        while self._waiting:
+            if not self._hand_off(self._waiting[0]):
+                return
+            self._waiting.pop(0).close()
+        if not self._accepting:
+            asyncio.get_running_loop().add_reader(self._sock, self._accept)
+            self._accepting = True
+
+    def _stop_accepting(self) -> None:
+        if self._accepting:
+            asyncio.get_running_loop().remove_reader(self._sock)
+            self._accepting = False
+
+    def _accept(self) -> None:
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, _ = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # out of descriptors, a reset before accept: the next one
+                log.debug("accept: %s", e)
+                return
+            if self._hand_off(conn):
+                conn.close()  # the worker's copy serves it
+                continue
+            # No worker ready (all restarting): hold it, and the rest in the kernel's queue.
+            self._waiting.append(conn)
+            self._stop_accepting()
+            return
+
+    def _hand_off(self, conn: socket.socket) -> bool:
+        """Give `conn` to the next ready worker in turn; False when none can take it."""
+        count = len(self.workers)
+        for step in range(count):
+            worker = self.workers[(self._turn + step) % count]
+            if worker.channel is None or not worker.ready.is_set():
+                continue
+            try:
+                socket.send_fds(worker.channel, [b"c"], [conn.fileno()])
+            except (BlockingIOError, InterruptedError):
+                continue  # its queue is full: busy, the next one takes it
+            except OSError:
+                self._close_channel(worker)  # died: skipped until started again
+                continue
+            worker.handed += 1
+            self._turn = (self._turn + step + 1) % count
+            return True
+        return False
+
+    @staticmethod
+    def _close_channel(worker: Worker) -> None:
+        if worker.channel is not None:
+            worker.channel.close()
+            worker.channel = None
 
     # -- stopping -------------------------------------------------------------------------------
 

@@ -6,15 +6,23 @@ Default run: wrk (16 connections, 1 KiB pages, pacing out of the way for the sit
   (d) one `etiquette-proxy run` process, state.backend redis (a redis-server started here);
   (e) `etiquette-proxy run --workers 2`, state.backend redis: two worker processes on one port;
 in alternating rounds, medians, d/c, c/b and e/b. Targets (issue 15): d/c >= 0.85, e/b >= 1.3.
-wrk runs on the same 2 cores as the proxy (and, for (e), both workers): what it burns is taken
-from the workers, so (e) measures the machine, not the proxy's ceiling.
+Every arm gets the same site (benchmarks/site.py, no request log), the same wrk settings and
+pages. wrk runs on the same 2 cores as the proxy (and, for (e), both workers): what it burns is
+taken from the workers, so (e) measures the machine, not the proxy's ceiling. So each run also
+prints the CPU time every process spent per request (ms: the proxy, or each worker and the
+supervisor; the site; redis-server; wrk) and, for (e), the requests each worker answered.
+
+`--before DIR` adds arms (d0) and (e0): (d) and (e) from another checkout (DIR holds its
+`etiquette_addons` and `etiquette_proxy` packages, e.g. `git archive BASE` with
+`ln -s addons etiquette_addons`), alternating with the others in every round: a change's
+before/after from one run, under the same load.
 
 --exact: `run --workers 2` on one Redis, 64 wrk connections through its one port (the kernel
 spreads them over both workers), one site at pacing.rate 100 (burst 1): the site's own request
 log gives its measured rate and the most requests in any 1 s window. Target: within 2 % of
 100/s.
 
-    python benchmarks/workers.py [--rounds 3] [--duration 5]
+    python benchmarks/workers.py [--rounds 3] [--duration 5] [--workers 2] [--before DIR]
     python benchmarks/workers.py --exact [--duration 10]
 """
 
@@ -22,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -37,12 +46,14 @@ from _harness import (  # noqa: E402
     _ready_line,
     check,
     clean_env,
+    cpu_seconds,
     etiquette_command,
     free_port,
     header,
     median,
     start_etiquette,
     start_mitmdump,
+    start_site,
     started,
     stop,
     wait_port,
@@ -75,12 +86,14 @@ def start_logged_site(log: Path) -> Started:
     return Started("site", proc, _ready_line(proc, "site listening on "))
 
 
-def start_workers(state_dir: Path, sets: list[str], workers: int) -> Started:
+def start_workers(state_dir: Path, sets: list[str], workers: int, pythonpath: str | None = None) -> Started:
     """`etiquette-proxy run --workers N`: its one ready line comes once every worker listens."""
     state_dir.mkdir(parents=True, exist_ok=True)
     stderr = open(state_dir.parent / f"{state_dir.name}.stderr", "ab")
+    # The workers are `python -m etiquette_addons.cli`, which puts the working directory first on
+    # sys.path: for another checkout's code, run from that checkout.
     proc = subprocess.Popen(etiquette_command(state_dir, sets, ["--workers", str(workers)]), stdout=subprocess.PIPE,
-                            stderr=stderr, text=True, env=clean_env())
+                            stderr=stderr, text=True, env=clean_env(pythonpath), cwd=pythonpath)
     stderr.close()
     return Started(f"etiquette-proxy --workers {workers}", proc, _ready_line(proc, "etiquette-proxy listening on "))
 
@@ -92,38 +105,115 @@ def show(label: str, r: WrkResult) -> None:
     sys.stdout.flush()
 
 
+def children(pid: int) -> list[int]:
+    """The direct children of `pid` (the supervisor's workers), from /proc."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def wrk_cpu_s() -> float:
+    """CPU seconds of this script's reaped children so far (wrk is run and reaped by subprocess.run)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def measured(proxy: Started, site: Started, redis: Started | None, connections: int, duration: float,
+             audit_dir: Path | None) -> tuple[WrkResult, dict[str, float], list[int]]:
+    """One wrk run through `proxy`, with the CPU time every process on the machine's 2 cores spent
+    per request during it (ms): the proxy (each worker and the supervisor for --workers), the
+    site, redis-server, wrk; and, with `audit_dir`, the requests each worker answered (its audit
+    file's new lines)."""
+    pids = {"proxy": [proxy.pid]}
+    workers = children(proxy.pid) if audit_dir is not None else []
+    if workers:
+        pids = {"supervisor": [proxy.pid], **{f"w{i + 1}": [pid] for i, pid in enumerate(workers)}}
+    pids["site"] = [site.pid]
+    if redis is not None:
+        pids["redis"] = [redis.pid]
+    lines0 = _audit_lines(audit_dir, len(workers)) if audit_dir is not None else []
+    before = {k: sum(cpu_seconds(p) for p in v) for k, v in pids.items()}
+    wrk0 = wrk_cpu_s()
+    r = wrk(proxy.url, "proxy.lua", [site.url, "64"], connections, duration)
+    cpu = {k: sum(cpu_seconds(p) for p in v) - before[k] for k, v in pids.items()}
+    cpu["wrk"] = wrk_cpu_s() - wrk0
+    per = {k: 1000 * v / max(1, r.requests) for k, v in cpu.items()}
+    lines = _audit_lines(audit_dir, len(workers)) if audit_dir is not None else []
+    return r, per, [b - a for a, b in zip(lines0, lines, strict=True)]
+
+
+def _audit_lines(directory: Path | None, workers: int) -> list[int]:
+    out = []
+    for i in range(1, workers + 1):
+        try:
+            with open(directory / f"audit.w{i}.jsonl", "rb") as f:  # type: ignore[operator]
+                out.append(sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b"")))
+        except OSError:
+            out.append(0)
+    return out
+
+
 def compare(args: argparse.Namespace, tmp: Path) -> int:
-    site = start_logged_site(tmp / "site.log")
+    site = start_site()  # the same site, pages and wrk settings for every arm
     redis = start_redis(tmp / "redis")
     on_redis = [*FAST_PACING, "state.backend=redis", f"state.url={redis.url}"]
     mitm = start_mitmdump(tmp / "mitm")
     disk = start_etiquette(tmp / "disk", FAST_PACING)
     shared = start_etiquette(tmp / "shared", on_redis)
-    workers = start_workers(tmp / "workers", on_redis, 2)
-    runs: dict[str, list[WrkResult]] = {"b": [], "c": [], "d": [], "e": []}
-    with started(site, redis, mitm, disk, shared, workers):
-        targets = {"b": mitm, "c": disk, "d": shared, "e": workers}
-        proxied = ["proxy.lua", [site.url, "64"]]
+    workers = start_workers(tmp / "workers", on_redis, args.workers)
+    targets = {"b": mitm, "c": disk, "d": shared, "e": workers}
+    on = {"b": None, "c": None, "d": redis, "e": redis}
+    audit_dirs = {"e": tmp / "workers"}
+    if args.before:
+        before = str(Path(args.before).resolve())
+        targets["d0"] = start_etiquette(tmp / "shared0", on_redis, pythonpath=before)
+        targets["e0"] = start_workers(tmp / "workers0", on_redis, args.workers, pythonpath=before)
+        on.update(d0=redis, e0=redis)
+        audit_dirs["e0"] = tmp / "workers0"
+    runs: dict[str, list[WrkResult]] = {k: [] for k in targets}
+    cpu: dict[str, list[dict[str, float]]] = {k: [] for k in targets}
+    spread: dict[str, list[list[int]]] = {"e": [], "e0": []}
+    with started(site, redis, *targets.values()):
         for name, proxy in targets.items():
-            show(f"warm-up {name}", wrk(proxy.url, *proxied, args.connections, 2.0))  # type: ignore[arg-type]
+            show(f"warm-up {name}", wrk(proxy.url, "proxy.lua", [site.url, "64"], args.connections, 2.0))
         for i in range(args.rounds):
             order = list(targets.items()) if i % 2 == 0 else list(reversed(targets.items()))
             for name, proxy in order:
-                r = wrk(proxy.url, *proxied, args.connections, args.duration)  # type: ignore[arg-type]
+                r, per, lines = measured(proxy, site, on[name], args.connections, args.duration,
+                                         audit_dirs.get(name))
                 runs[name].append(r)
+                cpu[name].append(per)
                 show(f"({name}) round {i + 1}", r)
+                print("      CPU ms/request: " + ", ".join(f"{k} {v:.3f}" for k, v in per.items())
+                      + (f"; requests per worker {lines}" if lines else ""))
+                if lines:
+                    spread[name].append(lines)
         print(f"wrk command (e, last): {runs['e'][-1].command}")
     rps = {k: median([r.rps for r in v]) for k, v in runs.items()}
     p99 = {k: median([r.p99_ms for r in v]) for k, v in runs.items()}
     print(f"\nmedians over {args.rounds} rounds, {args.connections} connections, {args.duration:g} s each:")
-    for k, label in (("b", "bare mitmdump"), ("c", "one process, diskcache"), ("d", "one process, Redis"),
-                     ("e", "--workers 2, Redis")):
-        print(f"  ({k}) {label:<24} {rps[k]:9.1f} req/s  p99 {p99[k]:8.2f} ms")
+    labels = {"b": "bare mitmdump", "c": "one process, diskcache", "d": "one process, Redis",
+              "e": f"--workers {args.workers}, Redis", "d0": "(d) before", "e0": "(e) before"}
+    for k in targets:
+        per = {name: median([c[name] for c in cpu[k]]) for name in cpu[k][0]}
+        shown = ", ".join(f"{n} {v:.3f}" for n, v in per.items())
+        print(f"  ({k}) {labels[k]:<24} {rps[k]:9.1f} req/s  p99 {p99[k]:8.2f} ms  CPU ms/request: {shown} "
+              f"(total {sum(per.values()):.3f})")
+    for k, seen in spread.items():
+        if seen:
+            shares = [max(s) / max(1, sum(s)) for s in seen]
+            print(f"  ({k}) busiest worker's share of requests: {', '.join(f'{x:.2f}' for x in shares)}")
+    if args.before:
+        print(f"  before: d0/c {rps['d0'] / rps['c']:.3f}, e0/b {rps['e0'] / rps['b']:.3f}; "
+              f"after/before: d/d0 {rps['d'] / rps['d0']:.3f}, e/e0 {rps['e'] / rps['e0']:.3f}")
     print(f"  d/c throughput {rps['d'] / rps['c']:.3f}, c/b {rps['c'] / rps['b']:.3f}, "
           f"d/b {rps['d'] / rps['b']:.3f}, e/b {rps['e'] / rps['b']:.3f}, e/d {rps['e'] / rps['d']:.3f}; "
           f"p99 d - c {p99['d'] - p99['c']:+.2f} ms")
     print(check("throughput d/c >= 0.85", rps["d"] / rps["c"] >= 0.85, f"{rps['d'] / rps['c']:.3f}"))
     print(check("throughput e/b >= 1.3", rps["e"] / rps["b"] >= 1.3, f"{rps['e'] / rps['b']:.3f}"))
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 
 
@@ -168,6 +258,8 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=5.0, help="seconds per wrk run (default 5)")
     ap.add_argument("--connections", type=int, default=None, help="wrk connections (16; --exact: 64)")
     ap.add_argument("--exact", action="store_true", help="--workers 2 on one Redis, one site at rate 100")
+    ap.add_argument("--workers", type=int, default=2, help="worker processes in arm (e) (default 2)")
+    ap.add_argument("--before", metavar="DIR", help="arms d0 and e0: (d) and (e) of another checkout (see above)")
     args = ap.parse_args()
     if not 1 <= args.rounds <= 20 or not 0.5 <= args.duration <= 120:
         ap.error("rounds in 1..20, duration in 0.5..120 s")

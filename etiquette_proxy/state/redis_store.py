@@ -27,9 +27,11 @@ from etiquette_proxy.state.shared_pacing import (
     DEPART_LUA,
     PUBLISH_LUA,
     RESERVE_LUA,
+    RESERVE_MANY_LUA,
     Reservation,
     departure_window,
     host_of,
+    read_many_reply,
     read_reply,
     site_keys,
 )
@@ -95,6 +97,7 @@ class RedisShared:
             # retry on a fresh connection, so a Redis that is back is not reported away again.
             retry=Retry(NoBackoff(), 1), retry_on_error=[RedisConnectionError])
         self._reserve = self._client.register_script(RESERVE_LUA)
+        self._reserve_many = self._client.register_script(RESERVE_MANY_LUA)
         self._publish = self._client.register_script(PUBLISH_LUA)
         self._unlock = self._client.register_script(UNLOCK_LUA)
         self._depart = self._client.register_script(DEPART_LUA)
@@ -105,6 +108,10 @@ class RedisShared:
         self._lease_prefix = f"{self.instance}:"
         self._leases = count(1)
         self._down: str | None = None
+        # Leases of finished requests not yet freed on the server, per site: they go with the
+        # site's next reservation, or in one round trip for all at the next turn of the loop.
+        self._freed: dict[str, list[str]] = {}
+        self._freeing: asyncio.Task[None] | None = None
 
     async def reserve(self, site: str, rate: float, burst: int, max_concurrency: int,
                       known_version: int, horizon_s: float) -> tuple[Reservation, str]:
@@ -171,9 +178,44 @@ class RedisShared:
             out[name] = None if left < 0 else left
         return out
 
-    async def release(self, site: str, lease: str) -> None:
-        """The request is answered (or failed): its concurrency slot is free for every instance."""
-        await self._call(self._client.zrem(site_keys(PREFIX, site)[1], lease))
+    async def reserve_many(self, site: str, rate: float, burst: int, max_concurrency: int, known_version: int,
+                           horizons: list[float]) -> list[tuple[Reservation, str]]:
+        """The asks of several requests of this instance's line for `site` (in arrival order,
+        each with what is left of its max_hold), in one round trip: (answer, lease id) for each
+        ask answered, in order, up to and including the first not granted; the asks after it
+        were not made. The leases this instance freed for the site since its last call are
+        freed first, in the same script."""
+        leases = [f"{self._lease_prefix}{next(self._leases)}" for _ in horizons]
+        limit, span = departure_window(rate, burst)
+        freed = self._freed.pop(site, [])
+        args: list[Any] = [repr(rate), burst, max_concurrency, repr(self.lease_ttl_s), known_version, limit,
+                           repr(span), site, host_of(site), len(freed), *freed]
+        for lease, horizon in zip(leases, horizons, strict=True):
+            args += [lease, repr(max(0.0, horizon))]
+        reply = await self._call(self._reserve_many(keys=[*site_keys(PREFIX, site), OPERATOR], args=args))
+        return list(zip(read_many_reply(reply, len(horizons)), leases, strict=False))
+
+    def release(self, site: str, lease: str) -> None:
+        """The request is answered (or failed): its concurrency slot is free for every instance,
+        with this instance's next reservation for the site or, at the latest, at the next turn
+        of the event loop, in one round trip with every lease freed meanwhile (a lease Redis
+        cannot be told of expires by itself). Called in the event loop; nothing to await."""
+        self._freed.setdefault(site, []).append(lease)
+        if self._freeing is None:
+            self._freeing = asyncio.get_running_loop().create_task(self._free())
+
+    async def _free(self) -> None:
+        await asyncio.sleep(0)  # this turn's other releases join the same round trip
+        freed, self._freed, self._freeing = self._freed, {}, None
+        if not freed:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        for site, leases in freed.items():
+            pipe.zrem(site_keys(PREFIX, site)[1], *leases)
+        try:
+            await self._call(pipe.execute())
+        except SharedStateUnavailable:
+            pass  # said once in the log by _call; the leases expire
 
     async def publish(self, site: str, pause_s: float, reason: str, contract: str) -> int:
         """Share a 429's pause (on the server's clock) and the site's contract; its new version."""
@@ -353,7 +395,8 @@ class RedisShared:
 
     async def _call(self, call: Awaitable[Any]) -> Any:
         try:
-            result = await asyncio.wait_for(call, CALL_TIMEOUT_S)
+            async with asyncio.timeout(CALL_TIMEOUT_S):  # no task of its own, as wait_for makes
+                result = await call
         except (TimeoutError, RedisError, OSError) as e:
             why = f"shared state (Redis at {self.where()}) unreachable: {type(e).__name__}"
             if self._down is None:
@@ -371,6 +414,8 @@ class RedisShared:
         return tail if head else self.url
 
     async def close(self) -> None:
+        if self._freeing is not None:
+            await asyncio.gather(self._freeing, return_exceptions=True)
         await self._client.aclose()
 
 

@@ -64,54 +64,96 @@ local function depart_wait(key, limit, span, member)
 end
 """
 
-# KEYS: the site's hash (tat, until, reason, v, json), its lease set, its departure log, the
-# operator's pauses. ARGV: rate/s, burst, max concurrency, lease id, lease ttl s, contract
-# version the caller has, horizon s (how far ahead a start may be booked: what is left of the
-# request's max_hold), departure limit, departure span s, the site, its host.
-# Reply: {granted 0|1, wait_s (string), why, contract version, contract json or ""}: granted
-# with wait_s > 0 is a booked start (the rate slot and the lease are the caller's; it may leave
-# no earlier than now + wait_s, and asks DEPART_LUA then); not granted: ask again after wait_s
-# (a pause, a full concurrency cap, a full departure window) or refuse (the rate slot is beyond
-# the horizon; an operator's pause: refused at once, as the instance that took it would).
-RESERVE_LUA = _OPERATOR_LUA + _DEPART_LUA + """
-local rate, burst, cap = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local ttl, known = tonumber(ARGV[5]), tonumber(ARGV[6])
-local h = redis.call('HMGET', KEYS[1], 'tat', 'until', 'reason', 'v', 'json')
-local v = tonumber(h[4]) or 0
-local contract = ''
-if v > known and h[5] then contract = h[5] end
-local op = operator_left(KEYS[4], ARGV[10], ARGV[11])
-if op then
-  return {0, string.format('%.6f', op < 0 and 0 or op), 'operator', v, contract}
-end
-local pause_end = tonumber(h[2]) or 0
-if now < pause_end then
-  return {0, string.format('%.6f', pause_end - now), 'pause: ' .. (h[3] or ''), v, contract}
-end
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-if redis.call('ZCARD', KEYS[2]) >= cap then
-  local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-  local wait = math.min(0.05, math.max(0.001, tonumber(first[2]) - now))
-  return {0, string.format('%.6f', wait), 'concurrency', v, contract}
-end
-local interval = 1 / rate
-local tau = (burst - 1) * interval
-local tat = math.max(tonumber(h[1]) or now, now)
-local start = math.max(now, tat - tau)
-if start - now > tonumber(ARGV[7]) then
-  return {0, string.format('%.6f', start - now), 'rate', v, contract}
-end
-if start <= now then
-  local wait = depart_wait(KEYS[3], tonumber(ARGV[8]), tonumber(ARGV[9]), ARGV[4])
-  if wait > 0 then
-    return {0, string.format('%.6f', math.min(wait, 0.05)), 'departures', v, contract}
+# The reservation itself, for the asks `asks` ({lease id, horizon s, ...}) of one instance in
+# their arrival order, atomically on the server clock. KEYS: the site's hash (tat, until, reason,
+# v, json), its lease set, its departure log, the operator's pauses. `p`: rate/s, burst, max
+# concurrency, lease ttl s, the contract version the caller has, departure limit, departure span
+# s, the site, its host. Returns {contract version, contract json or "", then per ask answered:
+# granted 0|1, wait_s (string), why}: the asks are answered in order up to and including the
+# first one not granted (the rest were not asked: the caller asks again for them, after it).
+# Granted with wait_s > 0 is a booked start (the rate slot and the lease are the caller's; it
+# may leave no earlier than now + wait_s, and asks DEPART_LUA then); not granted: ask again
+# after wait_s (a pause, a full concurrency cap, a full departure window) or refuse (the rate
+# slot is beyond the horizon: what is left of the request's max_hold; an operator's pause:
+# refused at once, as the instance that took it would).
+_RESERVE_ASKS_LUA = """
+local function reserve_asks(p, asks)
+  local rate, burst, cap, ttl, known = tonumber(p[1]), tonumber(p[2]), tonumber(p[3]), tonumber(p[4]), tonumber(p[5])
+  local h = redis.call('HMGET', KEYS[1], 'tat', 'until', 'reason', 'v', 'json')
+  local v = tonumber(h[4]) or 0
+  local out = {v, ''}
+  if v > known and h[5] then out[2] = h[5] end
+  local op = operator_left(KEYS[4], p[8], p[9])
+  if op then
+    out[3] = 0; out[4] = string.format('%.6f', op < 0 and 0 or op); out[5] = 'operator'
+    return out
   end
+  local pause_end = tonumber(h[2]) or 0
+  if now < pause_end then
+    out[3] = 0; out[4] = string.format('%.6f', pause_end - now); out[5] = 'pause: ' .. (h[3] or '')
+    return out
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  local held = redis.call('ZCARD', KEYS[2])
+  local interval = 1 / rate
+  local tau = (burst - 1) * interval
+  local tat = math.max(tonumber(h[1]) or now, now)
+  local last = nil
+  for i = 1, #asks, 2 do
+    local n = #out
+    if held >= cap then
+      local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+      local wait = math.min(0.05, math.max(0.001, tonumber(first[2]) - now))
+      out[n + 1] = 0; out[n + 2] = string.format('%.6f', wait); out[n + 3] = 'concurrency'
+      break
+    end
+    local start = math.max(now, tat - tau)
+    if start - now > tonumber(asks[i + 1]) then
+      out[n + 1] = 0; out[n + 2] = string.format('%.6f', start - now); out[n + 3] = 'rate'
+      break
+    end
+    if start <= now then
+      local wait = depart_wait(KEYS[3], tonumber(p[6]), tonumber(p[7]), asks[i])
+      if wait > 0 then
+        out[n + 1] = 0; out[n + 2] = string.format('%.6f', math.min(wait, 0.05)); out[n + 3] = 'departures'
+        break
+      end
+    end
+    tat = tat + interval
+    redis.call('ZADD', KEYS[2], start + ttl, asks[i])
+    held = held + 1
+    last = start
+    out[n + 1] = 1; out[n + 2] = string.format('%.6f', start - now); out[n + 3] = ''
+  end
+  if last then
+    redis.call('HSET', KEYS[1], 'tat', string.format('%.6f', tat))
+    redis.call('EXPIRE', KEYS[1], 86400)
+    redis.call('EXPIRE', KEYS[2], math.ceil(last - now + ttl) + 1)
+  end
+  return out
 end
-redis.call('HSET', KEYS[1], 'tat', string.format('%.6f', tat + interval))
-redis.call('EXPIRE', KEYS[1], 86400)
-redis.call('ZADD', KEYS[2], start + ttl, ARGV[4])
-redis.call('EXPIRE', KEYS[2], math.ceil(start - now + ttl) + 1)
-return {1, string.format('%.6f', start - now), '', v, contract}
+"""
+
+# One ask. ARGV: rate/s, burst, max concurrency, lease id, lease ttl s, contract version the
+# caller has, horizon s, departure limit, departure span s, the site, its host.
+# Reply: {granted 0|1, wait_s (string), why, contract version, contract json or ""}.
+RESERVE_LUA = _OPERATOR_LUA + _DEPART_LUA + _RESERVE_ASKS_LUA + """
+local out = reserve_asks({ARGV[1], ARGV[2], ARGV[3], ARGV[5], ARGV[6], ARGV[8], ARGV[9], ARGV[10], ARGV[11]},
+                         {ARGV[4], ARGV[7]})
+return {out[3], out[4], out[5], out[1], out[2]}
+"""
+
+# The asks of every request waiting in one instance's line for the site, in one round trip
+# (SPEC §10: still one reservation per request, each in arrival order), with the leases of the
+# requests this instance finished since its last call freed first. ARGV: the nine `p` values
+# of reserve_asks, the number R of leases to free, those R lease ids, then {lease id, horizon s}
+# per ask. Reply: reserve_asks's.
+RESERVE_MANY_LUA = _OPERATOR_LUA + _DEPART_LUA + _RESERVE_ASKS_LUA + """
+local r = tonumber(ARGV[10])
+if r > 0 then redis.call('ZREM', KEYS[2], unpack(ARGV, 11, 10 + r)) end
+local asks = {}
+for i = 11 + r, #ARGV do asks[#asks + 1] = ARGV[i] end
+return reserve_asks({unpack(ARGV, 1, 9)}, asks)
 """
 
 # KEYS: the site's hash, its departure log, the operator's pauses. ARGV: departure limit, span
@@ -193,6 +235,24 @@ def read_reply(reply: object) -> Reservation:
     if not math.isfinite(wait_s) or wait_s < 0:
         raise ValueError(f"reservation wait {wait!r} is not a finite number >= 0")
     return Reservation(granted == "1", wait_s, why, int(version), contract)
+
+
+def read_many_reply(reply: object, asks: int) -> list[Reservation]:
+    """A RESERVE_MANY_LUA reply for `asks` asks: one Reservation per ask answered, in order (every
+    one granted but perhaps the last); ValueError when it is not one."""
+    if not isinstance(reply, list) or len(reply) < 5 or (len(reply) - 2) % 3 or (len(reply) - 2) // 3 > asks:
+        raise ValueError(f"not a reservation reply for {asks} asks: {reply!r}")
+    version, contract = int(_text(reply[0])), _text(reply[1])
+    out: list[Reservation] = []
+    for i in range(2, len(reply), 3):
+        granted, wait, why = (_text(x) for x in reply[i:i + 3])
+        wait_s = float(wait)
+        if not math.isfinite(wait_s) or wait_s < 0:
+            raise ValueError(f"reservation wait {wait!r} is not a finite number >= 0")
+        if out and not out[-1].granted:
+            raise ValueError(f"an ask answered after one not granted: {reply!r}")
+        out.append(Reservation(granted == "1", wait_s, why, version, contract))
+    return out
 
 
 def _text(x: object) -> str:
