@@ -16,6 +16,10 @@ With `persisted` (a `Persisted`: namespace, load, dump, at_rest) the values are 
   held or in flight, bucket full), so the value rebuilt from config + state on the next
   request decides exactly as the evicted one would have. A site that is not at rest stays in
   memory past the limit (the bound is soft by the number of busy sites, never by a promise).
+- With `rest`/`recall` (a second tier in memory, for values built without the config), an
+  evicted value is kept compactly elsewhere and recalled before the state store is read: the
+  value it left memory as, as keeping it would have given (robots.txt entries beside their
+  compiled rules, robots/policy.py).
 - A site evicted with nothing to store is remembered as clean (a name in a bounded set), so its
   next request skips the state read: exactly what keeping it in memory would have done (a
   value is read from the state store once, on first sight).
@@ -67,6 +71,11 @@ class Persisted(Generic[T]):
     # True when the feature saves every change as it makes it (save(site) after put()): an
     # eviction then writes nothing.
     saved_on_change: bool = False
+    # A second tier in memory, for values that do not depend on the config (robots.txt
+    # entries): `rest(site, value)` may keep a value that left memory, compactly, elsewhere
+    # (None: forget what is kept); `recall(site)` gives it back before the state store is read.
+    rest: Callable[[str, T | None], object] | None = None
+    recall: Callable[[str], T | None] | None = None
 
 
 class SiteRegistry(Generic[T]):
@@ -139,6 +148,8 @@ class SiteRegistry(Generic[T]):
         if self._config is not config:
             self.reset(config)
         self._clean.pop(site, None)
+        if self.persisted is not None and self.persisted.rest is not None:
+            self.persisted.rest(site, None)  # the kept one is older
         self._built[site] = value
         self._built.move_to_end(site)
         if len(self._built) > self.limit:
@@ -171,8 +182,12 @@ class SiteRegistry(Generic[T]):
 
     def reset(self, config: Any) -> None:
         """A new config: every value is saved, then rebuilt on its next use."""
-        if self.persisted is not None and not self.persisted.saved_on_change:
+        p = self.persisted
+        if p is not None and not p.saved_on_change:
             self.save_all()
+        if p is not None and p.rest is not None:
+            for site, value in self._built.items():  # as if evicted: the tier stays current
+                p.rest(site, value)
         if self._limit_key is not None:
             self.limit = max(1, int(config.get(self._limit_key)))
         self._built.clear()
@@ -226,6 +241,8 @@ class SiteRegistry(Generic[T]):
                 self._stored.discard(site)
             else:
                 self._remember_clean(site)
+            if p.rest is not None:
+                p.rest(site, value)
         del self._built[site]
         self.evictions += 1
         if self._on_evict is not None:
@@ -238,6 +255,8 @@ class SiteRegistry(Generic[T]):
         self._saved_at.pop(site, None)
         self._stored.discard(site)
         self._clean.pop(site, None)
+        if self.persisted is not None and self.persisted.rest is not None:
+            self.persisted.rest(site, None)
         return self._built.pop(site, None) is not None
 
     # -- internals -----------------------------------------------------------------------------
@@ -254,6 +273,12 @@ class SiteRegistry(Generic[T]):
         assert p is not None and self._state is not None
         if self._clean.pop(site, 0) is None:  # evicted clean: nothing stored since, by us
             return None
+        if p.recall is not None:
+            # The value as it left memory (stored then, by us): what keeping it would give.
+            recalled = p.recall(site)
+            if recalled is not None:
+                self._stored.add(site)
+                return recalled
         loaded = restore(self._state(), p.namespace, site, lambda raw: p.load(raw, config, site), p.what)
         if loaded is not None:
             self._stored.add(site)

@@ -182,6 +182,8 @@ def _product_token(user_agent: str) -> str:
 # so 100,000 origins stay compiled and nothing is re-parsed while the rules hold.
 PARSED_LIMIT = 1_000_000
 PARSED_BUDGET = 64 * 1024 * 1024
+# Rough bytes of an entry kept beside its rules (RobotsPolicy.rest): the object and its times.
+RESTING_BYTES = 170
 
 _NOISE = re.compile("[\ufffd\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
@@ -351,12 +353,14 @@ class _Rules:
     """
 
     __slots__ = ("text", "token", "agent", "patterns", "disallows", "prefixes", "special",
-                 "crawl_delay", "request_rate", "more", "literal", "said")
+                 "crawl_delay", "request_rate", "more", "literal", "said", "resting")
 
     def __init__(self, text: str, token: str, prepared: Prepared):
         self.text = text    # what was compiled: the entry's own string, until a new fetch
         self.token = token  # the first token asked: usually the only one
         self.more: dict[str, _Rules] | None = None  # further tokens (several crawlers)
+        # The origin's entry while it is out of the entry registry (RobotsPolicy.rest)
+        self.resting: RobotsEntry | None = None
         parser = Protego.parse(prepared.text)
         rule_set = parser._user_agents.get(token) if token != "*" else None
         # Signals follow the same group as the rules: the crawler's own group if it has one
@@ -428,6 +432,8 @@ class _Rules:
         if self.literal is not None:
             own += 60 + sum(60 + len(p) for p in self.literal[0])
         own += sum(s.size() for s in self.said)
+        if self.resting is not None:
+            own += RESTING_BYTES
         return own + sum(50 + r.size() for r in (self.more or {}).values())
 
 
@@ -663,6 +669,31 @@ class RobotsPolicy:
         self._evict()
         return rules
 
+    def rest(self, origin: str, entry: RobotsEntry | None) -> bool:
+        """Keep `entry`, which left the entry registry, beside its compiled rules (the text is
+        theirs: one copy); None, or an entry these rules were not compiled from, forgets what
+        is kept. True when kept. The registry recalls it instead of reading the state store."""
+        rules = self._parsed.get(origin)
+        if rules is None:
+            return False
+        if (entry is None or entry.kind != "rules" or entry.origin != origin
+                or not (rules.text is entry.text or rules.text == entry.text)):
+            if rules.resting is not None:
+                rules.resting = None
+                self._parsed_bytes -= RESTING_BYTES
+            return False
+        if entry.text is not rules.text:
+            entry = replace(entry, text=rules.text)
+        if rules.resting is None:
+            self._parsed_bytes += RESTING_BYTES
+        rules.resting = entry
+        return True
+
+    def recall(self, origin: str) -> RobotsEntry | None:
+        """The entry kept by `rest` for `origin` (its compiled rules still held), or None."""
+        rules = self._parsed.get(origin)
+        return None if rules is None else rules.resting
+
     def _evict(self) -> None:
         # Least recently used out, one at a time: hot origins stay compiled however many
         # origins pass by (a clear-all would re-parse every one of them, ~17 µs each).
@@ -676,15 +707,21 @@ _ALLOWED_VERDICT = RobotsVerdict(True, _ALLOWED)  # frozen: one for every allowe
 NAMESPACE = "robots"
 
 
-def entry_registry(state: Callable[[], StateStore]) -> SiteRegistry[RobotsEntry]:
+def entry_registry(state: Callable[[], StateStore],
+                   policy: RobotsPolicy | None = None) -> SiteRegistry[RobotsEntry]:
     """origin -> robots.txt entry in the per-site registry (sites.py), bounded by
     `state.max_sites_in_memory`. Entries come from fetches (`put` then `save`: every entry is in
-    the state store from the moment it is fetched), so one that leaves memory is read back with
-    `find` on the origin's next request; its compiled rules stay in RobotsPolicy's own cache."""
+    the state store from the moment it is fetched). One that leaves memory stays beside its
+    compiled rules in `policy` (`RobotsPolicy.rest`: ~170 bytes, its text shared with the rules)
+    and comes back from there with `find` on the origin's next request; without compiled rules
+    (no `policy`, evicted from its cache, or an entry without rules) it is read back from the
+    state store."""
     return SiteRegistry(
         _no_build, limit_key="state.max_sites_in_memory",
         persisted=Persisted(NAMESPACE, "robots.txt entry", _load_entry, RobotsEntry.to_state,
-                            saved_on_change=True),
+                            saved_on_change=True,
+                            rest=policy.rest if policy is not None else None,
+                            recall=policy.recall if policy is not None else None),
         state=state)
 
 
