@@ -48,6 +48,7 @@ from mitmproxy import http
 from etiquette_proxy.audit.log import audit_record
 from etiquette_proxy.bodies import ZLIB_CODINGS, decode_head
 from etiquette_proxy.clock import Clock, wall
+from etiquette_proxy.headers import LowerFields
 from etiquette_proxy.health.parser import ParserSummary, parse_report
 from etiquette_proxy.health.signals import HEAD_BYTES, Signal
 from etiquette_proxy.health.site import Band, BandChange, HealthBook, HealthSettings, SiteHealth
@@ -625,7 +626,7 @@ def _headers(response: http.Response) -> dict[str, str]:
     # The classifier reads a few headers (content-type, cf-mitigated): lower-cased names, a
     # repeated field comma-joined, as `Headers.items()` gives them, in one pass over the raw
     # fields (items() looks every name up again: quadratic in the header count, issue 17).
-    out: dict[str, str] = {}
+    out: dict[str, str] = LowerFields()  # a name not in it is not in the response
     for k, v in response.headers.fields:
         name = k.decode("utf-8", "surrogateescape").lower()
         value = v.decode("utf-8", "surrogateescape")

@@ -51,6 +51,7 @@ from types import MappingProxyType
 from typing import Any, Literal, TypeGuard, cast
 
 from etiquette_proxy.clock import Clock, wall
+from etiquette_proxy.headers import LowerFields
 from etiquette_proxy.pacing.ratelimit_fields import RateHint, read_rate_hint_lowered
 from etiquette_proxy.pacing.retry_after import RetryAfter, parse_retry_after
 from etiquette_proxy.pacing.settings import PacingSettings
@@ -175,6 +176,11 @@ class SiteBudget:
         lower: factors must be in (0, 1], a cap > 0. They are not persisted: each feature
         restates its own on the next request.
         """
+        if (type(rate_factor) is float and type(concurrency_factor) is float
+                and (rate_cap is None or (type(rate_cap) is float and rate_cap < math.inf))
+                and self._restraint == (rate_factor, math.inf if rate_cap is None else rate_cap,
+                                        concurrency_factor)):
+            return False  # restated as in force (every request): valid when it was set
         for name, value in (("rate_factor", rate_factor), ("concurrency_factor", concurrency_factor)):
             if not (_finite(value) and 0 < value <= 1):
                 raise ValueError(f"{name} ({value!r}) must be a number in (0, 1]")
@@ -650,6 +656,8 @@ class SiteBudget:
 
 
 def _lowered(headers: Mapping[str, str]) -> Mapping[str, str]:
+    if type(headers) is LowerFields:
+        return headers  # keyed in lower case already
     if isinstance(headers, dict):
         return {str(k).lower(): v for k, v in headers.items()}
     return headers
