@@ -234,10 +234,16 @@ class SiteRegistry(Generic[T]):
         if p is not None:
             if not p.at_rest(value):
                 return False
-            if not p.saved_on_change:
-                self.save(site)
-            self._saved_at.pop(site, None)
-            if site in self._stored:
+            stored = site in self._stored
+            if not p.saved_on_change:  # save(site), without its bookkeeping of a site leaving
+                assert self._state is not None
+                state = p.dump(value)
+                if state is not None or stored:
+                    save(self._state(), p.namespace, site, state, p.what)
+                    stored = state is not None
+            if self._saved_at:
+                self._saved_at.pop(site, None)
+            if stored:
                 self._stored.discard(site)
             else:
                 self._remember_clean(site)

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from functools import lru_cache
 from urllib.parse import urlsplit
 
-from etiquette_proxy.target import DEFAULT_PORTS, normalise_escapes, resolve
+from etiquette_proxy.target import DEFAULT_PORTS, is_literal, normalise_escapes, resolve
 
 DEFAULT_TRACKING_PARAMS: tuple[str, ...] = ("utm_*", "gclid", "fbclid", "mc_cid", "mc_eid")
 
@@ -101,11 +101,13 @@ def _tracking_matcher(patterns: tuple[str, ...]) -> tuple[frozenset[str], tuple[
 def _query(query: str, matcher: tuple[frozenset[str], tuple[str, ...]]) -> str:
     exact, prefixes = matcher
     kept: list[tuple[str, str]] = []
+    plain = is_literal(query)  # most queries: no escape to normalise in any piece
     for piece in query.split("&"):
         if not piece:
             continue
-        piece = normalise_escapes(piece)
-        name = piece.split("=", 1)[0]
+        if not plain:
+            piece = normalise_escapes(piece)
+        name = piece.partition("=")[0]
         plain = (_PCT.sub(lambda m: chr(int(m.group(1), 16)), name) if "%" in name else name).lower()
         if plain in exact or (prefixes and plain.startswith(prefixes)):
             continue
