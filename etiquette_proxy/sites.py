@@ -68,8 +68,9 @@ class Persisted(Generic[T]):
     # True when the value holds nothing that only memory knows: it may leave memory
     at_rest: Callable[[T], bool] = _always_at_rest
     every_s: float = 5.0  # save_due() saves a site at most this often
-    # True when the feature saves every change as it makes it (save(site) after put()): an
-    # eviction then writes nothing.
+    # True when the feature saves every change as it makes it (save(site) after put()) and
+    # its dump is never None: every value in memory is then in the state store, an eviction
+    # writes nothing and no per-site record of which values are stored is kept.
     saved_on_change: bool = False
     # A second tier in memory, for values that do not depend on the config (robots.txt
     # entries): `rest(site, value)` may keep a value that left memory, compactly, elsewhere
@@ -202,14 +203,15 @@ class SiteRegistry(Generic[T]):
         if p is None or value is None:
             return
         assert self._state is not None
-        self._saved_at[site] = self._clock()
+        if not p.saved_on_change:  # save_due's clock: a feature saving every change needs none
+            self._saved_at[site] = self._clock()
         state = p.dump(value)
         if state is None and site not in self._stored:
             return  # nothing stored, nothing to store: no write
         save(self._state(), p.namespace, site, state, p.what)
         if state is None:
             self._stored.discard(site)
-        else:
+        elif not p.saved_on_change:
             self._stored.add(site)
 
     def save_due(self, site: str) -> None:
@@ -234,7 +236,7 @@ class SiteRegistry(Generic[T]):
         if p is not None:
             if not p.at_rest(value):
                 return False
-            stored = site in self._stored
+            stored = p.saved_on_change or site in self._stored
             if not p.saved_on_change:  # save(site), without its bookkeeping of a site leaving
                 assert self._state is not None
                 state = p.dump(value)
@@ -283,10 +285,11 @@ class SiteRegistry(Generic[T]):
             # The value as it left memory (stored then, by us): what keeping it would give.
             recalled = p.recall(site)
             if recalled is not None:
-                self._stored.add(site)
+                if not p.saved_on_change:
+                    self._stored.add(site)
                 return recalled
         loaded = restore(self._state(), p.namespace, site, lambda raw: p.load(raw, config, site), p.what)
-        if loaded is not None:
+        if loaded is not None and not p.saved_on_change:
             self._stored.add(site)
         return loaded
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
@@ -500,8 +499,12 @@ class RobotsPolicy:
         # URLs whose response header said no to a declared purpose (SPEC §4).
         self.said_no = SaidNoMemory()
         # origin -> its compiled rules, least recently used first (PARSED_LIMIT, PARSED_BUDGET).
-        self._parsed: OrderedDict[str, _Rules] = OrderedDict()
+        # A dict, not an OrderedDict (~90 bytes less per origin: 9 MB at 100,000 origins): a
+        # use moves the origin to the end (pop, insert); evictions are rare (past the budget),
+        # and the dict is rebuilt before one if many moves left deleted slots to walk.
+        self._parsed: dict[str, _Rules] = {}
         self._parsed_bytes = 0
+        self._moved = 0
 
     def is_fresh(self, entry: RobotsEntry | None) -> bool:
         """Whether the entry may be used without fetching again."""
@@ -647,7 +650,9 @@ class RobotsPolicy:
         rules = parsed.get(entry.origin)
         # `is` first: the entry's text is the very string compiled, until a new fetch replaces it.
         if rules is not None and (rules.text is entry.text or rules.text == entry.text):
-            parsed.move_to_end(entry.origin)
+            del parsed[entry.origin]
+            parsed[entry.origin] = rules  # most recently used last
+            self._moved += 1
             if rules.token == token:
                 return rules
             more = rules.more
@@ -664,8 +669,9 @@ class RobotsPolicy:
             return found
         if rules is not None:
             self._parsed_bytes -= rules.size()
+            del parsed[entry.origin]
+            self._moved += 1
         rules = parsed[entry.origin] = _Rules(entry.text, token, prepare(entry.text))
-        parsed.move_to_end(entry.origin)
         self._parsed_bytes += rules.size()
         self._evict()
         return rules
@@ -698,9 +704,15 @@ class RobotsPolicy:
     def _evict(self) -> None:
         # Least recently used out, one at a time: hot origins stay compiled however many
         # origins pass by (a clear-all would re-parse every one of them, ~17 µs each).
-        while len(self._parsed) > 1 and (len(self._parsed) > PARSED_LIMIT
-                                         or self._parsed_bytes > PARSED_BUDGET):
-            self._parsed_bytes -= self._parsed.popitem(last=False)[1].size()
+        if not (len(self._parsed) > PARSED_LIMIT or self._parsed_bytes > PARSED_BUDGET):
+            return
+        if self._moved > 4096:  # next(iter()) walks the slots moves left deleted: rebuild first
+            self._parsed = dict(self._parsed)
+            self._moved = 0
+        parsed = self._parsed
+        while len(parsed) > 1 and (len(parsed) > PARSED_LIMIT or self._parsed_bytes > PARSED_BUDGET):
+            self._parsed_bytes -= parsed.pop(next(iter(parsed))).size()
+            self._moved += 1
 
 
 _ALLOWED_VERDICT = RobotsVerdict(True, _ALLOWED)  # frozen: one for every allowed URL
