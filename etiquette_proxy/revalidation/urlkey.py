@@ -101,11 +101,11 @@ def _tracking_matcher(patterns: tuple[str, ...]) -> tuple[frozenset[str], tuple[
 def _query(query: str, matcher: tuple[frozenset[str], tuple[str, ...]]) -> str:
     exact, prefixes = matcher
     kept: list[tuple[str, str]] = []
-    plain = is_literal(query)  # most queries: no escape to normalise in any piece
+    literal = is_literal(query)  # most queries: no escape to normalise in any piece
     for piece in query.split("&"):
         if not piece:
             continue
-        if not plain:
+        if not literal:
             piece = normalise_escapes(piece)
         name = piece.partition("=")[0]
         plain = (_PCT.sub(lambda m: chr(int(m.group(1), 16)), name) if "%" in name else name).lower()

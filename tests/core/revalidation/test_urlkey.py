@@ -154,3 +154,13 @@ def test_a_simple_url_does_not_call_urlsplit(monkeypatch: pytest.MonkeyPatch) ->
     assert normalise("http://Bench.example:80/page/1?a=1&utm_source=x&b=2") == "http://bench.example/page/1?a=1&b=2"
     with pytest.raises(AssertionError):
         normalise("http://user@bench.example/")  # user info: the full path
+
+
+@pytest.mark.parametrize(("query", "key"), [
+    ("a=1&b=%7a&c=%zz&d=x y", "a=1&b=z&c=%25zz&d=x%20y"),  # every piece normalised, not the first only
+    ("z=%41&a=%2f", "a=%2F&z=A"),
+    ("utm_source=%41&b=%62", "b=b"),
+    ("b=2&a=1", "a=1&b=2"),  # literal: sorted as it is
+])
+def test_every_piece_of_a_query_with_escapes_is_normalised(query: str, key: str) -> None:
+    assert normalise(f"http://e.com/p?{query}") == f"http://e.com/p?{key}"
