@@ -28,12 +28,15 @@ perf_counter_ns. Prints median, p99 and mean per component, then the whole decis
 components back to back, per request). Target (issue 17): whole decision < 60 µs median.
 
     python benchmarks/decisions.py [--iterations 20000] [--store-urls 10000]
+    valgrind --tool=callgrind --dump-before='os_getppid*' python benchmarks/decisions.py \
+        --marked robots|budget|store|runaway|health|audit|whole --iterations 2000 --store-urls 1000
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import random
 import sys
 import tempfile
@@ -272,12 +275,49 @@ def audit_component(directory: str) -> Callable[[int], object]:
     return decide
 
 
+def marked(name: str, calls: int, store_urls: int) -> int:
+    """Run `name` warm (500 calls; 5,000 with the store, past its hot set's first round), then
+    `calls` more between two os.getppid() calls: callgrind's dumps at those calls count the
+    instructions of the calls alone, stable on a shared machine where wall clock is not."""
+    config = fast_config()
+    with tempfile.TemporaryDirectory(prefix="etiquette-decide-") as tmp:
+        makers: dict[str, Callable[[], Callable[[int], object] | str]] = {
+            "robots": lambda: robots_component(config), "budget": lambda: budget_component(config),
+            "store": lambda: store_component(config, f"{tmp}/store", store_urls),
+            "runaway": lambda: runaway_component(config), "health": lambda: health_component(config),
+            "audit": lambda: audit_component(tmp)}
+        if name != "whole" and name not in makers:
+            print(f"--marked: {name!r} is not a component (expected one of {', '.join(makers)}, whole)")
+            return 2
+        made = [m() for m in makers.values()] if name == "whole" else [makers[name]()]
+        fns = [f for f in made if not isinstance(f, str)]
+
+        def fn(i: int) -> None:
+            for f in fns:
+                f(i)
+        warm = 5000 if name in ("store", "whole") else 500
+        for i in range(warm):
+            fn(i)
+        os.getppid()  # marker: callgrind dumps here
+        for i in range(warm, warm + calls):
+            fn(i)
+        os.getppid()  # marker
+    print(f"{name}: {calls} calls between the markers")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iterations", type=int, default=20000)
     ap.add_argument("--max-seconds", type=float, default=10.0, help="per component (default 10)")
     ap.add_argument("--store-urls", type=int, default=10000, help="entries in the store (default 10000)")
+    ap.add_argument("--marked", metavar="COMPONENT",
+                    help="instruction counting: run one component (or `whole`) between two os.getppid() "
+                         "calls, for valgrind --tool=callgrind --dump-before='os_getppid*' (the second "
+                         "dump / --iterations is instructions per call); no timing")
     args = ap.parse_args()
+    if args.marked:
+        return marked(args.marked, args.iterations, args.store_urls)
     if not 100 <= args.iterations <= 10_000_000 or not 1 <= args.store_urls <= 1_000_000:
         ap.error("iterations in 100..10M, store-urls in 1..1M")
     header("decision cost in-process (no network)")
