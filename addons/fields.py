@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from etiquette_proxy.headers import LowerFields
+
 Fields = Iterable[tuple[bytes, bytes]]
 
 
@@ -23,7 +25,7 @@ def field_value(fields: Fields, name: bytes) -> str | None:
 def fields_named(fields: Fields, names: frozenset[bytes]) -> dict[str, str]:
     """The fields among lower-case `names` that are present, as `{lower-case name: value}`,
     a repeated field's values comma-joined (what `dict(Headers.items())` holds for them)."""
-    out: dict[str, str] = {}
+    out: dict[str, str] = LowerFields()  # keyed in lower case: core readers look a name up once
     for k, v in fields:
         k = k.lower()
         if k in names:

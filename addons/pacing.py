@@ -39,6 +39,7 @@ from etiquette_addons.runtime import Runtime
 from etiquette_addons.side_fetch import SideFetchError
 from mitmproxy import connection, http
 
+from etiquette_proxy.headers import LowerFields
 from etiquette_proxy.operate.controls import site_matches
 from etiquette_proxy.pacing.budget import SiteBudget, Turn
 from etiquette_proxy.pacing.per_site import budget_registry
@@ -519,10 +520,10 @@ class Pacing:
         budget = self.budget(site)
         try:
             response = flow.response
-            # One pass over the raw fields, decoding only the fields the budget reads: last
-            # value wins, except that a repeated Retry-After / RateLimit / RateLimit-Policy
-            # gives every value, comma-joined, so the parsers see all of them.
-            headers: dict[str, str] = {}
+            # One pass over the raw fields: last value wins, except that a repeated
+            # Retry-After / RateLimit / RateLimit-Policy gives every value, comma-joined, so
+            # the parsers see all of them.
+            headers: dict[str, str] = LowerFields()  # keyed in lower case: not copied again
             for k, v in response.headers.fields:
                 k = k.lower()
                 if k not in _READ:

@@ -58,7 +58,7 @@ class RobotsGate:
         # origin -> robots.txt entry, bounded by state.max_sites_in_memory: every entry is in the
         # state store from the moment it is fetched, so one that leaves memory is read back on
         # the origin's next request (its compiled rules stay in the policy's own cache).
-        self.entries: SiteRegistry[RobotsEntry] = entry_registry(lambda: self.rt.state)
+        self.entries: SiteRegistry[RobotsEntry] = entry_registry(lambda: self.rt.state, self.policy)
         self._inflight: dict[str, asyncio.Future[RobotsEntry]] = {}
         # Pacing's: robots.txt fetches count against the site's budget (SPEC §4); it may raise
         # SideFetchError (not sent: the site is paused).

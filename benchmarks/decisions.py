@@ -1,32 +1,42 @@
 """Decision cost in-process: the core's per-request work, without network (issue 8, part 2).
 
-Times, per request, what the addons ask the core (the same calls, in the same order):
-- robots:  the gate's robots settings for the site (RobotsGate.settings_for) + product_token
-           + RobotsPolicy.verdict_for_target + crawl_delay
+Times, per request, what the addons ask the core (the same calls, in the same order; the
+addons' own work on the flow, e.g. reading mitmproxy's Headers, is chain_cost.py's):
+- robots:  the gate's robots settings for the site (RobotsGate.settings_for), its entry
+           (entry registry find + is_fresh), the /robots.txt check (resolve), product_token
+           + RobotsPolicy.verdict_for_target + crawl_delay and its restraint on pacing
            (a cached robots.txt with a few groups, paths allowed and disallowed); shown apart, not
            in the whole: the same with Content-Signal / Content-Usage lines and `purposes: [search]`
            declared, and with %-escaped paths (the rules compared as written too);
-- budget:  budget_registry().get(config, site).reserve() and on_response()
-           (etiquette_proxy/pacing/per_site.py, the per-site registry; pacing out of the way);
-- store:   urlkey.normalise + ValidatorStore.get + validators.inject_headers, on a store of
+- budget:  budget_registry().get(config, site), the restraints folded onto it
+           (fold + SiteBudget.restrain), reserve(); then on_response() with the response's
+           fields keyed in lower case (LowerFields, as addons/pacing.py builds them) and
+           release_due() (the pump); pacing out of the way;
+- store:   urlkey.normalise + ValidatorStore.get + validators.inject_headers (kept per stored
+           entry and request fields, as addons/revalidation.py keeps it), on a store of
            --store-urls entries (diskcache in a temp dir; 90 % hits, 10 % misses, 4,096 URLs
            asked in turn, so the store's hot set (revalidation/store.py HOT_ENTRIES) answers them
            after the first round); shown apart, not in the whole: `store-cold`, every URL of
            the store asked in turn, so none is in the hot set when asked (a SQLite read each);
-- runaway: RunawayGuard.observe_request + observe_answer;
-- health:  HealthBook.site(site).observe_response (a 1 KiB 200);
+- runaway: the guard from its registry (guard_registry().get, on the request and on the
+           response), resolve_target, RunawayGuard.observe_request + observe_answer;
+- health:  HealthBook.site(site).observe_response (a 1 KiB 200; LowerFields, as
+           addons/health.py builds them);
 - audit:   audit_record + AuditLog.write (a temp file; one os.write per line).
 Each component runs --iterations times (and at most --max-seconds); per-call times come from
 perf_counter_ns. Prints median, p99 and mean per component, then the whole decision (all
 components back to back, per request). Target (issue 17): whole decision < 60 µs median.
 
     python benchmarks/decisions.py [--iterations 20000] [--store-urls 10000]
+    valgrind --tool=callgrind --dump-before='os_getppid*' python benchmarks/decisions.py \
+        --marked robots|budget|store|runaway|health|audit|whole --iterations 2000 --store-urls 1000
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import random
 import sys
 import tempfile
@@ -41,6 +51,7 @@ from _harness import check, header, percentile  # noqa: E402
 
 from etiquette_proxy.audit.log import AuditLog, audit_record  # noqa: E402
 from etiquette_proxy.config import load_config  # noqa: E402
+from etiquette_proxy.headers import LowerFields  # noqa: E402
 from etiquette_proxy.robots.policy import FetchResult, RobotsPolicy, RobotsSettings, product_token  # noqa: E402
 
 ROBOTS_TXT = b"""User-agent: *
@@ -62,6 +73,8 @@ ORIGIN = "http://bench.example:80"
 BODY = b"<!doctype html><title>bench</title>" + b"x" * 990
 RESPONSE_HEADERS = {"Content-Type": "text/html; charset=utf-8", "Content-Length": "1024",
                     "ETag": '"bench-1"', "Last-Modified": "Mon, 30 Nov 2026 00:00:00 GMT"}
+# What the addons hand the core: names lower-cased in one pass over the raw fields.
+RESPONSE_FIELDS = LowerFields((k.lower(), v) for k, v in RESPONSE_HEADERS.items())
 REQUEST_HEADERS = [("Host", "bench.example"), ("User-Agent", UA), ("Accept", "*/*"),
                    ("Accept-Encoding", "gzip")]
 
@@ -102,8 +115,17 @@ SIGNALS_TXT = ROBOTS_TXT.replace(b"Crawl-delay: 1\n", b"Crawl-delay: 1\nContent-
 
 def robots_component(config, robots_txt: bytes = ROBOTS_TXT,  # type: ignore[no-untyped-def]
                      purposes: tuple[str, ...] | None = None, escaped: bool = False) -> Callable[[int], object]:
+    from etiquette_proxy.pacing.restraints import Restraint, Restraints
+    from etiquette_proxy.robots.policy import entry_registry
+    from etiquette_proxy.state.memory import MemoryState
+    from etiquette_proxy.target import resolve, split_target
+
     policy = RobotsPolicy()
-    entry = policy.after_fetch(ORIGIN, FetchResult(200, robots_txt), None, RobotsSettings())
+    state = MemoryState()
+    entries = entry_registry(lambda: state, policy)
+    entries.put(config, ORIGIN, policy.after_fetch(ORIGIN, FetchResult(200, robots_txt), None, RobotsSettings()))
+    entries.save(ORIGIN)
+    restraints = Restraints()
     paths = [f"/page/{i}?q={i}" for i in range(50)] + ["/private/x", "/cgi-bin/a", "/private/open/y"]
     if escaped:
         paths = [p.replace("page", "p%61ge") for p in paths]
@@ -124,10 +146,22 @@ def robots_component(config, robots_txt: bytes = ROBOTS_TXT,  # type: ignore[no-
 
     def decide(i: int) -> object:
         settings = settings_for(SITE)
+        entry = entries.find(config, ORIGIN)
+        if not policy.is_fresh(entry):
+            raise RuntimeError("the robots.txt entry went stale during the benchmark")
+        assert entry is not None
+        path = paths[i % len(paths)]
+        if resolve(split_target(path)[0]) == "/robots.txt":
+            raise RuntimeError("not a page")
         token = product_token(settings.user_agent or UA)
-        verdict = policy.verdict_for_target(entry, paths[i % len(paths)], token, *extra)  # as the gate asks
+        verdict = policy.verdict_for_target(entry, path, token, *extra)  # as the gate asks
         if verdict.allowed:
-            policy.crawl_delay(entry, token, settings)
+            delay = policy.crawl_delay(entry, token, settings)
+            if delay is not None:
+                restraints.restrain(SITE, Restraint("crawl-delay", rate_cap=1 / delay,
+                                                    reason=f"robots.txt asks {delay:g}s between requests"))
+            else:
+                restraints.release(SITE, "crawl-delay")
         return verdict
     return decide
 
@@ -137,16 +171,23 @@ def budget_component(config) -> Callable[[int], object] | str:  # type: ignore[n
         budgets_mod = importlib.import_module("etiquette_proxy.pacing.per_site")
     except ImportError:
         return "etiquette_proxy/pacing/per_site.py is not on this branch yet"
+    from etiquette_proxy.pacing.restraints import Restraints, fold
     from etiquette_proxy.state.memory import MemoryState
     state = MemoryState()
     budgets = budgets_mod.budget_registry(lambda: state)
+    restraints = Restraints()  # the table other features write (none here: pacing alone)
 
     def decide(i: int) -> object:
         budget = budgets.get(config, SITE)
+        folded = fold(restraints.on(SITE))  # Pacing._restrain, on every request
+        budget.restrain(folded.rate_factor, folded.rate_cap, folded.concurrency_factor)
         turn = budget.reserve()
         if turn.action != "go":
             raise RuntimeError(f"pacing was not out of the way: {turn}")
-        return budget.on_response(turn.ticket, 200, RESPONSE_HEADERS)
+        budget = budgets.get(config, SITE)  # the response hook finds it again
+        decision = budget.on_response(turn.ticket, 200, RESPONSE_FIELDS)
+        budget.release_due()  # Pacing._pump: nobody held, nothing to wake
+        return decision
     return decide
 
 
@@ -171,22 +212,40 @@ def store_component(config, directory: str, urls: int,  # type: ignore[no-untype
     if cold:  # every URL in turn: more than the store keeps hot, so none is hot when asked again
         targets = [f"http://Bench.example/page/{n}?a=1&utm_source=x&b=2" for n in range(urls * 10 // 9)]
 
+    request_fields = tuple(REQUEST_HEADERS)
+    injections: dict[tuple[int, object], tuple[object, object]] = {}
+
     def decide(i: int) -> object:
         key = normalise(targets[i % len(targets)], tracking)
-        return inject_headers(store.get(key), "GET", REQUEST_HEADERS)
+        entry = store.get(key)
+        if entry is None:
+            return None
+        # addons/revalidation.py keeps the injection per (stored entry, request fields)
+        kept = injections.get((id(entry), request_fields))
+        if kept is not None and kept[0] is entry:
+            return kept[1]
+        injection = inject_headers(entry, "GET", REQUEST_HEADERS)
+        if len(injections) >= 1024:
+            injections.clear()
+        injections[(id(entry), request_fields)] = (entry, injection)
+        return injection
     return decide
 
 
 def runaway_component(config) -> Callable[[int], object] | str:  # type: ignore[no-untyped-def]
     try:
-        from etiquette_proxy.runaway.guard import RunawayGuard
+        from etiquette_proxy.runaway.guard import guard_registry
     except ImportError:
         return "etiquette_proxy/runaway/guard.py is not on this branch"
-    guard = RunawayGuard.from_config(config, SITE)
+    from etiquette_proxy.state.memory import MemoryState
+    from etiquette_proxy.target import resolve_target
+    state = MemoryState()
+    guards = guard_registry(lambda: state)
+    targets = [f"/page/{i}?q={j}" for i in range(500) for j in range(7)]
 
     def decide(i: int) -> object:
-        guard.observe_request(f"/page/{i % 500}?q={i % 7}")
-        return guard.observe_answer(200)
+        guards.get(config, SITE).observe_request(resolve_target(targets[i % len(targets)]))
+        return guards.get(config, SITE).observe_answer(200)
     return decide
 
 
@@ -198,7 +257,7 @@ def health_component(config) -> Callable[[int], object] | str:  # type: ignore[n
     book = HealthBook.from_config(config)
 
     def decide(i: int) -> object:
-        return book.site(SITE).observe_response(200, RESPONSE_HEADERS, BODY, len(BODY), 0.012,
+        return book.site(SITE).observe_response(200, RESPONSE_FIELDS, BODY, len(BODY), 0.012,
                                                 route="/page")
     return decide
 
@@ -216,12 +275,49 @@ def audit_component(directory: str) -> Callable[[int], object]:
     return decide
 
 
+def marked(name: str, calls: int, store_urls: int) -> int:
+    """Run `name` warm (500 calls; 5,000 with the store, past its hot set's first round), then
+    `calls` more between two os.getppid() calls: callgrind's dumps at those calls count the
+    instructions of the calls alone, stable on a shared machine where wall clock is not."""
+    config = fast_config()
+    with tempfile.TemporaryDirectory(prefix="etiquette-decide-") as tmp:
+        makers: dict[str, Callable[[], Callable[[int], object] | str]] = {
+            "robots": lambda: robots_component(config), "budget": lambda: budget_component(config),
+            "store": lambda: store_component(config, f"{tmp}/store", store_urls),
+            "runaway": lambda: runaway_component(config), "health": lambda: health_component(config),
+            "audit": lambda: audit_component(tmp)}
+        if name != "whole" and name not in makers:
+            print(f"--marked: {name!r} is not a component (expected one of {', '.join(makers)}, whole)")
+            return 2
+        made = [m() for m in makers.values()] if name == "whole" else [makers[name]()]
+        fns = [f for f in made if not isinstance(f, str)]
+
+        def fn(i: int) -> None:
+            for f in fns:
+                f(i)
+        warm = 5000 if name in ("store", "whole") else 500
+        for i in range(warm):
+            fn(i)
+        os.getppid()  # marker: callgrind dumps here
+        for i in range(warm, warm + calls):
+            fn(i)
+        os.getppid()  # marker
+    print(f"{name}: {calls} calls between the markers")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iterations", type=int, default=20000)
     ap.add_argument("--max-seconds", type=float, default=10.0, help="per component (default 10)")
     ap.add_argument("--store-urls", type=int, default=10000, help="entries in the store (default 10000)")
+    ap.add_argument("--marked", metavar="COMPONENT",
+                    help="instruction counting: run one component (or `whole`) between two os.getppid() "
+                         "calls, for valgrind --tool=callgrind --dump-before='os_getppid*' (the second "
+                         "dump / --iterations is instructions per call); no timing")
     args = ap.parse_args()
+    if args.marked:
+        return marked(args.marked, args.iterations, args.store_urls)
     if not 100 <= args.iterations <= 10_000_000 or not 1 <= args.store_urls <= 1_000_000:
         ap.error("iterations in 100..10M, store-urls in 1..1M")
     header("decision cost in-process (no network)")

@@ -79,7 +79,7 @@ def sites_child(n: int, decisions: int, requests: int) -> dict[str, object]:
 
     policy = RobotsPolicy()
     settings = RobotsSettings()
-    entries = entry_registry(lambda: state)
+    entries = entry_registry(lambda: state, policy)  # as the gate builds it
     t0 = time.perf_counter()
     for start in range(0, n, 2000):
         # One state-store transaction per 2,000 saves: setup speed only (each save is still one

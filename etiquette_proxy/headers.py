@@ -15,6 +15,15 @@ Headers = Mapping[str, str] | Iterable[tuple[str, str]]
 HeaderPairs = tuple[tuple[str, str], ...]
 
 
+class LowerFields(dict[str, str]):
+    """Header fields keyed by their lower-case names, as an addon reads them in one pass over
+    the raw fields (repeats comma-joined): a name not found here is not in the response, so
+    readers look it up once instead of scanning every key (RFC 9110 §5.1: names are
+    case-insensitive)."""
+
+    __slots__ = ()
+
+
 def header_pairs(headers: Headers) -> HeaderPairs:
     """Headers as a tuple of (name, value) pairs, whatever they came as."""
     items = headers.items() if isinstance(headers, Mapping) else headers
@@ -35,7 +44,8 @@ def first_value(headers: HeaderPairs, name: str) -> str | None:
 
 def field_text(headers: Mapping[str, str], name: str) -> str:
     """The value of lower-case `name` in a mapping, "" if absent; plain dicts are searched
-    case-insensitively (mitmproxy's Headers and requests' CaseInsensitiveDict already are)."""
+    case-insensitively (mitmproxy's Headers, requests' CaseInsensitiveDict and LowerFields
+    already are)."""
     value = headers.get(name)
     if value is None:
         if type(headers) is dict:

@@ -62,6 +62,11 @@ def is_normal(path: str) -> bool:
     return _NORMAL.fullmatch(path) is not None
 
 
+def is_literal(text: str) -> bool:
+    """True when `normalise_escapes(text)` is `text`: literal characters only, no escape."""
+    return _AS_IS.fullmatch(text) is not None
+
+
 def normalise_escapes(text: str) -> str:
     """Percent-encoding normalised: unreserved decoded, other escapes upper-case, rest encoded."""
     if _AS_IS.fullmatch(text):

@@ -301,7 +301,7 @@ class SiteHealth:
         # closed window waits here (counted by this instance) until `close_shared` is given
         # the sum; `take_closed` hands it to the caller that adds it to the shared counts.
         self.shared = False
-        self._closed: list[_Open] = []
+        self._closed: tuple[_Open, ...] | list[_Open] = ()  # a list of its own once shared windows close
 
     def _window_start(self, t: float) -> float:
         return math.floor(t / self.settings.window_s) * self.settings.window_s
@@ -463,7 +463,7 @@ class SiteHealth:
         instance's counters, its first wrong canary URL). Each must then be judged on the sum
         with `close_shared`, oldest first."""
         out = [(w.start, window_counts(w), w.canary_wrong) for w in self._closed]
-        self._closed.clear()
+        self._closed = ()
         return out
 
     def close_shared(self, start: float, counts: Mapping[str, int],
@@ -479,8 +479,7 @@ class SiteHealth:
         self._open = _Open(self._window_start(now))
         if self.shared:
             # Even an empty window: the other instances may have counted in it.
-            self._closed.append(closing)
-            del self._closed[:-4]  # bounded: a caller that never takes them keeps the last few
+            self._closed = [*self._closed[-3:], closing]  # bounded: a caller that never takes them keeps the last few
             self._history.retire(now)
             self._baseline_memo = None
             return None

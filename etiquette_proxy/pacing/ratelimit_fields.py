@@ -60,7 +60,11 @@ class _Quota:
 
 def read_rate_hint(headers: Mapping[str, str], now: float, max_s: float) -> RateHint | None:
     """The rate/pause the response's rate-limit fields suggest (None: no such fields)."""
-    fields = _lowered(headers)
+    return read_rate_hint_lowered(_lowered(headers), now, max_s)
+
+
+def read_rate_hint_lowered(fields: Mapping[str, str], now: float, max_s: float) -> RateHint | None:
+    """`read_rate_hint` for fields already keyed in lower case (or a case-insensitive mapping)."""
     present = [name for name in _FIELDS if fields.get(name) is not None]
     if not present:
         return None

@@ -48,6 +48,8 @@ class Folded:
 
 def fold(restraints: Iterable[Restraint]) -> Folded:
     """Factors multiplied, the lowest cap, the first pause (its reason, or who paused)."""
+    if isinstance(restraints, (list, tuple)) and not restraints:
+        return _UNRESTRAINED  # most sites, on every request
     factor, concurrency, cap = 1.0, 1.0, math.inf
     paused = None
     for r in restraints:
@@ -59,6 +61,9 @@ def fold(restraints: Iterable[Restraint]) -> Folded:
             paused = r.reason or f"paused by {r.source}"
     return Folded(min(1.0, max(factor, _SMALLEST)), None if cap == math.inf else max(cap, _SMALLEST),
                   min(1.0, max(concurrency, _SMALLEST)), paused)
+
+
+_UNRESTRAINED = Folded()
 
 
 def restraint_note(restraints: Iterable[Restraint], rate: Callable[[], float]) -> str:

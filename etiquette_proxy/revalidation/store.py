@@ -49,6 +49,7 @@ import logging
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -128,7 +129,9 @@ class ValidatorStore:
         )
         self._writes = 0
         self._written = 0
-        self._hot: dict[str, StoredEntry | None] = {}  # url key -> entry or absent; LRU first
+        # url key -> entry or absent, least recently used first (an OrderedDict: a dict used
+        # as a queue makes finding its oldest key walk every slot deleted since its last resize)
+        self._hot: OrderedDict[str, StoredEntry | None] = OrderedDict()
         self._hot_version: object = None
         self._data_version = _DataVersion(self._cache, clock)
         # key -> (row bytes, parsed row, entry): rows read before, reused while their bytes match.
@@ -163,13 +166,17 @@ class ValidatorStore:
             hot.clear()
         self._hot_version = version
         if key in hot:
-            entry = hot.pop(key)
-        else:
-            entry = self._entry(key, self._read_json(f"e|{key}"))
-            if len(hot) >= HOT_ENTRIES:
-                del hot[next(iter(hot))]
+            entry = hot[key]
+            if version is not None:
+                hot.move_to_end(key)  # most recently used last
+            else:
+                del hot[key]
+            return entry
+        entry = self._entry(key, self._read_json(f"e|{key}"))
         if version is not None:
-            hot[key] = entry  # most recently used last
+            if len(hot) >= HOT_ENTRIES:
+                hot.popitem(last=False)
+            hot[key] = entry
         return entry
 
     def get_with_record(self, key: str, namespace: str,

@@ -15,19 +15,45 @@ from collections.abc import Iterable
 from functools import lru_cache
 from urllib.parse import urlsplit
 
-from etiquette_proxy.target import DEFAULT_PORTS, normalise_escapes, resolve
+from etiquette_proxy.target import DEFAULT_PORTS, is_literal, normalise_escapes, resolve
 
 DEFAULT_TRACKING_PARAMS: tuple[str, ...] = ("utm_*", "gclid", "fbclid", "mc_cid", "mc_eid")
 
 _DEFAULT_PORTS = DEFAULT_PORTS
 _PCT = re.compile(r"%([0-9A-Fa-f]{2})")
 _ASCII_HOST = re.compile(r"^[a-z0-9_-]+(\.[a-z0-9_-]+)*$")
+# Most URLs a crawler sends: an http(s) scheme, a plain ASCII host, maybe a port, no user info,
+# no whitespace or control bytes (which urlsplit would drop), no trailing dot. For these the
+# parts are read with one match instead of urlsplit + .port + .hostname; path and query go
+# through the same resolve() and _query() as any other URL, so the key is the same
+# (tests/core/test_urlkey.py compares both ways on generated URLs).
+_SIMPLE = re.compile(r"(?i:(https?))://([A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*)(?::([0-9]{1,5}))?"
+                     r"(/[^?#\x00-\x20\x7f]*)?(?:\?([^#\x00-\x20\x7f]*))?(?:#.*)?", re.ASCII | re.DOTALL)
 
 
 def normalise(url: str, tracking_params: Iterable[str] = DEFAULT_TRACKING_PARAMS) -> str:
     """The store key of `url`; raises ValueError for anything that is not an http(s) URL."""
     if not isinstance(url, str):
         raise ValueError(f"{url!r} is not a URL (expected text)")
+    simple = _SIMPLE.fullmatch(url)
+    if simple is not None:
+        scheme, host, port_text, path, query_text = simple.groups()
+        scheme = scheme.lower()
+        netloc = host.lower()
+        if port_text is not None:
+            port = int(port_text)
+            if port > 65535:
+                return _normalise(url, tracking_params)  # raises, as urlsplit does
+            if port != _DEFAULT_PORTS[scheme]:
+                netloc = f"{netloc}:{port}"
+        path = resolve(path) if path else "/"
+        query = _query(query_text, _tracking_matcher(tuple(tracking_params))) if query_text else ""
+        return f"{scheme}://{netloc}{path}" + (f"?{query}" if query else "")
+    return _normalise(url, tracking_params)
+
+
+def _normalise(url: str, tracking_params: Iterable[str]) -> str:
+    """normalise() for any URL: urlsplit and every check."""
     try:
         parts = urlsplit(url.strip())
         port = parts.port  # raises ValueError for junk or out-of-range ports
@@ -75,11 +101,13 @@ def _tracking_matcher(patterns: tuple[str, ...]) -> tuple[frozenset[str], tuple[
 def _query(query: str, matcher: tuple[frozenset[str], tuple[str, ...]]) -> str:
     exact, prefixes = matcher
     kept: list[tuple[str, str]] = []
+    literal = is_literal(query)  # most queries: no escape to normalise in any piece
     for piece in query.split("&"):
         if not piece:
             continue
-        piece = normalise_escapes(piece)
-        name = piece.split("=", 1)[0]
+        if not literal:
+            piece = normalise_escapes(piece)
+        name = piece.partition("=")[0]
         plain = (_PCT.sub(lambda m: chr(int(m.group(1), 16)), name) if "%" in name else name).lower()
         if plain in exact or (prefixes and plain.startswith(prefixes)):
             continue

@@ -595,7 +595,9 @@ class TrapDetector:
             if not part:
                 continue
             raw_name, _, value = part.partition("=")
-            name = unquote_plus(raw_name, errors="replace")[:_MAX_NAME]
+            # unquote_plus changes only "%" escapes and "+": most names have neither
+            name = (unquote_plus(raw_name, errors="replace") if "%" in raw_name or "+" in raw_name
+                    else raw_name)[:_MAX_NAME]
             if name:
                 out.append((name, value))
         return out

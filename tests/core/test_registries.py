@@ -7,7 +7,7 @@ from typing import Any
 
 from etiquette_proxy.config import load_config
 from etiquette_proxy.robots.policy import NAMESPACE as ROBOTS
-from etiquette_proxy.robots.policy import FetchResult, RobotsPolicy, RobotsSettings, entry_registry
+from etiquette_proxy.robots.policy import FetchResult, RobotsEntry, RobotsPolicy, RobotsSettings, entry_registry
 from etiquette_proxy.runaway.guard import NAMESPACE as RUNAWAY
 from etiquette_proxy.runaway.guard import guard_registry
 from etiquette_proxy.state.memory import MemoryState
@@ -71,3 +71,92 @@ def test_a_robots_entry_evicted_is_read_back_with_the_same_rules() -> None:
     assert not policy.verdict(back, "/private/x", "bot").allowed
     assert policy.verdict(back, "/public", "bot").allowed
     assert entries.find(CONFIG, "http://never.example:80") is None
+
+
+class ReadCountingState(CountingState):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def get(self, namespace: str, key: str) -> Any | None:
+        self.reads += 1
+        return super().get(namespace, key)
+
+
+def _fetched(policy: RobotsPolicy, origin: str, body: bytes, status: int = 200):  # type: ignore[no-untyped-def]
+    return policy.after_fetch(origin, FetchResult(status, body), None, RobotsSettings())
+
+
+TARGETS = ["/private/x", "/private/open/y", "/public", "/only-3/z", "/a?b=c", "/%70rivate/x"]
+
+
+def test_a_robots_entry_rests_beside_its_rules_and_comes_back_without_a_read() -> None:
+    """Out of the registry, an entry with compiled rules is recalled from the policy (no state
+    read) and decides exactly as before it left; the state store still holds it."""
+    state = ReadCountingState()
+    policy = RobotsPolicy()
+    entries = entry_registry(lambda: state, policy)
+    origins = [f"http://s{i}.example:80" for i in range(8)]
+    before = {}
+    for i, origin in enumerate(origins):
+        entries.put(CONFIG, origin, _fetched(policy, origin, b"User-agent: *\nDisallow: /private/\n"
+                                              b"Allow: /private/open/\nDisallow: /only-%d/\n" % i))
+        entries.save(origin)
+        entry = entries.find(CONFIG, origin)
+        assert entry is not None
+        before[origin] = (entry.to_state(), [policy.verdict_for_target(entry, t, "bot") for t in TARGETS])
+    assert len(entries) == 2 and state.reads == 0
+    for origin in origins:
+        back = entries.find(CONFIG, origin)
+        assert back is not None
+        assert back.to_state() == before[origin][0]
+        assert back == RobotsEntry.from_state(state.get(ROBOTS, origin))
+        state.reads -= 1  # the comparison's own read
+        assert [policy.verdict_for_target(back, t, "bot") for t in TARGETS] == before[origin][1]
+    assert state.reads == 0
+
+
+def test_a_newer_entry_is_never_shadowed_by_the_one_resting() -> None:
+    """A new fetch replaces what rests: evicted before any verdict compiled it, with a config
+    change (reset), or dropped, the next find gives the newest entry, never the older one."""
+    state = ReadCountingState()
+    policy = RobotsPolicy()
+    entries = entry_registry(lambda: state, policy)
+    origin = "http://a.example:80"
+    old = _fetched(policy, origin, b"User-agent: *\nDisallow: /old/\n")
+    entries.put(CONFIG, origin, old)
+    entries.save(origin)
+    assert not policy.verdict(old, "/old/x", "bot").allowed  # compiled
+    for i in range(3):  # evicted: rests beside its rules
+        entries.put(CONFIG, f"http://o{i}.example:80", _fetched(policy, f"http://o{i}.example:80", b""))
+    assert origin not in entries and policy.recall(origin) == old
+
+    for body, status in ((b"User-agent: *\nDisallow: /new/\n", 200), (b"", 404), (b"", 503)):
+        new = _fetched(policy, origin, body, status)
+        entries.put(CONFIG, origin, new)
+        entries.save(origin)
+        for i in range(3):  # evicted before any verdict compiled it
+            entries.put(CONFIG, f"http://o{i}.example:80", _fetched(policy, f"http://o{i}.example:80", b""))
+        assert origin not in entries
+        assert entries.find(CONFIG, origin) == new
+        assert policy.verdict(new, "/old/x", "bot").allowed == (status != 503)
+
+    newest = _fetched(policy, origin, b"User-agent: *\nDisallow: /newest/\n")
+    entries.put(CONFIG, origin, newest)
+    entries.save(origin)
+    assert entries.find(load_config("state: {max_sites_in_memory: 2}\n"), origin) == newest  # reset
+    entries.drop(origin)
+    assert policy.recall(origin) is None
+
+
+def test_an_entry_without_compiled_rules_is_read_from_the_state_store() -> None:
+    state = ReadCountingState()
+    policy = RobotsPolicy()
+    entries = entry_registry(lambda: state, policy)
+    origin = "http://gone.example:80"
+    entry = _fetched(policy, origin, b"", 404)
+    entries.put(CONFIG, origin, entry)
+    entries.save(origin)
+    for i in range(3):
+        entries.put(CONFIG, f"http://o{i}.example:80", _fetched(policy, f"http://o{i}.example:80", b""))
+    assert entries.find(CONFIG, origin) == entry and state.reads == 1

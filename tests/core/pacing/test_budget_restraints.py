@@ -100,6 +100,8 @@ def test_a_restraint_never_shortens_a_pause(clock):
 @pytest.mark.parametrize("kwargs", [
     {"rate_factor": 0}, {"rate_factor": -1}, {"rate_factor": 1.5}, {"rate_factor": math.nan},
     {"rate_cap": 0}, {"rate_cap": math.inf}, {"concurrency_factor": 0}, {"concurrency_factor": 2},
+    # equal to what is in force (1.0, no cap, 1.0) yet not valid: still refused
+    {"rate_factor": True}, {"rate_factor": 1.0, "rate_cap": math.inf}, {"concurrency_factor": True},
 ])
 def test_impossible_restraints_are_rejected_and_change_nothing(clock, kwargs):
     b = make(clock, rate=2.0)

@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import random
+
 import pytest
 
+from etiquette_proxy.revalidation import urlkey
 from etiquette_proxy.revalidation.urlkey import DEFAULT_TRACKING_PARAMS, normalise
 
 
@@ -105,3 +108,59 @@ def test_non_utf8_path_from_surrogateescape_is_encoded() -> None:
     # mitmproxy decodes undecodable bytes with surrogateescape; they come back as %XX
     url = b"http://e.com/\xff\xfe".decode("utf-8", "surrogateescape")
     assert normalise(url) == "http://e.com/%FF%FE"
+
+
+def _slow_key(url: str, tracking: tuple[str, ...] = DEFAULT_TRACKING_PARAMS) -> str | None:
+    try:
+        return urlkey._normalise(url, tracking)  # noqa: SLF001 - the reference: urlsplit and every check
+    except ValueError:
+        return None
+
+
+def _fast_key(url: str, tracking: tuple[str, ...] = DEFAULT_TRACKING_PARAMS) -> str | None:
+    try:
+        return normalise(url, tracking)
+    except ValueError:
+        return None
+
+
+def test_simple_urls_take_the_one_match_path_and_give_the_same_key() -> None:
+    """The one-match path (urlkey._SIMPLE) gives exactly urlsplit's key, on generated URLs
+    mixing the pieces either path must get right (case, ports, user info, dots, escapes,
+    whitespace, fragments, tracking parameters, junk)."""
+    rng = random.Random(17)
+    schemes = ["http", "https", "HTTP", "Https", "ftp", "http:", ""]
+    hosts = ["example.com", "Example.COM", "a-b_c.d", "127.0.0.1", "example.com.", "a..b", "",
+             "user@example.com", "u:p@e.com", "[::1]", "bücher.de", "e.com:", "-x.y", "e\tx.com"]
+    ports = ["", ":80", ":443", ":8080", ":0", ":080", ":65535", ":65536", ":99999", ":x", ":"]
+    paths = ["", "/", "/a/b", "/a//b", "/a/./b/../c", "/%7euser/%2fx", "/a b", "/ü", "/a\tb",
+             "/.hidden", "/a;p=1/b", "@evil/x", "/a\\b", "/a\x00b", "/%zz"]
+    queries = ["", "?", "?b=2&a=1", "?utm_source=x&id=1", "?UTM_Medium=y", "?a=%41&b=%zz",
+               "?a=1&a=0", "?x=ü", "?q=a b", "?&&a"]
+    frags = ["", "#", "#top", "#a b\n"]
+    pad = ["", " ", "\n"]
+    for _ in range(6000):
+        url = (rng.choice(pad) + rng.choice(schemes) + "://" + rng.choice(hosts) + rng.choice(ports)
+               + rng.choice(paths) + rng.choice(queries) + rng.choice(frags) + rng.choice(pad))
+        tracking = rng.choice([DEFAULT_TRACKING_PARAMS, (), ("a",), ("B*",)])
+        assert _fast_key(url, tracking) == _slow_key(url, tracking), url
+
+
+def test_a_simple_url_does_not_call_urlsplit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The common case is the one-match path (the speed this module is tuned for)."""
+    def refuse(*a: object) -> object:
+        raise AssertionError("urlsplit called for a simple URL")
+    monkeypatch.setattr(urlkey, "urlsplit", refuse)
+    assert normalise("http://Bench.example:80/page/1?a=1&utm_source=x&b=2") == "http://bench.example/page/1?a=1&b=2"
+    with pytest.raises(AssertionError):
+        normalise("http://user@bench.example/")  # user info: the full path
+
+
+@pytest.mark.parametrize(("query", "key"), [
+    ("a=1&b=%7a&c=%zz&d=x y", "a=1&b=z&c=%25zz&d=x%20y"),  # every piece normalised, not the first only
+    ("z=%41&a=%2f", "a=%2F&z=A"),
+    ("utm_source=%41&b=%62", "b=b"),
+    ("b=2&a=1", "a=1&b=2"),  # literal: sorted as it is
+])
+def test_every_piece_of_a_query_with_escapes_is_normalised(query: str, key: str) -> None:
+    assert normalise(f"http://e.com/p?{query}") == f"http://e.com/p?{key}"

@@ -187,3 +187,22 @@ def test_the_cache_keeps_to_its_byte_budget(clock, monkeypatch):
     assert 0 < policy._parsed_bytes <= 20_000
     assert policy._parsed_bytes == sum(r.size() for r in policy._parsed.values())
     assert 10 < len(policy._parsed) < 200
+
+
+def test_plain_targets_are_quoted_as_protego_quotes_them():
+    """policy._quote_path's two-replace form for a plain path and query is protego's quoting."""
+    from etiquette_proxy.robots import policy
+
+    rng = random.Random(9309)
+    pieces = ["/", "a", "Z", "0", "_", ".", "~", "=", "-", "?", "&", "%41", "%2f", " ", "#", ";",
+              ":", "+", "é", "//", "*", "$", "'", ","]
+    targets = ["/page/1?q=1", "/a?", "/a??b", "/?&", "//x?y", "/a?b&c=d/e", "/a/?q=%41"]
+    plain = pieces[:11]
+    for _ in range(5000):
+        alphabet = plain if rng.random() < 0.5 else pieces
+        targets.append("/" + "".join(rng.choice(alphabet) for _ in range(rng.randrange(12))))
+    taken = 0
+    for target in targets:
+        assert policy._quote_path(target) == _quote_path(target), target  # noqa: SLF001
+        taken += policy._PLAIN_TARGET(target) is not None  # noqa: SLF001
+    assert taken > 200  # the generated targets exercise the fast form too
