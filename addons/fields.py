@@ -22,16 +22,18 @@ def field_value(fields: Fields, name: bytes) -> str | None:
     return ", ".join(values) if values else None
 
 
-def fields_named(fields: Fields, names: frozenset[bytes]) -> dict[str, str]:
+def fields_named(fields: Fields, names: frozenset[bytes], joined: frozenset[str] | None = None) -> dict[str, str]:
     """The fields among lower-case `names` that are present, as `{lower-case name: value}`,
-    a repeated field's values comma-joined (what `dict(Headers.items())` holds for them)."""
+    a repeated field's values comma-joined (what `dict(Headers.items())` holds for them); with
+    `joined`, only those names are joined and any other repeated field keeps its last value."""
     out: dict[str, str] = LowerFields()  # keyed in lower case: core readers look a name up once
     for k, v in fields:
         k = k.lower()
         if k in names:
             name = k.decode("utf-8", "surrogateescape")
             value = v.decode("utf-8", "surrogateescape")
-            out[name] = f"{out[name]}, {value}" if name in out else value
+            join = name in out and (joined is None or name in joined)
+            out[name] = f"{out[name]}, {value}" if join else value
     return out
 
 

@@ -34,12 +34,12 @@ import time
 from typing import Any
 
 from etiquette_addons.answers import answer_locally, fail_closed
+from etiquette_addons.fields import fields_named
 from etiquette_addons.notes import FlowNotes, notes_of, skip
 from etiquette_addons.runtime import Runtime
 from etiquette_addons.side_fetch import SideFetchError
 from mitmproxy import connection, http
 
-from etiquette_proxy.headers import LowerFields
 from etiquette_proxy.operate.controls import site_matches
 from etiquette_proxy.pacing.budget import SiteBudget, Turn
 from etiquette_proxy.pacing.per_site import budget_registry
@@ -523,15 +523,7 @@ class Pacing:
             # One pass over the raw fields: last value wins, except that a repeated
             # Retry-After / RateLimit / RateLimit-Policy gives every value, comma-joined, so
             # the parsers see all of them.
-            headers: dict[str, str] = LowerFields()  # keyed in lower case: not copied again
-            for k, v in response.headers.fields:
-                k = k.lower()
-                if k not in _READ:
-                    continue
-                name = k.decode("utf-8", "surrogateescape")
-                value = v.decode("utf-8", "surrogateescape")
-                headers[name] = (f"{headers[name]}, {value}" if name in _JOINED and name in headers
-                                 else value)
+            headers = fields_named(response.headers.fields, _READ, joined=_JOINED)
             status = notes.upstream_status or response.status_code  # what the site said
             decision = budget.on_response(ticket, status, headers)
         except Exception:  # noqa: BLE001 - learning must never take the response down
