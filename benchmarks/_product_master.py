@@ -23,10 +23,11 @@ from typing import Any
 
 def master_for(opts: Any) -> Any:
     try:
-        from etiquette_addons.master import ProductMaster
+        from etiquette_addons.master import ProductMaster, skip_message_typechecks
     except ImportError:  # a checkout before the lean master: what its `run` used
         from mitmproxy.tools.dump import DumpMaster
         return DumpMaster(opts, with_termlog=False, with_dumper=False)
+    skip_message_typechecks()  # as `run` does
     return ProductMaster(opts)
 
 

@@ -111,3 +111,19 @@ def test_product_master_keeps_what_run_relies_on() -> None:
     assert {"Proxyserver", "NextLayer", "TlsConfig", "ProxyAuth", "Block", "ErrorCheck"} <= names
     # Left out: the addons that rewrite or replay flows, and mitm.it's page.
     assert not names & {"MapLocal", "MapRemote", "ModifyBody", "ModifyHeaders", "ServerPlayback", "Onboarding"}
+
+
+def test_run_skips_mitmproxys_debug_typechecks_only_where_it_is_called() -> None:
+    # Process-wide, so in a process of its own: the checks stay on for every other test here.
+    import subprocess
+    import sys
+    probe = (
+        "from mitmproxy import http\n"
+        "from etiquette_addons.master import skip_message_typechecks\n"
+        "def build():\n"
+        "    http.Response(http_version=b'HTTP/1.1', status_code=200, reason=b'OK', headers=http.Headers(),\n"
+        "                  content=b'', trailers=None, timestamp_start='not a float', timestamp_end=None)\n"
+        "try:\n    build()\nexcept TypeError:\n    print('checked')\n"
+        "skip_message_typechecks()\nbuild()\nprint('skipped')\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["checked", "skipped"], out.stderr
