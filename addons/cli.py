@@ -383,13 +383,15 @@ def run_workers(config: Config, config_path: str | None, overrides: list[str], c
 async def _serve(config: Config, config_path: str | None, overrides: list[str]) -> int:
     from etiquette_addons.chain import build_chain
     from etiquette_addons.connections import ConnectionLimits
+    from etiquette_addons.master import ProductMaster, skip_message_typechecks
     from etiquette_addons.runtime import Runtime
     from mitmproxy import options
-    from mitmproxy.tools.dump import DumpMaster
+
+    skip_message_typechecks()
 
     opts = options.Options(listen_host=config.listen.host, listen_port=config.listen.port,
                            confdir=state_dir(config))
-    master = DumpMaster(opts, with_termlog=False, with_dumper=False)
+    master = ProductMaster(opts)  # only the mitmproxy addons the product uses (addons/master.py)
     runtime = Runtime()
     chain = build_chain(runtime)
     master.addons.add(*chain)

@@ -224,6 +224,27 @@ def start_mitmdump(confdir: Path, extra: Sequence[str] = (), prefix: Sequence[st
     return Started("mitmdump", proc, f"http://127.0.0.1:{port}")
 
 
+def start_product_master(confdir: Path, extra: Sequence[str] = (), prefix: Sequence[str] = (),
+                         pythonpath: str | None = None) -> Started:
+    """`run`'s own mitmproxy master (benchmarks/_product_master.py): with no `extra`, lean
+    mitmproxy with no etiquette addon; `extra` e.g. `--chain STATE --reverse URL`."""
+    confdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    cmd = [*prefix, sys.executable, str(HERE / "_product_master.py"), "--port", str(port),
+           "--confdir", str(confdir), *extra]
+    stderr = open(confdir / "stderr", "ab")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=stderr, text=True, env=clean_env(pythonpath))
+    stderr.close()
+    try:
+        wait_port(port)
+    except RuntimeError:
+        proc.kill()
+        proc.wait(5)
+        raise RuntimeError(f"{cmd} did not listen; its stderr ends:\n"
+                           f"{(confdir / 'stderr').read_text(errors='replace')[-1500:]}") from None
+    return Started("mitmproxy, run's master, no etiquette addon", proc, f"http://127.0.0.1:{port}")
+
+
 # -- wrk ------------------------------------------------------------------------------------------
 
 @dataclass

@@ -1,6 +1,8 @@
 """The addon layer's cost per request, in-process (no sockets): our chain vs mitmproxy alone.
 
-Builds the same master as `etiquette-proxy run` (DumpMaster without termlog/dumper) with
+Builds the same master as `etiquette-proxy run` (addons/master.py's ProductMaster: only the
+mitmproxy addons the product uses, hook table; a checkout from before it, e.g. `--before`'s,
+gets what its `run` built: DumpMaster without termlog/dumper) with
 `build_chain()` of this checkout — so addons that land later are measured too — and drives
 test flows through mitmproxy's own event dispatch (requestheaders, request, responseheaders,
 response, each followed by mitmproxy's update event), exactly as the proxy core would. The
@@ -105,10 +107,13 @@ FLOW_HOOKS = ("requestheaders", "request", "responseheaders", "response", "error
 async def run(with_chain: bool, n: int, paths: int, tmp: str, without: str | None = None,
               validators: bool = True, quiet: bool = False, spent: dict[str, int] | None = None) -> list[float]:
     from mitmproxy import options
-    from mitmproxy.tools.dump import DumpMaster
-
     opts = options.Options(listen_host="127.0.0.1", listen_port=0, confdir=tmp)
-    master = DumpMaster(opts, with_termlog=False, with_dumper=False)
+    try:
+        from etiquette_addons.master import ProductMaster
+        master = ProductMaster(opts)
+    except ImportError:
+        from mitmproxy.tools.dump import DumpMaster
+        master = DumpMaster(opts, with_termlog=False, with_dumper=False)
     if with_chain:
         from etiquette_addons.chain import build_chain
         from etiquette_addons.robots_gate import RobotsGate

@@ -23,11 +23,17 @@ pass every request is revalidated (a 304 from the site, the stored 200 to the cl
 stored and fingerprinted.
 
 `--https`: TLS on both sides. The site serves HTTPS (a throwaway self-signed certificate) and
-both proxies run as `mitmdump --mode reverse:https://SITE --ssl-insecure`, (c) with
-`-s addons/etiquette.py` (the same chain as `etiquette-proxy run`) and `upstream.insecure`: wrk
+both proxies run in `--mode reverse:https://SITE` with `ssl_insecure`: (b) bare mitmdump, (c)
+`run`'s own master with `build_chain()` (benchmarks/_product_master.py: what `etiquette-proxy
+run` builds, which has no reverse mode of its own) and `upstream.insecure`: wrk
 speaks TLS to the proxy, the proxy terminates it (its own certificate, as inside a CONNECT
 tunnel) and speaks TLS to the site. wrk cannot tunnel through CONNECT; with keep-alive the
 CONNECT is once per connection, so reverse mode measures the same per-request work.
+
+`--lean` adds an arm (b'): `run`'s own mitmproxy master (addons/master.py: only the mitmproxy
+addons the product uses, hook table) with no etiquette addon. c/b compares with mitmproxy as
+users run it (`mitmdump`, 34 default addons); c/b' is what the etiquette chain itself adds
+over the mitmproxy `run` runs (issue 17: "what mitmproxy itself costs that no addon can remove").
 
 `--close`: every request on a new client connection (wrk `-H "Connection: close"`), so the
 CPU per request includes accepting and setting up a connection (what benchmarks/held.py's
@@ -40,7 +46,7 @@ are linked side by side as `etiquette_addons`/`etiquette_proxy` and checked to i
 before anything starts (PYTHONPATH=DIR alone mixed DIR's core with this checkout's addons).
 
     python benchmarks/overhead.py [--rounds 5] [--duration 5] [--connections 16] [--sign]
-                                  [--no-validators] [--https] [--before DIR] [--close]
+                                  [--no-validators] [--https] [--before DIR] [--close] [--lean]
 """
 
 from __future__ import annotations
@@ -54,7 +60,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _harness import (  # noqa: E402
-    ROOT,
     Started,
     WrkResult,
     audit_summary,
@@ -65,6 +70,7 @@ from _harness import (  # noqa: E402
     self_signed,
     start_etiquette,
     start_mitmdump,
+    start_product_master,
     start_site,
     started,
     wrk,
@@ -103,14 +109,12 @@ def start_chain(tmp: Path, site: Started, sets: list[str], https: bool, prefix: 
     pythonpath = checkout_path(checkout, tmp / "pythonpath") if checkout else None
     if not https:
         return start_etiquette(state, sets, prefix=prefix or (), pythonpath=pythonpath), state
-    entry = (checkout or ROOT).resolve() / "addons" / "etiquette.py"
-    chain = [*_reverse(site), "-s", str(entry), "--set", f"etiquette_state_dir={state}",
-             "--set", "etiquette_ready_line=false"]
+    chain = ["--chain", str(state), "--reverse", site.url]
     for s in [*sets, "upstream.insecure=true"]:
-        chain += ["--set", f"etiquette_set={s}"]
-    ety = start_mitmdump(tmp / "mitm", chain, prefix=prefix or (), pythonpath=pythonpath)
+        chain += ["--set", s]
+    ety = start_product_master(tmp / "mitm", chain, prefix=prefix or (), pythonpath=pythonpath)
     ety.url = ety.url.replace("http://", "https://")
-    ety.name = "mitmdump -s addons/etiquette.py (reverse, TLS)"
+    ety.name = "run's master + build_chain() (reverse, TLS)"
     return ety, state
 
 
@@ -139,6 +143,8 @@ def main() -> int:
                     help="the site sends no ETag/Last-Modified: every page fetched, stored, fingerprinted")
     ap.add_argument("--https", action="store_true", help="TLS on both sides (reverse mode, see above)")
     ap.add_argument("--before", metavar="DIR", help="arm c0: the chain of another checkout (see above)")
+    ap.add_argument("--lean", action="store_true",
+                    help="arm b': run's own mitmproxy master with no etiquette addon (see above)")
     ap.add_argument("--close", action="store_true",
                     help="every request on a new client connection (Connection: close): per-connection cost")
     args = ap.parse_args()
@@ -168,6 +174,12 @@ def main() -> int:
                                  text=True, timeout=10).stdout.strip() or "?"
             print(f"(c0) before: {before.name} of {Path(args.before).resolve()} (commit {rev}) {before.url} "
                   f"(pid {before.pid})")
+        if args.lean:
+            lean = start_product_master(Path(tmp) / "lean", ["--reverse", site.url] if args.https else ())
+            if args.https:
+                lean.url = lean.url.replace("http://", "https://")
+            procs.append(lean)
+            print(f"(b') {lean.name} {lean.url} (pid {lean.pid})")
         with started(*procs):
             print(f"site {site.url} (pid {site.pid}); {mitm.name} {mitm.url} (pid {mitm.pid}); "
                   f"{ety.name} {ety.url} (pid {ety.pid}), sets: {' '.join(sets)}")
@@ -183,8 +195,11 @@ def main() -> int:
             show("warm-up c", warm_c)
             arms = [("b", mitm), ("c", ety)]
             if args.before:
-                show("warm-up c0", wrk(procs[-1].url, *proxied, conns, min(dur, 2.0), th))  # type: ignore[arg-type]
-                arms.append(("c0", procs[-1]))
+                show("warm-up c0", wrk(procs[3].url, *proxied, conns, min(dur, 2.0), th))  # type: ignore[arg-type]
+                arms.append(("c0", procs[3]))
+            if args.lean:
+                show("warm-up b'", wrk(procs[-1].url, *proxied, conns, min(dur, 2.0), th))  # type: ignore[arg-type]
+                arms.append(("b'", procs[-1]))
             runs: dict[str, list[WrkResult]] = {name: [] for name, _ in arms}
             for i in range(args.rounds):
                 order = arms if i % 2 == 0 else list(reversed(arms))
@@ -223,6 +238,14 @@ def main() -> int:
               f"{c0_99 - b99:+.2f} ms, CPU {c0_cpu:.3f} ms ({c0_cpu - b_cpu:+.3f} ms over b); "
               f"after (c): c/b {c_rps / b_rps:.3f}, p99 added {c99 - b99:+.2f} ms, CPU {c_cpu - b_cpu:+.3f} ms over b; "
               f"c/c0 {c_rps / c0_rps:.3f}")
+    if args.lean:
+        ls = runs["b'"]
+        l_rps, l99 = median([r.rps for r in ls]), median([r.p99_ms for r in ls])
+        l_cpu = median([r.cpu_ms_per_request or 0.0 for r in ls])
+        print(f"  (b') run's master, no etiquette addon: {l_rps:.1f} req/s, b'/b {l_rps / b_rps:.3f}, "
+              f"CPU {l_cpu:.3f} ms ({l_cpu - b_cpu:+.3f} ms over b: mitmdump's default addons); "
+              f"what the chain adds over it: c/b' {c_rps / l_rps:.3f}, p99 {c99 - l99:+.2f} ms, "
+              f"CPU {c_cpu - l_cpu:+.3f} ms/request")
     print("targets:")
     # Issue 17: HTTP c/b >= 0.90, p99 added <= 2 ms, CPU added <= 0.15 ms/request; HTTPS c/b >= 0.95.
     floor = 0.95 if args.https else 0.90

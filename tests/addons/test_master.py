@@ -1,0 +1,129 @@
+"""addons/master.py: `run`'s mitmproxy master dispatches hooks as mitmproxy's own AddonManager
+does (order, awaiting, AddonHalt, one addon's error not stopping the next), from a table that
+follows every change of the addon tree (issue 17)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from etiquette_addons.master import HookTable, ProductMaster, product_addons
+from mitmproxy import addonmanager, exceptions, options
+from mitmproxy.master import Master
+from mitmproxy.proxy.layers import http
+from mitmproxy.test import tflow
+
+
+class Recorder:
+    def __init__(self, name: str, calls: list[str], *, fail: Exception | None = None, sleep: bool = False):
+        self.name, self.calls, self.fail, self.sleep = name, calls, fail, sleep
+
+    async def request(self, flow) -> None:
+        if self.sleep:
+            await asyncio.sleep(0)  # a real suspension: the next addon must wait for it
+        self.calls.append(f"{self.name}:{flow.id[:4]}")
+        if self.fail is not None:
+            raise self.fail
+
+
+class Parent:
+    """An addon with children, as mitmproxy's `addons` attribute defines them."""
+
+    def __init__(self, calls: list[str]):
+        self.name = "parent"
+        self.calls = calls
+        self.addons = [Recorder("child-1", calls, fail=RuntimeError("child broke")), Recorder("child-2", calls)]
+
+    def request(self, flow) -> None:
+        self.calls.append("parent")
+
+
+async def dispatch(kind: str, build) -> list[str]:
+    """The same addons under mitmproxy's AddonManager or under HookTable: the calls they got."""
+    master = Master(options.Options())
+    if kind == "table":
+        master.addons = HookTable(master)
+    calls: list[str] = []
+    build(master, calls)
+    flow = tflow.tflow()
+    try:
+        await master.addons.handle_lifecycle(http.HttpRequestHook(flow))
+        await master.addons.trigger_event(http.HttpRequestHook(flow))
+    finally:
+        master._legacy_log_events.uninstall()  # its handler posts to this loop: gone after the test
+    return [c.split(":")[0] for c in calls]
+
+
+@pytest.mark.parametrize("build", [
+    lambda m, calls: m.addons.add(Recorder("a", calls, sleep=True), Recorder("b", calls)),
+    lambda m, calls: m.addons.add(Recorder("a", calls, fail=RuntimeError("boom")), Recorder("b", calls)),
+    lambda m, calls: m.addons.add(Recorder("a", calls, fail=exceptions.AddonHalt()), Recorder("b", calls)),
+    lambda m, calls: m.addons.add(Parent(calls), Recorder("after", calls)),
+], ids=["order-and-await", "error-next-runs", "halt-stops", "children-as-a-group"])
+def test_hook_table_calls_what_mitmproxys_manager_calls(build, caplog) -> None:
+    with caplog.at_level(logging.ERROR, logger=addonmanager.__name__):
+        theirs = asyncio.run(dispatch("mitmproxy", build))
+        mitm_errors = [r.getMessage() for r in caplog.records]
+        caplog.clear()
+        ours = asyncio.run(dispatch("table", build))
+        our_errors = [r.getMessage() for r in caplog.records]
+    assert ours == theirs
+    assert our_errors == mitm_errors  # an addon's error is logged the same way, once per event
+
+
+def test_options_error_still_reaches_the_caller() -> None:
+    async def go() -> None:
+        master = Master(options.Options())
+        master.addons = HookTable(master)
+        master.addons.add(Recorder("a", [], fail=exceptions.OptionsError("bad option")))
+        await master.addons.trigger_event(http.HttpRequestHook(tflow.tflow()))
+    with pytest.raises(exceptions.OptionsError):
+        asyncio.run(go())
+
+
+def test_the_table_follows_adds_and_removes() -> None:
+    async def go() -> list[str]:
+        master = Master(options.Options())
+        master.addons = HookTable(master)
+        calls: list[str] = []
+        first = Recorder("first", calls)
+        master.addons.add(first)
+        await master.addons.trigger_event(http.HttpRequestHook(tflow.tflow()))  # table built
+        master.addons.add(Recorder("second", calls))
+        await master.addons.trigger_event(http.HttpRequestHook(tflow.tflow()))
+        master.addons.remove(first)
+        await master.addons.trigger_event(http.HttpRequestHook(tflow.tflow()))
+        return [c.split(":")[0] for c in calls]
+    assert asyncio.run(go()) == ["first", "first", "second", "second"]
+
+
+def test_product_master_keeps_what_run_relies_on() -> None:
+    async def go() -> tuple[set[str], list[str]]:
+        master = ProductMaster(options.Options())
+        names = {type(a).__name__ for a in master.addons.chain}
+        # The options `Settings` sets (addons/settings.py) exist, registered by the kept addons.
+        master.options.update(connection_strategy="lazy", ssl_insecure=True, proxyauth="u:p-long-enough",
+                              mode=["regular"])
+        return names, [type(a).__name__ for a in product_addons()]
+    names, listed = asyncio.run(go())
+    assert names == set(listed)
+    assert {"Proxyserver", "NextLayer", "TlsConfig", "ProxyAuth", "Block", "ErrorCheck"} <= names
+    # Left out: the addons that rewrite or replay flows, and mitm.it's page.
+    assert not names & {"MapLocal", "MapRemote", "ModifyBody", "ModifyHeaders", "ServerPlayback", "Onboarding"}
+
+
+def test_run_skips_mitmproxys_debug_typechecks_only_where_it_is_called() -> None:
+    # Process-wide, so in a process of its own: the checks stay on for every other test here.
+    import subprocess
+    import sys
+    probe = (
+        "from mitmproxy import http\n"
+        "from etiquette_addons.master import skip_message_typechecks\n"
+        "def build():\n"
+        "    http.Response(http_version=b'HTTP/1.1', status_code=200, reason=b'OK', headers=http.Headers(),\n"
+        "                  content=b'', trailers=None, timestamp_start='not a float', timestamp_end=None)\n"
+        "try:\n    build()\nexcept TypeError:\n    print('checked')\n"
+        "skip_message_typechecks()\nbuild()\nprint('skipped')\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["checked", "skipped"], out.stderr
