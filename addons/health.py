@@ -115,10 +115,10 @@ def body_head(response: http.Response, headers: Mapping[str, str] | None = None)
 
 def health_key(h: SiteHealth) -> dict[str, Any] | None:
     """The audit log's `health` key: score and band, when there is something to say."""
-    a = h.assessment()
-    if a.score is None and a.band is Band.HEALTHY:
+    score = h.score()  # not h.assessment(): its reasons are not on the line
+    if score is None and h.band is Band.HEALTHY:
         return None
-    return {"score": a.score, "band": a.band.value}
+    return {"score": score, "band": h.band.value}
 
 
 def restraint_for(change: BandChange) -> Restraint | None:
