@@ -16,9 +16,9 @@ import math
 import os
 import sys
 import threading
-from hashlib import sha256
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from hashlib import sha256
 from typing import Any
 
 from etiquette_proxy.audit.chain import ZERO, last_link
