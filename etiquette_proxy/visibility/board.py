@@ -37,7 +37,7 @@ StatusProvider = Callable[[str], Mapping[str, Any]]
 
 RECENT_KEYS = ("ts", "site", "outcome", "status", "method", "url", "reason", "waited_s", "would", "event")
 RATE_WINDOW_S = 10.0  # "requests/s now" on the dashboard: decisions in the last 10 s
-FOLD_EVERY = 256  # records added before the board counts them (a reader counts them at once)
+FOLD_EVERY = 64  # records added before the board counts them (a reader counts them at once)
 
 
 def epoch_of(ts: Any) -> float | None:
