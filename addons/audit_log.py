@@ -15,7 +15,7 @@ from etiquette_addons.runtime import Runtime
 from etiquette_addons.side_fetch import TLS_HINT
 from mitmproxy import http
 
-from etiquette_proxy.audit.log import audit_record
+from etiquette_proxy.audit.log import line_record
 from etiquette_proxy.clock import wall
 from etiquette_proxy.pacing.rates import Rates
 
@@ -45,9 +45,10 @@ class AuditWriter:
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         assert flow.response is not None
-        if notes_of(flow).facts.get("internal"):
+        notes = notes_of(flow)
+        if notes.facts.get("internal"):
             return
-        flow.response.headers[DECISION_HEADER] = final_outcome(notes_of(flow), flow)
+        mark(flow.response, final_outcome(notes, flow))
 
     def response(self, flow: http.HTTPFlow) -> None:
         assert flow.response is not None
@@ -58,7 +59,7 @@ class AuditWriter:
             # Set in responseheaders and usually still the last field with the same value;
             # else (a response rebuilt since, a later outcome) set again.
             if not fields or fields[-1] != (_DECISION_FIELD, outcome.encode("ascii")):
-                flow.response.headers[DECISION_HEADER] = outcome
+                mark(flow.response, outcome)
         self.write(flow, notes)
 
     def error(self, flow: http.HTTPFlow) -> None:
@@ -95,29 +96,34 @@ class AuditWriter:
             # What mitmproxy answered (mitm_patches): 502 for a site that failed, 504 when the
             # proxy gave up on it, 400 for a request it could not accept.
             status = flow.metadata.get(ANSWERED_WITH, 502)
-        extra = dict(notes.extra)
-        if notes.would is not None:
-            extra["would"] = notes.would
-        if flow.response is not None and flow.response.raw_content is not None:
-            extra.setdefault("bytes", len(flow.response.raw_content))
+        extra = notes.extra
         try:
-            record = audit_record(
-                ts=wall(),
-                outcome=final_outcome(notes, flow),
-                method=request.method,
-                url=request.url,
-                site=notes.site,
-                status=status,
-                upstream_status=None if notes.local else notes.upstream_status,
-                waited_s=notes.waited_s,
-                rate=self.rates.of(notes.site),
-                reason=notes.reason or _default_reason(flow),
-                client_ua=field_value(request.headers.fields, b"user-agent"),
-                **extra,
+            # The notes' optional keys as they are (not copied), then `would` and `bytes`:
+            # the key order of audit_record(**extra, would=..., bytes=...).
+            record = line_record(
+                wall(), final_outcome(notes, flow), request.method, request.url, notes.site,
+                status, None if notes.local else notes.upstream_status, notes.waited_s,
+                self.rates.of(notes.site), notes.reason or _default_reason(flow),
+                field_value(request.headers.fields, b"user-agent"), extra,
             )
+            if notes.would is not None:
+                record["would"] = notes.would
+            if "bytes" not in extra and flow.response is not None and flow.response.raw_content is not None:
+                record["bytes"] = len(flow.response.raw_content)
             self.rt.record(record)
         except Exception:  # noqa: BLE001 - never let logging take a flow down
             log.exception("could not write the audit line for %s", request.url)
+
+
+def mark(response: http.Response, outcome: str) -> None:
+    """Set the X-Etiquette-Decision field: appended to the fields as they are when the response
+    has none (the usual case), else replaced where it is (`Headers.__setitem__`)."""
+    fields = response.headers.fields
+    for name, _ in fields:
+        if name.lower() == b"x-etiquette-decision":
+            response.headers[DECISION_HEADER] = outcome
+            return
+    response.headers.fields = (*fields, (_DECISION_FIELD, outcome.encode("ascii")))
 
 
 def _client_left_after_forwarding(flow: http.HTTPFlow, notes: FlowNotes) -> bool:

@@ -115,10 +115,10 @@ def body_head(response: http.Response, headers: Mapping[str, str] | None = None)
 
 def health_key(h: SiteHealth) -> dict[str, Any] | None:
     """The audit log's `health` key: score and band, when there is something to say."""
-    a = h.assessment()
-    if a.score is None and a.band is Band.HEALTHY:
+    score = h.score()  # not h.assessment(): its reasons are not on the line
+    if score is None and h.band is Band.HEALTHY:
         return None
-    return {"score": a.score, "band": a.band.value}
+    return {"score": score, "band": h.band.value}
 
 
 def restraint_for(change: BandChange) -> Restraint | None:
@@ -347,13 +347,15 @@ class HealthWatch:
                 self._spawn(self._judge_shared(site, h, start, counts, wrong))
         self._maybe_save(site, h)
         if notes is not None:
-            self._annotate(site, notes)
+            self._annotate(site, notes, h)
 
-    def _annotate(self, site: str, notes: FlowNotes) -> None:
-        """The line's `health` key, plus band changes that no line has carried yet."""
-        if not self.book.knows(site):  # never create a site for a local answer
-            return
-        h = self.book.site(site)
+    def _annotate(self, site: str, notes: FlowNotes, h: SiteHealth | None = None) -> None:
+        """The line's `health` key, plus band changes that no line has carried yet (`h`: the
+        site's health when the caller has it)."""
+        if h is None:
+            if not self.book.knows(site):  # never create a site for a local answer
+                return
+            h = self.book.site(site)
         key = health_key(h)
         if key is not None:
             notes.extra["health"] = key

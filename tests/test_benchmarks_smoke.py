@@ -102,3 +102,13 @@ def test_chain_cost_before_arm_runs_a_plain_checkout() -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "before round 1" in proc.stdout and "after round 1" in proc.stdout
     assert "AuditWriter" in proc.stdout and "all hooks" in proc.stdout
+
+
+def test_line_cost_benchmark_runs_at_tiny_size() -> None:
+    # The audit lane's per-response hooks in-process; it checks every flow wrote its line.
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "line_cost.py"), "--flows", "50", "--rounds", "1"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "CPU µs per flow, 200 pages with validators: median" in proc.stdout

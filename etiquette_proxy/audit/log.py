@@ -18,9 +18,10 @@ import sys
 import threading
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from hashlib import sha256
 from typing import Any
 
-from etiquette_proxy.audit.chain import ZERO, last_link, link
+from etiquette_proxy.audit.chain import ZERO, last_link
 from etiquette_proxy.clock import Clock, wall
 
 OUTCOMES = (
@@ -55,6 +56,10 @@ def rfc3339_ms(epoch_s: float) -> str:
 _SECOND, _PREFIX = -1, ""
 
 
+_OUTCOMES = frozenset(OUTCOMES)
+_NO_EXTRA: Mapping[str, Any] = {}
+
+
 def audit_record(
     *,
     outcome: str,
@@ -71,7 +76,18 @@ def audit_record(
     **extra: Any,
 ) -> dict[str, Any]:
     """One audit line as a dict, required keys first, optional keys after."""
-    if outcome not in OUTCOMES:
+    return line_record(ts, outcome, method, url, site, status, upstream_status, waited_s, rate,
+                       reason, client_ua, extra)
+
+
+def line_record(
+    ts: float, outcome: str, method: str, url: str, site: str, status: int | None,
+    upstream_status: int | None, waited_s: float, rate: float | None, reason: str,
+    client_ua: str | None, extra: Mapping[str, Any] = _NO_EXTRA,
+) -> dict[str, Any]:
+    """`audit_record` with the optional keys as a mapping (its None values left out), not
+    copied into keyword arguments: the audit writer hands a flow's notes as they are."""
+    if outcome not in _OUTCOMES:
         raise ValueError(f"unknown outcome {outcome!r}")
     record: dict[str, Any] = {
         "ts": rfc3339_ms(ts),
@@ -86,7 +102,9 @@ def audit_record(
         "reason": reason,
         "client_ua": client_ua,
     }
-    record.update({k: v for k, v in extra.items() if v is not None})
+    for key, value in extra.items():
+        if value is not None:
+            record[key] = value
     return record
 
 
@@ -130,6 +148,7 @@ class AuditLog:
             self._owned = True
             self._close_torn_line()
             self.head, self.seq = last_link(path)
+        self._head_bytes = self.head.encode("ascii")
 
     def _close_torn_line(self) -> None:
         size = os.fstat(self._fd).st_size
@@ -153,15 +172,18 @@ class AuditLog:
             seq = self.seq + 1
             # The bytes hashed are exactly the bytes written (errors="replace" included).
             body = f'{head}"seq":{seq}'.encode("utf-8", errors="replace")
-            value = link(self.head, body)
+            # chain.link(self.head, body), in one call: the previous value's bytes are kept.
+            value = sha256(self._head_bytes + body).hexdigest()
             data = body + b',"chain":"' + value.encode("ascii") + b'"}\n'
             if not self._owned:
                 sys.stdout.flush()
-            view = memoryview(data)
-            while view:
-                n = os.write(self._fd, view)
-                view = view[n:]
+            n = os.write(self._fd, data)
+            if n < len(data):  # a short write (full disk, a pipe): the rest, still in order
+                view = memoryview(data)[n:]
+                while view:
+                    view = view[os.write(self._fd, view):]
             self.head, self.seq = value, seq
+            self._head_bytes = value.encode("ascii")
 
     def close(self) -> None:
         """Flush to disk and close (SIGTERM: the log is complete on exit)."""

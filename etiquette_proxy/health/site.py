@@ -393,15 +393,22 @@ class SiteHealth:
 
     def score(self) -> int | None:
         """The smoothed score, or None when the latest window cannot be judged."""
-        return self.assessment().score
+        # `assessment().score` without the reasons and baseline name: every audit line asks.
+        j = self._judged
+        if j is None or j.raw is None or not self._is_current(j):
+            return None
+        return round(self._smoothed)
+
+    def _is_current(self, j: _Judged) -> bool:
+        # The verdict is current when it is about the window before this one (allowing for the
+        # open window being overdue until the next tick/observation closes it).
+        return j.start >= self._window_start(self._clock()) - 2 * self.settings.window_s
 
     def assessment(self) -> Assessment:
         """Score, band and reasons for the latest complete window (does not close windows)."""
         s = self.settings
         j = self._judged
-        # The verdict is current when it is about the window before this one (allowing for the
-        # open window being overdue until the next tick/observation closes it).
-        if j is None or j.start < self._window_start(self._clock()) - 2 * s.window_s:
+        if j is None or not self._is_current(j):
             n = sum(t.n for t in self._open.routes.values())
             return Assessment(
                 self.site,

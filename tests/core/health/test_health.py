@@ -107,6 +107,29 @@ def test_an_idle_site_has_no_current_score(site, clock):
     assert site.assessment().reasons == ("not enough requests to judge: 0 of 50",)
 
 
+def test_score_is_the_assessments_score_at_every_step(site, clock):
+    # score() skips building the Assessment (every audit line asks it): it must never differ.
+    steps = [
+        lambda: run_window(site, clock, n=5),  # learning, too few requests
+        lambda: warm(site, clock),
+        lambda: run_window(site, clock),  # scored 100
+        lambda: clock.advance(W),  # the verdict one window old: still current
+        lambda: clock.advance(W),  # two windows old: stale, no score
+        lambda: run_window(site, clock, hard=60),  # a bad window: degrading or worse
+        lambda: run_window(site, clock, n=10),  # too few requests after a score
+        lambda: run_window(site, clock, hard=90),
+        lambda: site.resume(),
+        lambda: clock.advance(3 * W),
+    ]
+    seen = set()
+    for step in steps:
+        step()
+        assert site.score() == site.assessment().score
+        seen.add((site.score() is None, site.band))
+    assert (True, Band.HEALTHY) in seen and (False, Band.HEALTHY) in seen
+    assert any(band is not Band.HEALTHY and scored is False for scored, band in seen)
+
+
 # -- warm-up and baseline ----------------------------------------------------------------------
 
 

@@ -90,6 +90,35 @@ def test_odd_records_do_not_raise(clock):
 def test_recent_must_be_positive():
     with pytest.raises(ValueError, match="recent"):
         SiteBoard(recent=0)
+    with pytest.raises(ValueError, match="fold_every"):
+        SiteBoard(fold_every=0)
+
+
+class Unreadable(dict):
+    def get(self, key, default=None):
+        raise RuntimeError("a record that breaks the board")
+
+
+@pytest.mark.parametrize("fold_every", [2, 3, 256])
+def test_counting_in_batches_shows_what_counting_each_shows(clock, fold_every):
+    # The board counts records in batches (when a reader asks, or every fold_every records):
+    # every reader, at every point, sees what a board counting each record at once shows.
+    one, batched = SiteBoard(recent=3, clock=clock, fold_every=1), SiteBoard(recent=3, clock=clock,
+                                                                               fold_every=fold_every)
+    records = [line("fetched", bytes=10 * i, ts=1_800_000_000.0 + i, health=90 - i,
+                    site=SITE if i % 3 else "other.test:80") for i in range(7)]
+    records[4:4] = [Unreadable(site=SITE), {"site": SITE, "event": "operator", "action": "pause"}]
+    for n, record in enumerate(records):
+        one.add(record)
+        batched.add(record)
+        clock.advance(2.0)  # counted later than it came: the rate counts when it came
+        if n % 3 == 2:  # records pile up between readers
+            assert batched.records == one.records and list(batched.recent) == list(one.recent)
+            assert {site: tally.as_dict() for site, tally in batched.sites.items()} == {
+                site: tally.as_dict() for site, tally in one.sites.items()}
+            assert batched.snapshot() == one.snapshot()
+    assert batched.snapshot() == one.snapshot()
+    assert one.records == 7 and batched.snapshot()["requests_per_s"] == 0.3  # 3 came in the last 10 s
 
 
 # -- pages ------------------------------------------------------------------------------------
