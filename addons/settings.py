@@ -132,6 +132,8 @@ class Settings:
         # the worker holding it died.
         lease_ttl = float(config.upstream.timeout) + float(config.upstream.read_timeout) + 5.0
         if rt.shared is None or (rt.shared.url, rt.shared.lease_ttl_s) != (config.state.url, lease_ttl):
+            if rt.shared is not None:
+                rt.shared.close_channel()  # its open connection would outlive it (the loop holds it)
             rt.shared = RedisShared(config.state.url, lease_ttl)
             log.info("etiquette-proxy: pacing shared through Redis at %s", rt.shared.where())
 

@@ -22,7 +22,7 @@ spreads them over both workers), one site at pacing.rate 100 (burst 1): the site
 log gives its measured rate and the most requests in any 1 s window. Target: within 2 % of
 100/s.
 
-    python benchmarks/workers.py [--rounds 3] [--duration 5] [--workers 2] [--before DIR]
+    python benchmarks/workers.py [--rounds 3] [--duration 5] [--workers 2] [--before DIR] [--arms c,d,d0]
     python benchmarks/workers.py --exact [--duration 10]
 """
 
@@ -159,19 +159,19 @@ def compare(args: argparse.Namespace, tmp: Path) -> int:
     site = start_site()  # the same site, pages and wrk settings for every arm
     redis = start_redis(tmp / "redis")
     on_redis = [*FAST_PACING, "state.backend=redis", f"state.url={redis.url}"]
-    mitm = start_mitmdump(tmp / "mitm")
-    disk = start_etiquette(tmp / "disk", FAST_PACING)
-    shared = start_etiquette(tmp / "shared", on_redis)
-    workers = start_workers(tmp / "workers", on_redis, args.workers)
-    targets = {"b": mitm, "c": disk, "d": shared, "e": workers}
-    on = {"b": None, "c": None, "d": redis, "e": redis}
-    audit_dirs = {"e": tmp / "workers"}
-    if args.before:
-        before = str(Path(args.before).resolve())
-        targets["d0"] = start_etiquette(tmp / "shared0", on_redis, pythonpath=before)
-        targets["e0"] = start_workers(tmp / "workers0", on_redis, args.workers, pythonpath=before)
-        on.update(d0=redis, e0=redis)
-        audit_dirs["e0"] = tmp / "workers0"
+    arms = args.arms or ["b", "c", "d", "e"] + (["d0", "e0"] if args.before else [])
+    before = str(Path(args.before).resolve()) if args.before else None
+    starts = {
+        "b": lambda: start_mitmdump(tmp / "mitm"),
+        "c": lambda: start_etiquette(tmp / "disk", FAST_PACING),
+        "d": lambda: start_etiquette(tmp / "shared", on_redis),
+        "e": lambda: start_workers(tmp / "workers", on_redis, args.workers),
+        "d0": lambda: start_etiquette(tmp / "shared0", on_redis, pythonpath=before),
+        "e0": lambda: start_workers(tmp / "workers0", on_redis, args.workers, pythonpath=before),
+    }
+    targets = {k: starts[k]() for k in arms}
+    on = {"b": None, "c": None, "d": redis, "e": redis, "d0": redis, "e0": redis}
+    audit_dirs = {"e": tmp / "workers", "e0": tmp / "workers0"}
     runs: dict[str, list[WrkResult]] = {k: [] for k in targets}
     cpu: dict[str, list[dict[str, float]]] = {k: [] for k in targets}
     spread: dict[str, list[list[int]]] = {"e": [], "e0": []}
@@ -190,7 +190,8 @@ def compare(args: argparse.Namespace, tmp: Path) -> int:
                       + (f"; requests per worker {lines}" if lines else ""))
                 if lines:
                     spread[name].append(lines)
-        print(f"wrk command (e, last): {runs['e'][-1].command}")
+        last = arms[-1]
+        print(f"wrk command ({last}, last): {runs[last][-1].command}")
     rps = {k: median([r.rps for r in v]) for k, v in runs.items()}
     p99 = {k: median([r.p99_ms for r in v]) for k, v in runs.items()}
     print(f"\nmedians over {args.rounds} rounds, {args.connections} connections, {args.duration:g} s each:")
@@ -205,14 +206,19 @@ def compare(args: argparse.Namespace, tmp: Path) -> int:
         if seen:
             shares = [max(s) / max(1, sum(s)) for s in seen]
             print(f"  ({k}) busiest worker's share of requests: {', '.join(f'{x:.2f}' for x in shares)}")
-    if args.before:
+    if {"c", "d0", "e0", "b"} <= set(targets):
         print(f"  before: d0/c {rps['d0'] / rps['c']:.3f}, e0/b {rps['e0'] / rps['b']:.3f}; "
               f"after/before: d/d0 {rps['d'] / rps['d0']:.3f}, e/e0 {rps['e'] / rps['e0']:.3f}")
-    print(f"  d/c throughput {rps['d'] / rps['c']:.3f}, c/b {rps['c'] / rps['b']:.3f}, "
-          f"d/b {rps['d'] / rps['b']:.3f}, e/b {rps['e'] / rps['b']:.3f}, e/d {rps['e'] / rps['d']:.3f}; "
-          f"p99 d - c {p99['d'] - p99['c']:+.2f} ms")
-    print(check("throughput d/c >= 0.85", rps["d"] / rps["c"] >= 0.85, f"{rps['d'] / rps['c']:.3f}"))
-    print(check("throughput e/b >= 1.3", rps["e"] / rps["b"] >= 1.3, f"{rps['e'] / rps['b']:.3f}"))
+    if "d0" in targets and "d" in targets:
+        print("  CPU ms/request of the proxy, d/d0 per round: "
+              + ", ".join(f"{a['proxy'] / b['proxy']:.3f}" for a, b in zip(cpu["d"], cpu["d0"], strict=True)))
+    ratios = [(x, y) for x, y in (("d", "c"), ("c", "b"), ("d", "b"), ("e", "b"), ("e", "d")) if {x, y} <= set(rps)]
+    print("  " + ", ".join(f"{x}/{y} throughput {rps[x] / rps[y]:.3f}" for x, y in ratios)
+          + (f"; p99 d - c {p99['d'] - p99['c']:+.2f} ms" if {"c", "d"} <= set(p99) else ""))
+    if {"c", "d"} <= set(rps):
+        print(check("throughput d/c >= 0.85", rps["d"] / rps["c"] >= 0.85, f"{rps['d'] / rps['c']:.3f}"))
+    if {"b", "e"} <= set(rps):
+        print(check("throughput e/b >= 1.3", rps["e"] / rps["b"] >= 1.3, f"{rps['e'] / rps['b']:.3f}"))
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 
@@ -260,10 +266,15 @@ def main() -> int:
     ap.add_argument("--exact", action="store_true", help="--workers 2 on one Redis, one site at rate 100")
     ap.add_argument("--workers", type=int, default=2, help="worker processes in arm (e) (default 2)")
     ap.add_argument("--before", metavar="DIR", help="arms d0 and e0: (d) and (e) of another checkout (see above)")
+    ap.add_argument("--arms", type=lambda s: s.split(","), help="only these arms, e.g. c,d,d0 (default b,c,d,e "
+                    "and, with --before, d0,e0)")
     args = ap.parse_args()
     if not 1 <= args.rounds <= 20 or not 0.5 <= args.duration <= 120:
         ap.error("rounds in 1..20, duration in 0.5..120 s")
     args.connections = args.connections or (64 if args.exact else 16)
+    if args.arms and (set(args.arms) - {"b", "c", "d", "e", "d0", "e0"}
+                      or (not args.before and {"d0", "e0"} & set(args.arms))):
+        ap.error("--arms: a comma-separated choice of b, c, d, e, and d0, e0 with --before")
     header("workers: shared state on Redis" + (" (exactness)" if args.exact else ""))
     with tempfile.TemporaryDirectory(prefix="etiquette-bench-") as tmp:
         return exact(args, Path(tmp)) if args.exact else compare(args, Path(tmp))

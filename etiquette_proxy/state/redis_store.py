@@ -20,9 +20,11 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
+from etiquette_proxy.state.redis_channel import RedisChannel, channel_target
 from etiquette_proxy.state.shared_pacing import (
     DEPART_LUA,
     PUBLISH_LUA,
@@ -103,6 +105,10 @@ class RedisShared:
         self._depart = self._client.register_script(DEPART_LUA)
         self._operator_pause = self._client.register_script(OPERATOR_PAUSE_LUA)
         self._operator_left_script = self._client.register_script(OPERATOR_LEFT_LUA)
+        # The per-request calls (reserve, depart, free) on one pipelined connection; redis-py's
+        # client for the rest, and for every call when the URL asks for TLS or options.
+        target = channel_target(url)
+        self._channel = RedisChannel(target, CALL_TIMEOUT_S) if target is not None else None
         # Lease ids unique across processes and machines: host name, pid, a counter.
         self.instance = f"{os.uname().nodename}:{os.getpid()}:{id(self):x}"
         self._lease_prefix = f"{self.instance}:"
@@ -111,6 +117,7 @@ class RedisShared:
         # Leases of finished requests not yet freed on the server, per site: they go with the
         # site's next reservation, or in one round trip for all at the next turn of the loop.
         self._freed: dict[str, list[str]] = {}
+        self._freeing_soon = False
         self._freeing: asyncio.Task[None] | None = None
 
     async def reserve(self, site: str, rate: float, burst: int, max_concurrency: int,
@@ -119,10 +126,10 @@ class RedisShared:
         lease id, the request's if granted)."""
         lease = f"{self._lease_prefix}{next(self._leases)}"
         limit, span = departure_window(rate, burst)
-        reply = await self._call(self._reserve(
-            keys=[*site_keys(PREFIX, site), OPERATOR],
-            args=[repr(rate), burst, max_concurrency, lease, repr(self.lease_ttl_s), known_version,
-                  repr(max(0.0, horizon_s)), limit, repr(span), site, host_of(site)]))
+        reply = await self._call(self._eval(
+            self._reserve, [*site_keys(PREFIX, site), OPERATOR],
+            [repr(rate), burst, max_concurrency, lease, repr(self.lease_ttl_s), known_version,
+             repr(max(0.0, horizon_s)), limit, repr(span), site, host_of(site)]))
         return read_reply(reply), lease
 
     async def depart(self, site: str, lease: str, rate: float, burst: int) -> tuple[float, str]:
@@ -130,8 +137,8 @@ class RedisShared:
         or not to go ("pause: ...", "operator"), on the server clock."""
         limit, span = departure_window(rate, burst)
         keys = site_keys(PREFIX, site)
-        reply = await self._call(self._depart(keys=[keys[0], keys[2], OPERATOR],
-                                              args=[limit, repr(span), lease, site, host_of(site)]))
+        reply = await self._call(self._eval(self._depart, [keys[0], keys[2], OPERATOR],
+                                            [limit, repr(span), lease, site, host_of(site)]))
         wait, why = (x.decode() if isinstance(x, bytes) else str(x) for x in reply)
         return float(wait), why
 
@@ -192,30 +199,49 @@ class RedisShared:
                            repr(span), site, host_of(site), len(freed), *freed]
         for lease, horizon in zip(leases, horizons, strict=True):
             args += [lease, repr(max(0.0, horizon))]
-        reply = await self._call(self._reserve_many(keys=[*site_keys(PREFIX, site), OPERATOR], args=args))
+        reply = await self._call(self._eval(self._reserve_many, [*site_keys(PREFIX, site), OPERATOR], args))
         return list(zip(read_many_reply(reply, len(horizons)), leases, strict=False))
 
     def release(self, site: str, lease: str) -> None:
         """The request is answered (or failed): its concurrency slot is free for every instance,
         with this instance's next reservation for the site or, at the latest, at the next turn
-        of the event loop, in one round trip with every lease freed meanwhile (a lease Redis
+        of the event loop, in one ZREM per site with every lease freed meanwhile (a lease Redis
         cannot be told of expires by itself). Called in the event loop; nothing to await."""
         self._freed.setdefault(site, []).append(lease)
+        if not self._freeing_soon:
+            self._freeing_soon = True
+            asyncio.get_running_loop().call_soon(self._free_now)
+
+    def _free_now(self) -> None:
+        """This turn's frees, sent without waiting for their replies on the channel; without one
+        connected, in a round trip of their own."""
+        self._freeing_soon = False
+        if not self._freed:
+            return
+        channel = self._channel
+        if channel is not None and channel.connected:
+            for command in _zrems(self._freed):
+                channel.send_nowait(*command)
+            self._freed = {}
+            return
         if self._freeing is None:
             self._freeing = asyncio.get_running_loop().create_task(self._free())
 
     async def _free(self) -> None:
-        await asyncio.sleep(0)  # this turn's other releases join the same round trip
-        freed, self._freed, self._freeing = self._freed, {}, None
-        if not freed:
-            return
-        pipe = self._client.pipeline(transaction=False)
-        for site, leases in freed.items():
-            pipe.zrem(site_keys(PREFIX, site)[1], *leases)
+        freed, self._freed = self._freed, {}
         try:
-            await self._call(pipe.execute())
+            if self._channel is not None:
+                for command in _zrems(freed):
+                    await self._call(self._channel.call(*command))
+            else:
+                pipe = self._client.pipeline(transaction=False)
+                for command in _zrems(freed):
+                    pipe.execute_command(*command)
+                await self._call(pipe.execute())
         except SharedStateUnavailable:
             pass  # said once in the log by _call; the leases expire
+        finally:
+            self._freeing = None
 
     async def publish(self, site: str, pause_s: float, reason: str, contract: str) -> int:
         """Share a 429's pause (on the server's clock) and the site's contract; its new version."""
@@ -416,7 +442,33 @@ class RedisShared:
     async def close(self) -> None:
         if self._freeing is not None:
             await asyncio.gather(self._freeing, return_exceptions=True)
+        if self._freed:  # freed this very turn: told now rather than left to expire
+            await self._free()
+        self.close_channel()
         await self._client.aclose()
+
+    def close_channel(self) -> None:
+        """Close the per-request connection (a lease not yet freed expires by itself)."""
+        if self._channel is not None:
+            self._channel.close()
+
+    async def _eval(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
+        """Run a registered script by its SHA1 (loaded by EVAL when the server lacks it, as
+        after a restart); on the channel when there is one."""
+        if self._channel is None:
+            return await script(keys=keys, args=args)
+        try:
+            return await self._channel.call("EVALSHA", script.sha, len(keys), *keys, *args)
+        except ResponseError as e:
+            if not str(e).startswith("NOSCRIPT"):
+                raise
+        body = script.script if isinstance(script.script, (str, bytes)) else bytes(script.script)
+        return await self._channel.call("EVAL", body, len(keys), *keys, *args)
+
+
+def _zrems(freed: dict[str, list[str]]) -> list[tuple[str, ...]]:
+    """One ZREM per site of the leases freed there."""
+    return [("ZREM", site_keys(PREFIX, site)[1], *leases) for site, leases in freed.items()]
 
 
 def _text(x: object) -> str:
