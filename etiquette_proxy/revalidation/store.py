@@ -33,7 +33,9 @@ keys, under the same rule as get()'s hot set: valid while SQLite's `data_version
 connection wrote the database (another worker, another proxy sharing the state directory, a
 Redis announcement taken in by another process, a worker thread of this one), asked at most
 every HOT_CHECK_S; this store's own writes drop the key (a cull drops them all), and a record
-kept past its diskcache expiry reads as absent, as the row would.
+kept past its diskcache expiry reads as absent, as the row would. body() keeps the bodies it
+read (up to HOT_BODY_BYTES) under the same rule: a revalidated answer is served without
+reading and hashing its body again.
 
 Eviction may drop an entry's body before its metadata (or the other way round). `body()`
 checks size and SHA-256 against the entry, so a missing or replaced body reads as None and is
@@ -87,6 +89,13 @@ _MISS = object()
 # Parsed entry rows kept, keyed by their bytes (module docstring): bounded, a few KB each.
 PARSED_ROWS = 512
 
+# Bodies body() keeps, by URL key, least recently used out, under the same rule as the hot
+# entries: every revalidated answer (a 304 turned into the stored 200) otherwise reads its body
+# row from SQLite and hashes it again. Up to HOT_BODY_BYTES in all; a body over HOT_BODY_MAX
+# (then read in a worker thread, addons/revalidation.py) is read every time.
+HOT_BODY_BYTES = 8 * 1024**2
+HOT_BODY_MAX = 256 * 1024
+
 
 def _as_dict(data: Any) -> dict[str, Any]:
     if not isinstance(data, dict):
@@ -134,6 +143,7 @@ class ValidatorStore:
         self._hot: OrderedDict[str, StoredEntry | None] = OrderedDict()
         self._hot_version: object = None
         self._data_version = _DataVersion(self._cache, clock)
+        self._bodies = _HotBodies()
         # key -> (row bytes, parsed row, entry): rows read before, reused while their bytes match.
         self._parsed: dict[str, tuple[bytes, Any, StoredEntry | None]] = {}
         # (key, namespace, parser) -> (parsed row, record): a record parsed from a kept row,
@@ -199,6 +209,10 @@ class ValidatorStore:
 
     def body(self, entry: StoredEntry) -> bytes | None:
         """The body stored for `entry`, or None if it is gone or is not the body `entry` names."""
+        version = self._data_version.version()  # None (another thread, no answer): read SQLite
+        kept = self._bodies.get(entry, version)
+        if kept is not None:
+            return kept
         raw = self._read(f"b|{entry.url}")
         if raw is None:
             return None
@@ -209,6 +223,7 @@ class ValidatorStore:
             # Replaced by a newer response since `entry` was read, or damaged: not ours to serve.
             log.warning("stored body for %s does not match its entry; not served", entry.url)
             return None
+        self._bodies.put(entry, raw, version)
         return raw
 
     def put(self, entry: StoredEntry, body: bytes,
@@ -221,6 +236,7 @@ class ValidatorStore:
             return False
         self._hot.pop(entry.url, None)
         self._known.drop(entry.url)
+        self._bodies.drop(entry.url)  # replaced: an entry read before must not get this one
         with self._cache.transact():
             row = self._row(entry, records)
             # Body first: a crash between the two leaves an orphan body (evicted in time),
@@ -266,6 +282,7 @@ class ValidatorStore:
         """Drop the entry and body for a URL key (records riding in its row are kept)."""
         self._hot.pop(key, None)
         self._known.drop(key)
+        self._bodies.drop(key)
         with self._cache.transact():
             row = self._read_json(f"e|{key}")
             records = row.get("records") if isinstance(row, dict) else None
@@ -446,6 +463,7 @@ class ValidatorStore:
             if self._cache.volume() > self.size_limit:
                 self._hot.clear()
                 self._known.clear()
+                self._bodies.clear()
                 self._cache.cull()
 
     def _read(self, cache_key: str) -> Any:
@@ -474,6 +492,7 @@ class ValidatorStore:
         log.warning("dropping corrupt store row %r: %s", cache_key[:200], why)
         self._hot.clear()
         self._known.clear()
+        self._bodies.clear()
         try:
             self._cache.delete(cache_key)
         except Exception as e:
@@ -559,6 +578,53 @@ class _KnownRecords:
 
     def clear(self) -> None:
         self._keys.clear()
+
+
+class _HotBodies:
+    """Bodies body() answered, kept while no other SQLite connection wrote the database
+    (module docstring): filled and read on the event loop's thread only (a data_version from
+    _DataVersion), dropped by this store's own writes from any thread."""
+
+    def __init__(self) -> None:
+        # url key -> (SHA-256 hex, body), least recently used first
+        self._bodies: OrderedDict[str, tuple[str, bytes]] = OrderedDict()
+        self._bytes = 0
+        self._version: object = None
+
+    def get(self, entry: StoredEntry, version: object) -> bytes | None:
+        """The body kept for `entry` (the one it names), or None: read SQLite, then put()."""
+        if version is None:
+            return None
+        if version != self._version:  # another connection wrote
+            self.clear()
+            self._version = version
+            return None
+        kept = self._bodies.get(entry.url)
+        if kept is None or kept[0] != entry.body_sha256 or len(kept[1]) != entry.body_size:
+            return None
+        self._bodies.move_to_end(entry.url)
+        return kept[1]
+
+    def put(self, entry: StoredEntry, body: bytes, version: object) -> None:
+        """Keep `body`, read from SQLite and checked against `entry` after get(version)."""
+        if version is None or version != self._version or len(body) > HOT_BODY_MAX:
+            return
+        self.drop(entry.url)
+        self._bodies[entry.url] = (entry.body_sha256, body)
+        self._bytes += len(body)
+        while self._bytes > HOT_BODY_BYTES and self._bodies:
+            _, (_, oldest) = self._bodies.popitem(last=False)
+            self._bytes -= len(oldest)
+
+    def drop(self, key: str) -> None:
+        """This store wrote or deleted `key`'s body (any thread)."""
+        kept = self._bodies.pop(key, None)
+        if kept is not None:
+            self._bytes -= len(kept[1])
+
+    def clear(self) -> None:
+        self._bodies.clear()
+        self._bytes = 0
 
 
 def _has_record(row: Any, namespace: str) -> bool:

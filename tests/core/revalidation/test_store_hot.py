@@ -58,3 +58,94 @@ def test_the_hot_set_is_bounded(stores, monkeypatch) -> None:  # type: ignore[no
     for i in range(10):
         mine.get(f"{URL}/{i}")
     assert len(mine._hot) == 3  # noqa: SLF001
+
+
+# -- bodies: body() keeps what it read under the same rule ----------------------------------------
+
+BODY = b"<html>hi</html>"
+
+
+def _reads(store: ValidatorStore, monkeypatch) -> list[str]:  # type: ignore[no-untyped-def]
+    """The body rows store.body() reads from SQLite from now on."""
+    reads: list[str] = []
+    read = store._read  # noqa: SLF001
+
+    def counted(cache_key: str):  # type: ignore[no-untyped-def]
+        reads.append(cache_key)
+        return read(cache_key)
+
+    monkeypatch.setattr(store, "_read", counted)
+    return reads
+
+
+def test_a_kept_body_is_served_without_reading_sqlite(stores, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    mine, _ = stores
+    entry = make('"a"')
+    mine.put(entry, BODY)
+    reads = _reads(mine, monkeypatch)
+    assert mine.body(entry) == BODY
+    assert mine.body(entry) == BODY
+    assert reads == [f"b|{URL}"]  # read once, then kept
+
+
+@pytest.mark.parametrize("writer", ["theirs", "mine"])
+def test_a_replaced_body_is_never_served_for_the_old_entry(stores, writer: str) -> None:  # type: ignore[no-untyped-def]
+    """As before keeping bodies: an entry read before the body was replaced gets None, the new
+    entry gets the new body."""
+    mine, theirs = stores
+    old = make('"a"')
+    mine.put(old, BODY)
+    assert mine.body(old) == BODY  # now kept
+    new = make('"b"', b"<html>new</html>")
+    (theirs if writer == "theirs" else mine).put(new, b"<html>new</html>")
+    assert mine.body(old) is None
+    assert mine.body(new) == b"<html>new</html>"
+
+
+@pytest.mark.parametrize("writer", ["theirs", "mine"])
+def test_a_forgotten_body_is_never_served(stores, writer: str) -> None:  # type: ignore[no-untyped-def]
+    mine, theirs = stores
+    entry = make('"a"')
+    mine.put(entry, BODY)
+    assert mine.body(entry) == BODY
+    (theirs if writer == "theirs" else mine).forget(URL)
+    assert mine.body(entry) is None
+
+
+def test_a_body_read_on_another_thread_is_not_kept(stores, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Large bodies are read in a worker thread: its connection's data_version is its own."""
+    mine, _ = stores
+    entry = make('"a"')
+    mine.put(entry, BODY)
+    mine.get(URL)  # the loop thread asks first
+    worker = threading.Thread(target=mine.body, args=(entry,))
+    worker.start()
+    worker.join(10)
+    reads = _reads(mine, monkeypatch)
+    assert mine.body(entry) == BODY
+    assert reads == [f"b|{URL}"]
+
+
+def test_kept_bodies_are_bounded_in_bytes(stores, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    mine, _ = stores
+    monkeypatch.setattr(store_module, "HOT_BODY_BYTES", 3 * len(BODY))
+    entries = [StoredEntry.build(f"{URL}/{i}", [], [("ETag", '"a"')], BODY, now=1.8e9) for i in range(10)]
+    for entry in entries:
+        mine.put(entry, BODY)
+        assert mine.body(entry) == BODY
+    assert mine._bodies._bytes <= 3 * len(BODY)  # noqa: SLF001
+    assert len(mine._bodies._bodies) == 3  # noqa: SLF001
+    reads = _reads(mine, monkeypatch)
+    assert mine.body(entries[0]) == BODY  # evicted: read again, still right
+    assert reads == [f"b|{URL}/0"]
+
+
+def test_a_body_over_the_limit_is_read_every_time(stores, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    mine, _ = stores
+    monkeypatch.setattr(store_module, "HOT_BODY_MAX", len(BODY) - 1)
+    entry = make('"a"')
+    mine.put(entry, BODY)
+    reads = _reads(mine, monkeypatch)
+    assert mine.body(entry) == BODY
+    assert mine.body(entry) == BODY
+    assert reads == [f"b|{URL}", f"b|{URL}"]
