@@ -149,3 +149,82 @@ def test_a_body_over_the_limit_is_read_every_time(stores, monkeypatch) -> None: 
     assert mine.body(entry) == BODY
     assert mine.body(entry) == BODY
     assert reads == [f"b|{URL}", f"b|{URL}"]
+
+
+# -- data_version asked only when SQLite's WAL-index header moved ---------------------------------
+
+def _asks(store: ValidatorStore, monkeypatch) -> list[bytes | None]:  # type: ignore[no-untyped-def]
+    """The PRAGMA data_version asks of `store` from now on (the header each was asked with)."""
+    asks: list[bytes | None] = []
+    versions = store._data_version  # noqa: SLF001
+    ask = versions._ask  # noqa: SLF001
+
+    def counted(header: bytes | None) -> None:
+        asks.append(header)
+        ask(header)
+
+    monkeypatch.setattr(versions, "_ask", counted)
+    return asks
+
+
+def test_no_commit_no_ask(stores, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    mine, _ = stores
+    mine.put(make('"a"'), BODY)
+    mine.get(URL)
+    mine.get(URL)  # asked once after the put (a commit of ours moved the header), mapped
+    asks = _asks(mine, monkeypatch)
+    for _ in range(5):
+        assert mine.get(URL).etag == '"a"'
+        assert mine.get_record("gone", URL) is None
+    assert asks == []
+
+
+def test_another_connections_commit_is_asked_about_and_seen(stores, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    mine, theirs = stores
+    mine.put(make('"a"'), BODY)
+    mine.get(URL)
+    mine.get(URL)
+    asks = _asks(mine, monkeypatch)
+    theirs.put_record("gone", URL, {"status": 410})
+    theirs.put(make('"b"', b"<html>new</html>"), b"<html>new</html>")
+    assert mine.get(URL).etag == '"b"'
+    assert mine.get_record("gone", URL) == {"status": 410}
+    assert len(asks) == 1 and asks[0] is not None  # one ask, with the moved header
+
+
+def test_our_own_commit_asks_but_keeps_the_hot_set(stores, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Our commits move the header too; data_version does not move for them, so the other
+    keys' kept answers stay."""
+    mine, _ = stores
+    other = f"{URL}/other"
+    mine.put(make('"a"'), BODY)
+    mine.get(URL)
+    mine.get(other)
+    asks = _asks(mine, monkeypatch)
+    mine.put(StoredEntry.build(other, [], [("ETag", '"o"')], BODY, now=1.8e9), BODY)
+    assert mine.get(URL).etag == '"a"'
+    assert len(asks) == 1
+    assert URL in mine._hot  # noqa: SLF001 - not cleared by our own write
+
+
+def test_without_a_wal_index_every_check_asks(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """No -shm file to read (not WAL mode): data_version is asked as before, writes seen."""
+    monkeypatch.setattr(store_module, "HOT_CHECK_S", 0.0)
+    monkeypatch.setattr(store_module, "_map_wal_index", lambda path: None)
+    with ValidatorStore(tmp_path) as mine, ValidatorStore(tmp_path) as theirs:
+        mine.get(URL)
+        asks = _asks(mine, monkeypatch)
+        for _ in range(3):
+            assert mine.get(URL) is None
+        theirs.put(make('"a"'), BODY)
+        assert mine.get(URL).etag == '"a"'
+        assert asks == [None] * 4
+
+
+def test_closing_unmaps(tmp_path: Path) -> None:
+    store = ValidatorStore(tmp_path)
+    store.get(URL)
+    store.get(URL)
+    assert store._data_version._shm is not None  # noqa: SLF001
+    store.close()
+    assert store._data_version._shm is None  # noqa: SLF001
