@@ -72,13 +72,19 @@ _HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "te", "
                          "transfer-encoding", "upgrade", "content-length", "content-encoding"})
 
 T = TypeVar("T")
+_DECISION_NAME = DECISION_HEADER.lower().encode("ascii")
 
 
 def site_headers(message: http.Message) -> HeaderPairs:
     """The message's headers as the site sent them: without the decision header the audit writer
     has already added in `responseheaders` (it must never be stored or merged)."""
-    decision = DECISION_HEADER.lower()
-    return tuple((k, v) for k, v in message.headers.items(multi=True) if k.lower() != decision)
+    return decoded(tuple(f for f in message.headers.fields if f[0].lower() != _DECISION_NAME))
+
+
+def decoded(fields: tuple[tuple[bytes, bytes], ...]) -> HeaderPairs:
+    """Raw header fields as text pairs, decoded as mitmproxy's `Headers.items(multi=True)`
+    decodes them (utf-8, surrogateescape), without its per-field calls."""
+    return tuple((k.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape")) for k, v in fields)
 
 
 @dataclass(frozen=True)
@@ -110,7 +116,10 @@ def set_stored_fields(response: http.Response, body: bytes, fields: tuple[tuple[
     """`set_stored_response` with the header fields encoded already (framed for `body`)."""
     response.status_code = 200
     response.reason = "OK"
-    response.headers = http.Headers(fields)
+    # The fields are checked bytes pairs already (encoded() made them) and immutable, so they
+    # replace the response's own fields as they are: every Headers edit builds a new tuple,
+    # never changes this one. (A new Headers would check and copy each field again.)
+    response.headers.fields = fields
     # raw_content, not content: the content setter would encode the body a second time.
     response.raw_content = body
 
@@ -191,7 +200,7 @@ class Revalidation:
         flow.metadata[_HAD_ENTRY] = True
 
         if policy.enforce:
-            request_headers = tuple(flow.request.headers.items(multi=True))
+            request_headers = decoded(flow.request.headers.fields)
             decision = policy.serve_stored(state, wall())
             if decision.serve_stored and may_serve_unvalidated(entry, request_headers).ok:
                 reason = f"stored copy, not checked with the site: {decision.reason} (revisit.enforce)"
@@ -234,9 +243,7 @@ class Revalidation:
         kept = self._injections.get((id(entry), request_fields))
         if kept is not None and kept[0] is entry:
             return kept[1], kept[2]
-        request_headers = tuple((k.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape"))
-                                for k, v in request_fields)
-        injection = inject_headers(entry, "GET", request_headers)
+        injection = inject_headers(entry, "GET", decoded(request_fields))
         fields = encoded(injection.headers)
         self._injections.put((id(entry), request_fields), (entry, injection, fields))
         return injection, fields
@@ -355,7 +362,7 @@ class Revalidation:
         if key is None:
             return
         raw = response.raw_content or b""
-        request_headers = tuple(flow.request.headers.items(multi=True))
+        request_headers = decoded(flow.request.headers.fields)
         response_headers = site_headers(response)
         now = wall()
         decision = should_store("GET", 200, request_headers, response_headers, len(raw), store.max_body)

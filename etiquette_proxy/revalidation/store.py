@@ -33,7 +33,9 @@ keys, under the same rule as get()'s hot set: valid while SQLite's `data_version
 connection wrote the database (another worker, another proxy sharing the state directory, a
 Redis announcement taken in by another process, a worker thread of this one), asked at most
 every HOT_CHECK_S; this store's own writes drop the key (a cull drops them all), and a record
-kept past its diskcache expiry reads as absent, as the row would.
+kept past its diskcache expiry reads as absent, as the row would. body() keeps the bodies it
+read (up to HOT_BODY_BYTES) under the same rule: a revalidated answer is served without
+reading and hashing its body again.
 
 Eviction may drop an entry's body before its metadata (or the other way round). `body()`
 checks size and SHA-256 against the entry, so a missing or replaced body reads as None and is
@@ -46,7 +48,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import mmap
+import os
 import re
+import sqlite3
 import threading
 import time
 from collections import OrderedDict
@@ -76,6 +81,8 @@ CHECK_FRACTION = 64
 # drop the key.
 HOT_ENTRIES = 4096
 HOT_CHECK_S = 0.001  # how often data_version is asked (at most)
+# The two copies of SQLite's WalIndexHdr at the start of the -shm file (_DataVersion).
+WAL_HEADER_BYTES = 96
 
 
 # URL keys whose records (and absences) get_record()/get_with_record() keep (module docstring):
@@ -86,6 +93,13 @@ _MISS = object()
 
 # Parsed entry rows kept, keyed by their bytes (module docstring): bounded, a few KB each.
 PARSED_ROWS = 512
+
+# Bodies body() keeps, by URL key, least recently used out, under the same rule as the hot
+# entries: every revalidated answer (a 304 turned into the stored 200) otherwise reads its body
+# row from SQLite and hashes it again. Up to HOT_BODY_BYTES in all; a body over HOT_BODY_MAX
+# (then read in a worker thread, addons/revalidation.py) is read every time.
+HOT_BODY_BYTES = 8 * 1024**2
+HOT_BODY_MAX = 256 * 1024
 
 
 def _as_dict(data: Any) -> dict[str, Any]:
@@ -134,6 +148,7 @@ class ValidatorStore:
         self._hot: OrderedDict[str, StoredEntry | None] = OrderedDict()
         self._hot_version: object = None
         self._data_version = _DataVersion(self._cache, clock)
+        self._bodies = _HotBodies()
         # key -> (row bytes, parsed row, entry): rows read before, reused while their bytes match.
         self._parsed: dict[str, tuple[bytes, Any, StoredEntry | None]] = {}
         # (key, namespace, parser) -> (parsed row, record): a record parsed from a kept row,
@@ -148,6 +163,7 @@ class ValidatorStore:
         return cls(directory, config.get("store.size_limit"), config.get("store.max_body"))
 
     def close(self) -> None:
+        self._data_version.close()
         self._cache.close()
 
     def __enter__(self) -> ValidatorStore:
@@ -199,6 +215,10 @@ class ValidatorStore:
 
     def body(self, entry: StoredEntry) -> bytes | None:
         """The body stored for `entry`, or None if it is gone or is not the body `entry` names."""
+        version = self._data_version.version()  # None (another thread, no answer): read SQLite
+        kept = self._bodies.get(entry, version)
+        if kept is not None:
+            return kept
         raw = self._read(f"b|{entry.url}")
         if raw is None:
             return None
@@ -209,6 +229,7 @@ class ValidatorStore:
             # Replaced by a newer response since `entry` was read, or damaged: not ours to serve.
             log.warning("stored body for %s does not match its entry; not served", entry.url)
             return None
+        self._bodies.put(entry, raw, version)
         return raw
 
     def put(self, entry: StoredEntry, body: bytes,
@@ -221,6 +242,7 @@ class ValidatorStore:
             return False
         self._hot.pop(entry.url, None)
         self._known.drop(entry.url)
+        self._bodies.drop(entry.url)  # replaced: an entry read before must not get this one
         with self._cache.transact():
             row = self._row(entry, records)
             # Body first: a crash between the two leaves an orphan body (evicted in time),
@@ -266,6 +288,7 @@ class ValidatorStore:
         """Drop the entry and body for a URL key (records riding in its row are kept)."""
         self._hot.pop(key, None)
         self._known.drop(key)
+        self._bodies.drop(key)
         with self._cache.transact():
             row = self._read_json(f"e|{key}")
             records = row.get("records") if isinstance(row, dict) else None
@@ -446,6 +469,7 @@ class ValidatorStore:
             if self._cache.volume() > self.size_limit:
                 self._hot.clear()
                 self._known.clear()
+                self._bodies.clear()
                 self._cache.cull()
 
     def _read(self, cache_key: str) -> Any:
@@ -474,6 +498,7 @@ class ValidatorStore:
         log.warning("dropping corrupt store row %r: %s", cache_key[:200], why)
         self._hot.clear()
         self._known.clear()
+        self._bodies.clear()
         try:
             self._cache.delete(cache_key)
         except Exception as e:
@@ -485,7 +510,18 @@ class _DataVersion:
     (another process, or a worker thread of this one) commits a write. Asked at most every
     HOT_CHECK_S, and only on the first thread that asks (the event loop): every thread has its
     own connection, and another thread's numbers would not compare. None: no answer (nothing
-    may be kept)."""
+    may be kept).
+
+    The PRAGMA opens a read transaction (file locks: ~40-70 µs of CPU inside a busy proxy, the
+    largest part of a hot lookup), so it is asked only when the WAL-index header has changed
+    since the last ask. That header is the first WAL_HEADER_BYTES of `cache.db-shm`, in the
+    format SQLite documents (https://sqlite.org/walformat.html §2.2: two copies of the 48-byte
+    WalIndexHdr, whose change counter and frame count move on every commit by any connection,
+    and which every reader consults before it reads). Read through a read-only map, it is the
+    same bytes a reader starting now would see: unchanged bytes mean no commit since, so the
+    last answer stands. Any change (a commit of ours or another's, a WAL restart) asks again,
+    as does anything unexpected (no -shm file: not WAL mode, a short file).
+    """
 
     def __init__(self, cache: diskcache.Cache, clock: Callable[[], float]):
         self._cache = cache
@@ -493,6 +529,10 @@ class _DataVersion:
         self._version: object = None
         self._until = float("-inf")
         self._thread: int | None = None
+        self._pid = 0
+        self._con: sqlite3.Connection | None = None  # diskcache's, for the asking thread
+        self._shm: tuple[int, mmap.mmap] | None = None  # the -shm file's descriptor and map
+        self._header: bytes | None = None  # the WAL-index header when data_version was last asked
 
     def version(self) -> object:
         thread = threading.get_ident()
@@ -504,12 +544,64 @@ class _DataVersion:
         if now >= self._until or self._version is None:
             # A write by another process up to HOT_CHECK_S ago may be unseen, as it would be
             # by a read made that much earlier.
-            try:
-                self._version = self._cache._sql("PRAGMA data_version").fetchone()  # noqa: SLF001
-            except Exception:  # noqa: BLE001 - no answer: nothing kept this time
-                self._version = None
+            header = self._wal_header()
+            if header is None or header != self._header or self._version is None:
+                self._ask(header)
             self._until = now + HOT_CHECK_S
         return self._version
+
+    def close(self) -> None:
+        """Unmap the -shm file (the store is closing)."""
+        shm, self._shm, self._con, self._header = self._shm, None, None, None
+        if shm is not None:
+            shm[1].close()
+            os.close(shm[0])
+
+    def _ask(self, header: bytes | None) -> None:
+        # The header was read before the ask: a commit in between moves the header again
+        # (asked next time), never hides behind the answer.
+        try:
+            if self._con is None or self._pid != os.getpid():  # first ask, or a forked child
+                self.close()
+                self._con = self._cache._con  # noqa: SLF001 - diskcache's connection of this thread
+                self._pid = os.getpid()
+            self._version = self._con.execute("PRAGMA data_version").fetchone()
+            self._header = header
+            if self._shm is None:
+                self._shm = _map_wal_index(Path(self._cache.directory) / f"{diskcache.core.DBNAME}-shm")
+        except Exception:  # noqa: BLE001 - no answer (e.g. closed): nothing kept this time
+            self._version = self._header = None
+            self._con = None
+
+    def _wal_header(self) -> bytes | None:
+        if self._shm is None:
+            return None
+        fd, shm = self._shm
+        try:
+            # Mapped pages past a file's end fault (SIGBUS): SQLite truncates -shm only when no
+            # connection has it open, and ours has (it was mapped after an ask), but a file
+            # shorter than the header is never read.
+            if os.fstat(fd).st_size < WAL_HEADER_BYTES:
+                return None
+            return shm[:WAL_HEADER_BYTES]
+        except (OSError, ValueError):
+            return None
+
+
+def _map_wal_index(path: Path) -> tuple[int, mmap.mmap] | None:
+    """The -shm file, open read-only, and a map of its WAL-index header; None when there is no
+    such file (not WAL mode) or it is too short."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if os.fstat(fd).st_size >= WAL_HEADER_BYTES:
+            return fd, mmap.mmap(fd, WAL_HEADER_BYTES, mmap.MAP_SHARED, mmap.PROT_READ)
+    except (OSError, ValueError):
+        pass
+    os.close(fd)
+    return None
 
 
 class _KnownRecords:
@@ -559,6 +651,53 @@ class _KnownRecords:
 
     def clear(self) -> None:
         self._keys.clear()
+
+
+class _HotBodies:
+    """Bodies body() answered, kept while no other SQLite connection wrote the database
+    (module docstring): filled and read on the event loop's thread only (a data_version from
+    _DataVersion), dropped by this store's own writes from any thread."""
+
+    def __init__(self) -> None:
+        # url key -> (SHA-256 hex, body), least recently used first
+        self._bodies: OrderedDict[str, tuple[str, bytes]] = OrderedDict()
+        self._bytes = 0
+        self._version: object = None
+
+    def get(self, entry: StoredEntry, version: object) -> bytes | None:
+        """The body kept for `entry` (the one it names), or None: read SQLite, then put()."""
+        if version is None:
+            return None
+        if version != self._version:  # another connection wrote
+            self.clear()
+            self._version = version
+            return None
+        kept = self._bodies.get(entry.url)
+        if kept is None or kept[0] != entry.body_sha256 or len(kept[1]) != entry.body_size:
+            return None
+        self._bodies.move_to_end(entry.url)
+        return kept[1]
+
+    def put(self, entry: StoredEntry, body: bytes, version: object) -> None:
+        """Keep `body`, read from SQLite and checked against `entry` after get(version)."""
+        if version is None or version != self._version or len(body) > HOT_BODY_MAX:
+            return
+        self.drop(entry.url)
+        self._bodies[entry.url] = (entry.body_sha256, body)
+        self._bytes += len(body)
+        while self._bytes > HOT_BODY_BYTES and self._bodies:
+            _, (_, oldest) = self._bodies.popitem(last=False)
+            self._bytes -= len(oldest)
+
+    def drop(self, key: str) -> None:
+        """This store wrote or deleted `key`'s body (any thread)."""
+        kept = self._bodies.pop(key, None)
+        if kept is not None:
+            self._bytes -= len(kept[1])
+
+    def clear(self) -> None:
+        self._bodies.clear()
+        self._bytes = 0
 
 
 def _has_record(row: Any, namespace: str) -> bool:

@@ -252,16 +252,18 @@ class Match:
 def should_store(method: str, status: int, request_headers: Headers, response_headers: Headers,
                  body_size: int, max_body: int) -> StoreDecision:
     """Store a GET 200 unless no-store, `Vary: *` or a body over store.max_body (SPEC §6)."""
-    req, resp = header_pairs(request_headers), header_pairs(response_headers)
     if method.upper() != "GET":
         return StoreDecision(False, f"{method} responses are not stored (SPEC §6: GET only)")
     if status != 200:
         return StoreDecision(False, f"status {status} is not stored (SPEC §6: 200 only)")
-    if "no-store" in cache_directives(resp):
+    req, resp = header_pairs(request_headers), header_pairs(response_headers)
+    # One pass for the names present: a list that is not there is not split and scanned.
+    resp_names = {k.lower() for k, _ in resp}
+    if "cache-control" in resp_names and "no-store" in cache_directives(resp):
         return StoreDecision(False, "response Cache-Control: no-store (RFC 9111 §5.2.2.5)")
-    if "no-store" in cache_directives(req):
+    if any(k.lower() == "cache-control" for k, _ in req) and "no-store" in cache_directives(req):
         return StoreDecision(False, "request Cache-Control: no-store (RFC 9111 §5.2.1.5)")
-    if "*" in _tokens(resp, "vary"):
+    if "vary" in resp_names and "*" in _tokens(resp, "vary"):
         return StoreDecision(False, "Vary: * matches no later request (RFC 9111 §4.1)")
     if body_size < 0 or body_size > max_body:
         return StoreDecision(False, f"body of {body_size} bytes is over store.max_body ({max_body})")
