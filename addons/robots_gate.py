@@ -71,8 +71,13 @@ class RobotsGate:
         now = wall()
         keys = self.rt.site_keys()
         entries = self.entries
-        found = [entry.describe(now) for origin in sorted(entries)
-                 if (entry := entries.peek(origin)) is not None and keys.of_url(origin) == site]
+        kept = {origin: entry for origin in entries
+                if (entry := entries.peek(origin)) is not None and keys.of_url(origin) == site}
+        for scheme in ("http", "https"):  # the site's own origins, when they rest beside their rules
+            origin = f"{scheme}://{site}"
+            if origin not in kept and (entry := entries.resting(origin)) is not None:
+                kept[origin] = entry
+        found = [kept[origin].describe(now) for origin in sorted(kept)]
         return {"robots": found} if found else {}
 
     async def request(self, flow: http.HTTPFlow) -> None:

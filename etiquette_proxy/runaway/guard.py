@@ -545,7 +545,9 @@ class TrapDetector:
                     continue  # bounded: further parameter names on this path are not tracked
                 stats = params[name] = _ParamStats(_ValueSet(s.exact_values, s.bloom_bits))
             h = value_hash(value)
-            looked.append((stats, h, h not in stats.values, name, value))
+            exact = stats.values._exact  # noqa: SLF001 - the common small case, without a call
+            looked.append((stats, h, h not in exact if exact is not None else h not in stats.values,
+                           name, value))
 
         if s.action == "refuse-new":
             for stats, _, new, _, _ in looked:
@@ -557,10 +559,13 @@ class TrapDetector:
         declared: list[Trap] = []
         counted: list[tuple[str, str, str]] = []
         for stats, h, new, name, value in looked:
-            if new and h not in stats.values:  # a value repeated within one request counts once
+            values = stats.values
+            if new and h not in values:  # a value repeated within one request counts once
                 stats.distinct += 1
                 counted.append((path[:_MAX_PATH_KEY], name, value))
-            stats.values.add(h)  # always: the HyperLogLog counts every value it is shown
+                values.add(h)
+            elif values._exact is None:  # noqa: SLF001 - an exact set holds a value seen already
+                values.add(h)  # the HyperLogLog counts every value it is shown
             stats.record(new, s.novelty_window)
             if stats.declared_at is None and self._is_trap(stats):
                 stats.declared_at = self._clock()

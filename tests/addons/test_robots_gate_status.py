@@ -30,6 +30,23 @@ def test_robots_column_finds_the_sites_origins(group_by: str, site: str, origins
     assert [entry["origin"] for entry in found] == origins
 
 
+def test_robots_column_shows_an_entry_resting_beside_its_rules() -> None:
+    """Past state.max_sites_in_memory an entry rests beside its compiled rules and is answered
+    from there (sites.py): the site's column still shows it."""
+    rt = Runtime(config=load_config("", "<test>", ["state.max_sites_in_memory=1"]))
+    gate = RobotsGate(rt)
+    for origin in ["http://a.example:80", "http://b.example:80"]:
+        entry = gate.policy.after_fetch(origin, FetchResult(200, b"User-agent: *\nDisallow: /x\n"), None,
+                                        RobotsSettings())
+        gate.entries.put(rt.config, origin, entry)
+        assert not gate.policy.verdict(entry, "/x", "bot").allowed  # compiled
+    assert "http://a.example:80" not in gate.entries
+    assert gate.entries.find(rt.config, "http://a.example:80") is not None
+    assert "http://a.example:80" not in gate.entries  # answered from where it rests
+    assert [e["origin"] for e in gate.status("a.example:80")["robots"]] == ["http://a.example:80"]
+    assert [e["origin"] for e in gate.status("b.example:80")["robots"]] == ["http://b.example:80"]
+
+
 def test_allows_uses_the_last_copy_when_asked_and_refreshes_otherwise() -> None:
     # SPEC §8: a paused site's canaries are checked against the last robots.txt copy, since a
     # refresh takes a turn of the budget the pause refuses (SPEC §4); RFC 9309 §2.3: per origin.

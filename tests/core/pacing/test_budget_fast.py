@@ -1,5 +1,6 @@
-"""SiteBudget.reserve()'s one-step start and on_response()'s shared calm decision: the same
-turns, decisions and state as the full path, on random sequences under a fake clock."""
+"""SiteBudget.reserve()'s one-step start, at_rest()'s calm path and on_response()'s shared calm
+decision: the same turns, decisions and state as the full path, on random sequences under a
+fake clock."""
 
 from __future__ import annotations
 
@@ -13,10 +14,13 @@ from etiquette_proxy.pacing.settings import PacingSettings
 
 
 class FullPathBudget(SiteBudget):
-    """The budget without its one-step start: every reserve() takes the full path."""
+    """The budget without its one-step start and calm at_rest: every call takes the full path."""
 
     def _start_at_once(self, now: float) -> Turn | None:
         return None
+
+    def _calm_at_rest(self, now: float) -> bool:
+        return self._full_at_rest(now)
 
 
 RESPONSES = [
@@ -98,3 +102,37 @@ def test_calm_decisions_are_shared_and_equal_to_a_fresh_one() -> None:
     assert da.reason == "" and da.notes == () and da.pause_s == 0.0
     d429 = a.on_response(a.reserve().ticket, 429, {"Retry-After": "1"})
     assert d429.throttled and d429 is not da
+
+
+@pytest.mark.parametrize("cls", [SiteBudget, FullPathBudget])
+def test_a_calm_site_is_not_at_rest_while_it_sent_slower_lately(cls: type[SiteBudget]) -> None:
+    """A RateLimit hint that has ended leaves the site calm, but a 429 now would halve the
+    slower rate it sent at within breaker_window: the budget must stay in memory until then."""
+    clock = FakeClock()
+    budget = cls("example.com:443", PacingSettings(rate=10.0, burst=2), clock=clock)
+    ticket = budget.reserve().ticket
+    budget.on_response(ticket, 200, {"ratelimit": "limit=2, remaining=1, reset=4"})
+    clock.advance(0.6)
+    ticket = budget.reserve().ticket  # sent at the hint's slower rate
+    budget.on_response(ticket, 200, {})
+    clock.advance(10.0)  # the hint has ended, the bucket is full again
+    assert budget.release_due() == []  # settles: the ended hint is let go
+    assert budget.throttle.hint_rate is None and budget.ceiling is None
+    assert budget.at_rest() is False
+    clock.advance(budget.settings.breaker_window)
+    assert budget.at_rest() is True
+
+
+@pytest.mark.parametrize("cls", [SiteBudget, FullPathBudget])
+def test_a_calm_site_is_at_rest_only_with_its_bucket_full(cls: type[SiteBudget]) -> None:
+    clock = FakeClock()
+    budget = cls("example.com:443", PacingSettings(rate=2.0, burst=3), clock=clock)
+    assert budget.at_rest() is True
+    ticket = budget.reserve().ticket
+    assert budget.at_rest() is False  # in flight
+    budget.on_response(ticket, 200, {})
+    assert budget.at_rest() is False  # a token short
+    clock.advance(0.49)
+    assert budget.at_rest() is False
+    clock.advance(0.02)
+    assert budget.at_rest() is True
