@@ -131,6 +131,12 @@ def show(label: str, r: WrkResult) -> None:
     sys.stdout.flush()
 
 
+def arm_medians(rs: list[WrkResult]) -> tuple[float, float, float]:
+    """An arm's median throughput, p99 and proxy CPU per request over its rounds."""
+    return (median([r.rps for r in rs]), median([r.p99_ms for r in rs]),
+            median([r.cpu_ms_per_request or 0.0 for r in rs]))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5, help="b/c pairs (default 5)")
@@ -231,17 +237,13 @@ def main() -> int:
     print(f"  run-to-run spread of b: {min(r.rps for r in bs):.0f}..{max(r.rps for r in bs):.0f} req/s, "
           f"c: {min(r.rps for r in cs):.0f}..{max(r.rps for r in cs):.0f} req/s; errors in b/c runs: {errors}")
     if args.before:
-        c0s = runs["c0"]
-        c0_rps, c0_99 = median([r.rps for r in c0s]), median([r.p99_ms for r in c0s])
-        c0_cpu = median([r.cpu_ms_per_request or 0.0 for r in c0s])
+        c0_rps, c0_99, c0_cpu = arm_medians(runs["c0"])
         print(f"  (c0) before ({args.before}): {c0_rps:.1f} req/s, c0/b {c0_rps / b_rps:.3f}, p99 added "
               f"{c0_99 - b99:+.2f} ms, CPU {c0_cpu:.3f} ms ({c0_cpu - b_cpu:+.3f} ms over b); "
               f"after (c): c/b {c_rps / b_rps:.3f}, p99 added {c99 - b99:+.2f} ms, CPU {c_cpu - b_cpu:+.3f} ms over b; "
               f"c/c0 {c_rps / c0_rps:.3f}")
     if args.lean:
-        ls = runs["b'"]
-        l_rps, l99 = median([r.rps for r in ls]), median([r.p99_ms for r in ls])
-        l_cpu = median([r.cpu_ms_per_request or 0.0 for r in ls])
+        l_rps, l99, l_cpu = arm_medians(runs["b'"])
         print(f"  (b') run's master, no etiquette addon: {l_rps:.1f} req/s, b'/b {l_rps / b_rps:.3f}, "
               f"CPU {l_cpu:.3f} ms ({l_cpu - b_cpu:+.3f} ms over b: mitmdump's default addons); "
               f"what the chain adds over it: c/b' {c_rps / l_rps:.3f}, p99 {c99 - l99:+.2f} ms, "
