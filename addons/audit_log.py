@@ -10,7 +10,7 @@ import logging
 
 from etiquette_addons.fields import field_value
 from etiquette_addons.mitm_patches import ANSWERED_WITH
-from etiquette_addons.notes import FORWARDED, FlowNotes, notes_of
+from etiquette_addons.notes import FORWARDED, FlowNotes, notes_of, request_url
 from etiquette_addons.runtime import Runtime
 from etiquette_addons.side_fetch import TLS_HINT
 from mitmproxy import http
@@ -101,7 +101,7 @@ class AuditWriter:
             # The notes' optional keys as they are (not copied), then `would` and `bytes`:
             # the key order of audit_record(**extra, would=..., bytes=...).
             record = line_record(
-                wall(), final_outcome(notes, flow), request.method, request.url, notes.site,
+                wall(), final_outcome(notes, flow), request.method, request_url(request), notes.site,
                 status, None if notes.local else notes.upstream_status, notes.waited_s,
                 self.rates.of(notes.site), notes.reason or _default_reason(flow),
                 field_value(request.headers.fields, b"user-agent"), extra,
