@@ -50,7 +50,7 @@ from etiquette_proxy.revalidation.validators import (
     credentials_digest,
     inject_headers,
     may_serve_unvalidated,
-    should_store,
+    should_store_pairs,
     stored_response_headers,
 )
 
@@ -77,8 +77,10 @@ _DECISION_NAME = DECISION_HEADER.lower().encode("ascii")
 
 def site_headers(message: http.Message) -> HeaderPairs:
     """The message's headers as the site sent them: without the decision header the audit writer
-    has already added in `responseheaders` (it must never be stored or merged)."""
-    return decoded(tuple(f for f in message.headers.fields if f[0].lower() != _DECISION_NAME))
+    has already added in `responseheaders` (it must never be stored or merged); decoded as
+    `decoded` decodes them, in the same pass."""
+    return tuple((k.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape"))
+                 for k, v in message.headers.fields if k.lower() != _DECISION_NAME)
 
 
 def decoded(fields: tuple[tuple[bytes, bytes], ...]) -> HeaderPairs:
@@ -365,7 +367,7 @@ class Revalidation:
         request_headers = decoded(flow.request.headers.fields)
         response_headers = site_headers(response)
         now = wall()
-        decision = should_store("GET", 200, request_headers, response_headers, len(raw), store.max_body)
+        decision = should_store_pairs("GET", 200, request_headers, response_headers, len(raw), store.max_body)
         fingerprinter = self.fingerprinters.get(notes.site)
 
         def work() -> tuple[dict[str, Any], StoredEntry | None]:
@@ -457,14 +459,19 @@ def _same_variant_as(stored: StoredEntry, request_headers: HeaderPairs,
                      response_headers: HeaderPairs) -> bool | None:
     """`_same_variant(stored, <the entry these headers would build>)` without building it (issue
     17: most of a repeated 200's cost), or None when the response names a Vary (then build)."""
-    first: dict[str, str] = {}
+    etag = last_modified = None  # the first values, as StoredEntry.build reads them
+    seen_etag = seen_modified = False
     for name, value in response_headers:
-        first.setdefault(name.lower(), value)
-    if "vary" in first:
-        return None
+        lname = name.lower()
+        if lname == "vary":
+            return None
+        if lname == "etag":
+            if not seen_etag:
+                etag, seen_etag = value, True
+        elif lname == "last-modified" and not seen_modified:
+            last_modified, seen_modified = value, True
     # StoredEntry.build: validators are the first values; no Vary, no Vary values.
-    return (stored.vary == () and stored.etag == first.get("etag")
-            and stored.last_modified == first.get("last-modified")
+    return (stored.vary == () and stored.etag == etag and stored.last_modified == last_modified
             and stored.credentials == credentials_digest(request_headers))
 
 

@@ -11,6 +11,7 @@ from etiquette_proxy.revalidation.validators import (
     matches,
     may_serve_unvalidated,
     should_store,
+    should_store_pairs,
     stored_response_headers,
 )
 
@@ -67,6 +68,28 @@ def test_should_store(method: str, status: int, request_headers: list[tuple[str,
     decision = should_store(method, status, request_headers, response_headers, size, MAX)
     assert decision.store is store
     assert decision.reason
+
+
+def test_should_store_pairs_is_should_store_for_pairs_of_text() -> None:
+    """The addon hands decoded pairs to should_store_pairs (no header_pairs copy): the same
+    decision, store and reason, on generated headers (Cache-Control and Vary in any case, in the
+    request or response, repeated, with arguments; methods, statuses, sizes at the limit)."""
+    import random
+
+    rng = random.Random(5)
+    names = ["Cache-Control", "cache-control", "CACHE-CONTROL", "Vary", "vary", "ETag", "Authorization",
+             "Content-Type", "X-Cache-Control", "Pragma"]
+    values = ["no-store", "No-Store, max-age=0", "max-age=60", "private", "*", "Accept, *", "accept-encoding",
+              "no-store=\"x\"", "", " , ", "no-cache", "nostore"]
+
+    def pairs() -> tuple[tuple[str, str], ...]:
+        return tuple((rng.choice(names), rng.choice(values)) for _ in range(rng.randrange(5)))
+    for _ in range(5000):
+        method, status = rng.choice(["GET", "get", "HEAD", "POST"]), rng.choice([200, 200, 206, 304])
+        size = rng.choice([0, 10, MAX, MAX + 1, -1])
+        req, resp = pairs(), pairs()
+        assert should_store_pairs(method, status, req, resp, size, MAX) == should_store(method, status, req, resp,
+                                                                                        size, MAX)
 
 
 def test_should_store_accepts_a_mapping() -> None:
