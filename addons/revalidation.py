@@ -169,7 +169,7 @@ class Revalidation:
         self.fingerprinters: PerSite[Fingerprinter] = PerSite(runtime, Fingerprinter.from_config)
         # (id(entry), header fields) -> (entry, result, encoded fields); the entry is kept, so
         # its id cannot be reused while the result is here.
-        self._injections: Recent[tuple[int, Any], tuple[StoredEntry, Injection, Any]] = Recent()
+        self._injections: Recent[tuple[int, Any], tuple[StoredEntry, Injection, Any, tuple[str, ...]]] = Recent()
         self._merges: Recent[tuple[int, Any], tuple[StoredEntry, Answer304, Any]] = Recent()
 
     # -- request: served-stored, or inject validators ------------------------------------------
@@ -221,11 +221,10 @@ class Revalidation:
                     store.touch(entry)  # a use: keeps the page young for eviction
                     return
 
-        injection, fields = self._injection(entry, flow.request.headers.fields)
+        injection, fields, names = self._injection(entry, flow.request.headers.fields)
         if not injection.inject or injection.entry is None:
             log.debug("no validators for %s: %s", key, injection.reason)
             return
-        names = tuple(name for name, _ in injection.headers)
         if self.rt.observe:
             flow.metadata[_WOULD_INJECT] = injection.entry
             return
@@ -240,15 +239,17 @@ class Revalidation:
         notes.extra["injected"] = list(names)
 
     def _injection(self, entry: StoredEntry, request_fields: tuple[tuple[bytes, bytes], ...],
-                   ) -> tuple[Injection, tuple[tuple[bytes, bytes], ...]]:
-        """inject_headers for this entry and request, and the header fields to add, encoded."""
+                   ) -> tuple[Injection, tuple[tuple[bytes, bytes], ...], tuple[str, ...]]:
+        """inject_headers for this entry and request, the header fields to add (encoded) and
+        their names."""
         kept = self._injections.get((id(entry), request_fields))
         if kept is not None and kept[0] is entry:
-            return kept[1], kept[2]
+            return kept[1], kept[2], kept[3]
         injection = inject_headers(entry, "GET", decoded(request_fields))
         fields = encoded(injection.headers)
-        self._injections.put((id(entry), request_fields), (entry, injection, fields))
-        return injection, fields
+        names = tuple(name for name, _ in injection.headers)
+        self._injections.put((id(entry), request_fields), (entry, injection, fields, names))
+        return injection, fields, names
 
     async def _body(self, entry: StoredEntry) -> bytes | None:
         store = self.rt.store
