@@ -25,8 +25,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from etiquette_addons.answers import answer_locally, fail_closed
 from etiquette_addons.audit_log import DECISION_HEADER
@@ -89,13 +88,23 @@ def decoded(fields: tuple[tuple[bytes, bytes], ...]) -> HeaderPairs:
     return tuple((k.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape")) for k, v in fields)
 
 
-@dataclass(frozen=True)
-class Injected:
-    """Validators added to a request, and the stored entry and body a 304 will be answered from."""
+class Injected(NamedTuple):
+    """Validators added to a request, and the stored entry and body a 304 will be answered from
+    (made for every revalidated request: a NamedTuple is built in one call, a frozen
+    dataclass sets each field through object.__setattr__)."""
 
     entry: StoredEntry
     body: bytes
     names: tuple[str, ...]
+
+
+def first_field(headers: HeaderPairs, name: str) -> str | None:
+    """`first_value(headers, name)` for a lower-case `name`, stopping at the first match (no
+    list of every value): read twice on every 200."""
+    for k, v in headers:
+        if k.lower() == name:
+            return v
+    return None
 
 
 def encoded(headers: HeaderPairs) -> tuple[tuple[bytes, bytes], ...]:
@@ -373,12 +382,12 @@ class Revalidation:
 
         def work() -> tuple[dict[str, Any], StoredEntry | None]:
             sha = hashlib.sha256(raw).hexdigest()
-            encoding = first_value(response_headers, "content-encoding")
+            encoding = first_field(response_headers, "content-encoding")
             # The stored entry and its schedule come from one row: the schedule's fingerprint
             # is that of the entry's body (put() writes them together; a 304 keeps both).
             current, state = store.get_with_record(key, REVISIT, parse=RevisitState.from_state)
             same_body = (current is not None and current.body_sha256 == sha and current.body_size == len(raw)
-                         and first_value(current.headers, "content-encoding") == encoding)
+                         and first_field(current.headers, "content-encoding") == encoding)
             if same_body and state is not None and state.fingerprint is not None and len(raw) <= store.max_body:
                 digest = state.fingerprint  # byte-identical body: the same fingerprint, no regex passes
             else:

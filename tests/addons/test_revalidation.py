@@ -383,3 +383,17 @@ def test_same_variant_as_is_the_first_values_rule() -> None:
             else:
                 resp.append((rng.choice(["ETag", "etag", "Last-Modified"]), rng.choice(values)))
         assert _same_variant_as(entry, req, tuple(resp)) == rule(entry, req, tuple(resp)), (entry, req, resp)
+
+
+def test_first_field_is_first_value() -> None:
+    import random
+
+    from etiquette_addons.revalidation import first_field
+
+    from etiquette_proxy.headers import first_value
+
+    rng = random.Random(2)
+    names = ["Content-Encoding", "content-encoding", "CONTENT-ENCODING", "Content-Type", "content-encodings", ""]
+    for _ in range(2000):
+        headers = tuple((rng.choice(names), rng.choice(["gzip", "br", "", "identity"])) for _ in range(rng.randrange(5)))
+        assert first_field(headers, "content-encoding") == first_value(headers, "content-encoding")
