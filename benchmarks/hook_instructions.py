@@ -170,6 +170,8 @@ def main() -> int:
             env = clean_env(checkout_path(Path(a.before), Path(tmp) / "pythonpath"))
             env[OTHER_CHECKOUT] = "1"
             arms.insert(0, ("before", env))
+        for _, env in arms:  # one string hash for every run: dict probes do not move the count
+            env["PYTHONHASHSEED"] = "0"
         print(f"{'pages with' if validators else 'pages without'} validators, {a.flows} flows after {a.warm}:")
         for member in members:
             counts = {name: count(member, a.flows, a.warm, validators, env, Path(tmp)) for name, env in arms}
