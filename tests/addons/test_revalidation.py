@@ -395,5 +395,6 @@ def test_first_field_is_first_value() -> None:
     rng = random.Random(2)
     names = ["Content-Encoding", "content-encoding", "CONTENT-ENCODING", "Content-Type", "content-encodings", ""]
     for _ in range(2000):
-        headers = tuple((rng.choice(names), rng.choice(["gzip", "br", "", "identity"])) for _ in range(rng.randrange(5)))
+        headers = tuple((rng.choice(names), rng.choice(["gzip", "br", "", "identity"]))
+                        for _ in range(rng.randrange(5)))
         assert first_field(headers, "content-encoding") == first_value(headers, "content-encoding")
