@@ -70,11 +70,33 @@ def test_should_store(method: str, status: int, request_headers: list[tuple[str,
     assert decision.reason
 
 
-def test_should_store_pairs_is_should_store_for_pairs_of_text() -> None:
-    """The addon hands decoded pairs to should_store_pairs (no header_pairs copy): the same
-    decision, store and reason, on generated headers (Cache-Control and Vary in any case, in the
-    request or response, repeated, with arguments; methods, statuses, sizes at the limit)."""
+def test_should_store_pairs_is_the_should_store_it_replaces() -> None:
+    """The addon hands decoded pairs to should_store_pairs (no header_pairs copy, a plain loop for
+    the request's Cache-Control, one shared answer): the decision of the should_store it was cut
+    from, store and reason, on generated headers (Cache-Control and Vary in any case, in the
+    request or response, repeated, with arguments; methods, statuses, sizes at the limit); and
+    should_store itself gives it too."""
     import random
+
+    from etiquette_proxy.headers import header_pairs
+    from etiquette_proxy.revalidation.validators import StoreDecision, _tokens, cache_directives
+
+    def reference(method, status, request_headers, response_headers, body_size, max_body):  # type: ignore[no-untyped-def]
+        if method.upper() != "GET":
+            return StoreDecision(False, f"{method} responses are not stored (SPEC §6: GET only)")
+        if status != 200:
+            return StoreDecision(False, f"status {status} is not stored (SPEC §6: 200 only)")
+        req, resp = header_pairs(request_headers), header_pairs(response_headers)
+        resp_names = {k.lower() for k, _ in resp}
+        if "cache-control" in resp_names and "no-store" in cache_directives(resp):
+            return StoreDecision(False, "response Cache-Control: no-store (RFC 9111 §5.2.2.5)")
+        if any(k.lower() == "cache-control" for k, _ in req) and "no-store" in cache_directives(req):
+            return StoreDecision(False, "request Cache-Control: no-store (RFC 9111 §5.2.1.5)")
+        if "vary" in resp_names and "*" in _tokens(resp, "vary"):
+            return StoreDecision(False, "Vary: * matches no later request (RFC 9111 §4.1)")
+        if body_size < 0 or body_size > max_body:
+            return StoreDecision(False, f"body of {body_size} bytes is over store.max_body ({max_body})")
+        return StoreDecision(True, "GET 200 without no-store")
 
     rng = random.Random(5)
     names = ["Cache-Control", "cache-control", "CACHE-CONTROL", "Vary", "vary", "ETag", "Authorization",
@@ -88,8 +110,10 @@ def test_should_store_pairs_is_should_store_for_pairs_of_text() -> None:
         method, status = rng.choice(["GET", "get", "HEAD", "POST"]), rng.choice([200, 200, 206, 304])
         size = rng.choice([0, 10, MAX, MAX + 1, -1])
         req, resp = pairs(), pairs()
-        assert should_store_pairs(method, status, req, resp, size, MAX) == should_store(method, status, req, resp,
-                                                                                        size, MAX)
+        expected = reference(method, status, req, resp, size, MAX)
+        assert should_store_pairs(method, status, req, resp, size, MAX) == expected
+        assert should_store(method, status, list(req), dict(resp), size, MAX) == reference(
+            method, status, list(req), dict(resp), size, MAX)
 
 
 def test_should_store_accepts_a_mapping() -> None:
