@@ -10,7 +10,7 @@ import logging
 
 from etiquette_addons.fields import field_value
 from etiquette_addons.mitm_patches import ANSWERED_WITH
-from etiquette_addons.notes import FORWARDED, FlowNotes, notes_of
+from etiquette_addons.notes import FORWARDED, FlowNotes, notes_of, request_url
 from etiquette_addons.runtime import Runtime
 from etiquette_addons.side_fetch import TLS_HINT
 from mitmproxy import http
@@ -60,7 +60,9 @@ class AuditWriter:
             # else (a response rebuilt since, a later outcome) set again.
             if not fields or fields[-1] != (_DECISION_FIELD, outcome.encode("ascii")):
                 mark(flow.response, outcome)
-        self.write(flow, notes)
+            self.write(flow, notes, outcome)
+        else:
+            self.write(flow, notes)
 
     def error(self, flow: http.HTTPFlow) -> None:
         notes = notes_of(flow)
@@ -86,7 +88,8 @@ class AuditWriter:
                 notes.reason += f"; {TLS_HINT}"
         self.write(flow, notes)
 
-    def write(self, flow: http.HTTPFlow, notes: FlowNotes) -> None:
+    def write(self, flow: http.HTTPFlow, notes: FlowNotes, outcome: str | None = None) -> None:
+        """The flow's audit line (`outcome`: final_outcome(notes, flow), when the caller has it)."""
         if notes.logged or notes.facts.get("internal") or self.rt.audit is None:
             return
         notes.logged = True
@@ -101,7 +104,7 @@ class AuditWriter:
             # The notes' optional keys as they are (not copied), then `would` and `bytes`:
             # the key order of audit_record(**extra, would=..., bytes=...).
             record = line_record(
-                wall(), final_outcome(notes, flow), request.method, request.url, notes.site,
+                wall(), outcome or final_outcome(notes, flow), request.method, request_url(request), notes.site,
                 status, None if notes.local else notes.upstream_status, notes.waited_s,
                 self.rates.of(notes.site), notes.reason or _default_reason(flow),
                 field_value(request.headers.fields, b"user-agent"), extra,

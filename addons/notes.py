@@ -54,6 +54,28 @@ def origin_of(request: http.Request) -> str:
     return f"{request.scheme.lower()}://{site_of(request)}"
 
 
+_DEFAULT_PORTS = {"http": 80, "https": 443}  # mitmproxy's url.default_port
+
+
+def request_url(request: http.Request) -> str:
+    """`request.url`, built from the request's raw fields as mitmproxy 11 builds it
+    (`Request.url`: `url.unparse(scheme, host, port, path)`, a CONNECT target as `host:port`),
+    without what that property computes only to throw away: `first_line_format` IDNA-decodes
+    the authority just to tell "absolute" from "relative", which build the same URL (most of
+    its cost, issue 17). A method that is not ASCII takes mitmproxy's own property."""
+    data = request.data
+    method = data.method
+    if not method.isascii() or method.upper() == b"CONNECT":
+        return request.url
+    scheme = data.scheme.decode("utf-8", "surrogateescape")
+    host, port = data.host, data.port
+    path = data.path.decode("utf-8", "surrogateescape")
+    if path == "*":
+        path = ""
+    authority = host if _DEFAULT_PORTS.get(scheme) == port else f"{host}:{port:d}"  # mitmproxy: "%s:%d"
+    return f"{scheme}://{authority}{path}"
+
+
 def notes_of(flow: http.HTTPFlow) -> FlowNotes:
     """The flow's notes, created on first use."""
     notes = flow.metadata.get(KEY)
@@ -77,7 +99,7 @@ def url_key(flow: http.HTTPFlow, rt: Runtime) -> str | None:
     if _URL_KEY not in flow.metadata:
         site = notes_of(flow).site
         try:
-            key: str | None = normalise(flow.request.url, rt.config.get("store.tracking_params", site))
+            key: str | None = normalise(request_url(flow.request), rt.config.get("store.tracking_params", site))
         except ValueError as e:
             log.info("no store key for %s: %s", flow.request.url[:200], e)
             key = None

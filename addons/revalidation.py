@@ -25,8 +25,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from etiquette_addons.answers import answer_locally, fail_closed
 from etiquette_addons.audit_log import DECISION_HEADER
@@ -50,7 +49,7 @@ from etiquette_proxy.revalidation.validators import (
     credentials_digest,
     inject_headers,
     may_serve_unvalidated,
-    should_store,
+    should_store_pairs,
     stored_response_headers,
 )
 
@@ -77,8 +76,10 @@ _DECISION_NAME = DECISION_HEADER.lower().encode("ascii")
 
 def site_headers(message: http.Message) -> HeaderPairs:
     """The message's headers as the site sent them: without the decision header the audit writer
-    has already added in `responseheaders` (it must never be stored or merged)."""
-    return decoded(tuple(f for f in message.headers.fields if f[0].lower() != _DECISION_NAME))
+    has already added in `responseheaders` (it must never be stored or merged); decoded as
+    `decoded` decodes them, in the same pass."""
+    return tuple((k.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape"))
+                 for k, v in message.headers.fields if k.lower() != _DECISION_NAME)
 
 
 def decoded(fields: tuple[tuple[bytes, bytes], ...]) -> HeaderPairs:
@@ -87,13 +88,23 @@ def decoded(fields: tuple[tuple[bytes, bytes], ...]) -> HeaderPairs:
     return tuple((k.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape")) for k, v in fields)
 
 
-@dataclass(frozen=True)
-class Injected:
-    """Validators added to a request, and the stored entry and body a 304 will be answered from."""
+class Injected(NamedTuple):
+    """Validators added to a request, and the stored entry and body a 304 will be answered from
+    (made for every revalidated request: a NamedTuple is built in one call, a frozen
+    dataclass sets each field through object.__setattr__)."""
 
     entry: StoredEntry
     body: bytes
     names: tuple[str, ...]
+
+
+def first_field(headers: HeaderPairs, name: str) -> str | None:
+    """`first_value(headers, name)` for a lower-case `name`, stopping at the first match (no
+    list of every value): read twice on every 200."""
+    for k, v in headers:
+        if k.lower() == name:
+            return v
+    return None
 
 
 def encoded(headers: HeaderPairs) -> tuple[tuple[bytes, bytes], ...]:
@@ -167,7 +178,7 @@ class Revalidation:
         self.fingerprinters: PerSite[Fingerprinter] = PerSite(runtime, Fingerprinter.from_config)
         # (id(entry), header fields) -> (entry, result, encoded fields); the entry is kept, so
         # its id cannot be reused while the result is here.
-        self._injections: Recent[tuple[int, Any], tuple[StoredEntry, Injection, Any]] = Recent()
+        self._injections: Recent[tuple[int, Any], tuple[StoredEntry, Injection, Any, tuple[str, ...]]] = Recent()
         self._merges: Recent[tuple[int, Any], tuple[StoredEntry, Answer304, Any]] = Recent()
 
     # -- request: served-stored, or inject validators ------------------------------------------
@@ -219,11 +230,10 @@ class Revalidation:
                     store.touch(entry)  # a use: keeps the page young for eviction
                     return
 
-        injection, fields = self._injection(entry, flow.request.headers.fields)
+        injection, fields, names = self._injection(entry, flow.request.headers.fields)
         if not injection.inject or injection.entry is None:
             log.debug("no validators for %s: %s", key, injection.reason)
             return
-        names = tuple(name for name, _ in injection.headers)
         if self.rt.observe:
             flow.metadata[_WOULD_INJECT] = injection.entry
             return
@@ -238,15 +248,17 @@ class Revalidation:
         notes.extra["injected"] = list(names)
 
     def _injection(self, entry: StoredEntry, request_fields: tuple[tuple[bytes, bytes], ...],
-                   ) -> tuple[Injection, tuple[tuple[bytes, bytes], ...]]:
-        """inject_headers for this entry and request, and the header fields to add, encoded."""
+                   ) -> tuple[Injection, tuple[tuple[bytes, bytes], ...], tuple[str, ...]]:
+        """inject_headers for this entry and request, the header fields to add (encoded) and
+        their names."""
         kept = self._injections.get((id(entry), request_fields))
         if kept is not None and kept[0] is entry:
-            return kept[1], kept[2]
+            return kept[1], kept[2], kept[3]
         injection = inject_headers(entry, "GET", decoded(request_fields))
         fields = encoded(injection.headers)
-        self._injections.put((id(entry), request_fields), (entry, injection, fields))
-        return injection, fields
+        names = tuple(name for name, _ in injection.headers)
+        self._injections.put((id(entry), request_fields), (entry, injection, fields, names))
+        return injection, fields, names
 
     async def _body(self, entry: StoredEntry) -> bytes | None:
         store = self.rt.store
@@ -365,17 +377,17 @@ class Revalidation:
         request_headers = decoded(flow.request.headers.fields)
         response_headers = site_headers(response)
         now = wall()
-        decision = should_store("GET", 200, request_headers, response_headers, len(raw), store.max_body)
+        decision = should_store_pairs("GET", 200, request_headers, response_headers, len(raw), store.max_body)
         fingerprinter = self.fingerprinters.get(notes.site)
 
         def work() -> tuple[dict[str, Any], StoredEntry | None]:
             sha = hashlib.sha256(raw).hexdigest()
-            encoding = first_value(response_headers, "content-encoding")
+            encoding = first_field(response_headers, "content-encoding")
             # The stored entry and its schedule come from one row: the schedule's fingerprint
             # is that of the entry's body (put() writes them together; a 304 keeps both).
             current, state = store.get_with_record(key, REVISIT, parse=RevisitState.from_state)
             same_body = (current is not None and current.body_sha256 == sha and current.body_size == len(raw)
-                         and first_value(current.headers, "content-encoding") == encoding)
+                         and first_field(current.headers, "content-encoding") == encoding)
             if same_body and state is not None and state.fingerprint is not None and len(raw) <= store.max_body:
                 digest = state.fingerprint  # byte-identical body: the same fingerprint, no regex passes
             else:
@@ -457,14 +469,19 @@ def _same_variant_as(stored: StoredEntry, request_headers: HeaderPairs,
                      response_headers: HeaderPairs) -> bool | None:
     """`_same_variant(stored, <the entry these headers would build>)` without building it (issue
     17: most of a repeated 200's cost), or None when the response names a Vary (then build)."""
-    first: dict[str, str] = {}
+    etag = last_modified = None  # the first values, as StoredEntry.build reads them
+    seen_etag = seen_modified = False
     for name, value in response_headers:
-        first.setdefault(name.lower(), value)
-    if "vary" in first:
-        return None
+        lname = name.lower()
+        if lname == "vary":
+            return None
+        if lname == "etag":
+            if not seen_etag:
+                etag, seen_etag = value, True
+        elif lname == "last-modified" and not seen_modified:
+            last_modified, seen_modified = value, True
     # StoredEntry.build: validators are the first values; no Vary, no Vary values.
-    return (stored.vary == () and stored.etag == first.get("etag")
-            and stored.last_modified == first.get("last-modified")
+    return (stored.vary == () and stored.etag == etag and stored.last_modified == last_modified
             and stored.credentials == credentials_digest(request_headers))
 
 

@@ -12,17 +12,27 @@ addons' own work on the flow, e.g. reading mitmproxy's Headers, is chain_cost.py
            (fold + SiteBudget.restrain), reserve(); then on_response() with the response's
            fields keyed in lower case (LowerFields, as addons/pacing.py builds them) and
            release_due() (the pump); pacing out of the way;
-- store:   urlkey.normalise + ValidatorStore.get + validators.inject_headers (kept per stored
-           entry and request fields, as addons/revalidation.py keeps it), on a store of
-           --store-urls entries (diskcache in a temp dir; 90 % hits, 10 % misses, 4,096 URLs
-           asked in turn, so the store's hot set (revalidation/store.py HOT_ENTRIES) answers them
-           after the first round); shown apart, not in the whole: `store-cold`, every URL of
-           the store asked in turn, so none is in the hot set when asked (a SQLite read each);
+- store:   what the revalidation request hook asks (addons/notes.py url_key, addons/revalidation.py
+           _before with revisit.enforce off): the site's store.tracking_params, urlkey.normalise,
+           the site's RevisitPolicy from its registry, ValidatorStore.get, validators.inject_headers
+           kept per stored entry and request fields (the raw byte fields, as the addon keys it),
+           and for an entry that gets validators its body (ValidatorStore.body: the 304 is answered
+           from it); on a store of --store-urls entries (diskcache in a temp dir; 90 % hits, 10 %
+           misses, 4,096 URLs asked in turn, so the store's hot set (revalidation/store.py
+           HOT_ENTRIES) answers them after the first round); shown apart, not in the whole:
+           `store-cold`, every URL of the store asked in turn, so none is in the hot set when
+           asked (a SQLite read each), and `store-old`, the measure before it followed the addon
+           (normalise + get + the kept injection: no config, policy or body);
 - runaway: the guard from its registry (guard_registry().get, on the request and on the
            response), resolve_target, RunawayGuard.observe_request + observe_answer;
 - health:  HealthBook.site(site).observe_response (a 1 KiB 200; LowerFields, as
            addons/health.py builds them);
-- audit:   audit_record + AuditLog.write (a temp file; one os.write per line).
+- audit:   what the audit writer asks per flow (addons/audit_log.py AuditWriter.write and
+           Runtime.record): line_record with the flow's optional keys as the notes hold them, the
+           `bytes` key, AuditLog.write (a temp file; one os.write per line) and the record handed
+           to the dashboard's SiteBoard (the `recorded` event); shown apart, not in the whole:
+           `audit-old`, the measure before it followed the addon (audit_record with keyword
+           arguments + AuditLog.write, no board).
 Each component runs --iterations times (and at most --max-seconds); per-call times come from
 perf_counter_ns. Prints median, p99 and mean per component, then the whole decision (all
 components back to back, per request). Target (issue 17): whole decision < 60 µs median.
@@ -30,6 +40,7 @@ components back to back, per request). Target (issue 17): whole decision < 60 µ
     python benchmarks/decisions.py [--iterations 20000] [--store-urls 10000]
     valgrind --tool=callgrind --dump-before='os_getppid*' python benchmarks/decisions.py \
         --marked robots|budget|store|runaway|health|audit|whole --iterations 2000 --store-urls 1000
+    # the measures before store and audit followed their addons: --marked store-old|audit-old
 """
 
 from __future__ import annotations
@@ -193,10 +204,12 @@ def budget_component(config) -> Callable[[int], object] | str:  # type: ignore[n
 
 
 def store_component(config, directory: str, urls: int,  # type: ignore[no-untyped-def]
-                    cold: bool = False) -> Callable[[int], object]:
+                    cold: bool = False, old: bool = False) -> Callable[[int], object]:
+    from etiquette_proxy.revalidation.revisit import RevisitPolicy
     from etiquette_proxy.revalidation.store import ValidatorStore
     from etiquette_proxy.revalidation.urlkey import normalise
     from etiquette_proxy.revalidation.validators import StoredEntry, inject_headers
+    from etiquette_proxy.sites import SiteRegistry
 
     store = ValidatorStore(directory, size_limit=2**34)
     t0 = time.monotonic()
@@ -216,7 +229,7 @@ def store_component(config, directory: str, urls: int,  # type: ignore[no-untype
     request_fields = tuple(REQUEST_HEADERS)
     injections: dict[tuple[int, object], tuple[object, object]] = {}
 
-    def decide(i: int) -> object:
+    def decide_old(i: int) -> object:
         key = normalise(targets[i % len(targets)], tracking)
         entry = store.get(key)
         if entry is None:
@@ -229,6 +242,33 @@ def store_component(config, directory: str, urls: int,  # type: ignore[no-untype
         if len(injections) >= 1024:
             injections.clear()
         injections[(id(entry), request_fields)] = (entry, injection)
+        return injection
+    if old:
+        return decide_old
+
+    revisits = SiteRegistry(RevisitPolicy.from_config, limit=4096)  # the addon's PerSite
+    raw_fields = tuple((k.encode(), v.encode()) for k, v in REQUEST_HEADERS)  # mitmproxy's Headers.fields
+    kept_injections: dict[tuple[int, object], tuple[object, object]] = {}
+
+    def decide(i: int) -> object:
+        key = normalise(targets[i % len(targets)], config.get("store.tracking_params", SITE))
+        if revisits.get(config, SITE).enforce:
+            raise RuntimeError("revisit.enforce is on: the addon would read the schedule too")
+        entry = store.get(key)
+        if entry is None:
+            return None
+        kept = kept_injections.get((id(entry), raw_fields))
+        if kept is not None and kept[0] is entry:
+            injection = kept[1]
+        else:
+            injection = inject_headers(entry, "GET", REQUEST_HEADERS)
+            if len(kept_injections) >= 1024:
+                del kept_injections[next(iter(kept_injections))]
+            kept_injections[(id(entry), raw_fields)] = (entry, injection)
+        if not injection.inject or injection.entry is None:
+            return injection
+        if store.body(injection.entry) is None:  # the 304 is answered from it
+            raise RuntimeError("a stored body went missing during the benchmark")
         return injection
     return decide
 
@@ -263,15 +303,33 @@ def health_component(config) -> Callable[[int], object] | str:  # type: ignore[n
     return decide
 
 
-def audit_component(directory: str) -> Callable[[int], object]:
-    log = AuditLog(str(Path(directory) / "audit.jsonl"))
+def audit_component(directory: str, old: bool = False) -> Callable[[int], object]:
+    log = AuditLog(str(Path(directory) / ("audit-old.jsonl" if old else "audit.jsonl")))
 
-    def decide(i: int) -> object:
+    def decide_old(i: int) -> object:
         log.write(audit_record(
             ts=time.time(), outcome="fetched", method="GET", url=f"http://bench.example/page/{i}",
             site=SITE, status=200, upstream_status=200, waited_s=0.0, rate=100000.0,
             reason="site answered 200", client_ua=UA, robots="rules", bytes=1024,
         ))
+        return None
+    if old:
+        return decide_old
+    try:
+        from etiquette_proxy.audit.log import line_record
+    except ImportError:  # a core from before line_record: the old measure is all it has
+        return decide_old
+    from etiquette_proxy.visibility.board import SiteBoard
+    board = SiteBoard()
+
+    def decide(i: int) -> object:
+        extra = {"robots": "rules"}  # the flow's notes.extra: the robots gate's key on a fetched page
+        record = line_record(time.time(), "fetched", "GET", f"http://bench.example/page/{i}", SITE, 200, 200,
+                             0.0, 100000.0, "site answered 200", UA, extra)
+        if "bytes" not in extra:
+            record["bytes"] = 1024
+        log.write(record)  # Runtime.record: the line, then the `recorded` handlers
+        board.add(record)
         return None
     return decide
 
@@ -286,17 +344,20 @@ def marked(name: str, calls: int, store_urls: int) -> int:
             "robots": lambda: robots_component(config), "budget": lambda: budget_component(config),
             "store": lambda: store_component(config, f"{tmp}/store", store_urls),
             "runaway": lambda: runaway_component(config), "health": lambda: health_component(config),
-            "audit": lambda: audit_component(tmp)}
+            "audit": lambda: audit_component(tmp),
+            "store-old": lambda: store_component(config, f"{tmp}/store", store_urls, old=True),
+            "audit-old": lambda: audit_component(tmp, old=True)}
         if name != "whole" and name not in makers:
             print(f"--marked: {name!r} is not a component (expected one of {', '.join(makers)}, whole)")
             return 2
-        made = [m() for m in makers.values()] if name == "whole" else [makers[name]()]
+        whole = ("robots", "budget", "store", "runaway", "health", "audit")
+        made = [makers[m]() for m in whole] if name == "whole" else [makers[name]()]
         fns = [f for f in made if not isinstance(f, str)]
 
         def fn(i: int) -> None:
             for f in fns:
                 f(i)
-        warm = 5000 if name in ("store", "whole") else 500
+        warm = 5000 if name in ("store", "store-old", "whole") else 500
         for i in range(warm):
             fn(i)
         os.getppid()  # marker: callgrind dumps here
@@ -353,6 +414,9 @@ def main() -> int:
         print("variants (not in the whole):")
         report("store-cold", measure(store_component(config, f"{tmp}/store", args.store_urls, cold=True),
                                      args.iterations, args.max_seconds))
+        report("store-old", measure(store_component(config, f"{tmp}/store", args.store_urls, old=True),
+                                    args.iterations, args.max_seconds))
+        report("audit-old", measure(audit_component(tmp, old=True), args.iterations, args.max_seconds))
         for name, make_variant in (
                 ("robots+sig", lambda: robots_component(config, SIGNALS_TXT, ("search",))),
                 ("robots+%xx", lambda: robots_component(config, escaped=True))):

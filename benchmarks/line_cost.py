@@ -26,6 +26,9 @@ from statistics import median
 from typing import Any
 
 OTHER_CHECKOUT = "ETIQUETTE_LINE_COST_OTHER"  # set in the before arm's environment
+# chain_cost.py (imported below) puts this checkout first on sys.path unless its own variable
+# is set too: without it the before arm ran the other checkout's addons over this core.
+CHAIN_COST_OTHER = "ETIQUETTE_CHAIN_COST_OTHER"
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 if not os.environ.get(OTHER_CHECKOUT):  # else PYTHONPATH names the other checkout's packages
@@ -99,8 +102,25 @@ def timed(n: int, rounds: int, validators: bool) -> list[float]:
     return out
 
 
+def same_checkout() -> None:
+    """In the before arm, both packages must come from the other checkout's PYTHONPATH entry
+    (checkout_path's links), or the figures mix two trees."""
+    if not os.environ.get(OTHER_CHECKOUT):
+        return
+    import etiquette_addons
+
+    import etiquette_proxy
+
+    want = Path(os.environ["PYTHONPATH"].split(os.pathsep)[0])
+    for module in (etiquette_addons, etiquette_proxy):
+        got = Path(str(module.__file__)).parent
+        if got != want / module.__name__:
+            raise SystemExit(f"before arm: {module.__name__} imported from {got}, not from {want}")
+
+
 def marked(n: int, validators: bool) -> None:
     """The flows between two os.getppid() calls (callgrind dumps at each)."""
+    same_checkout()
     with tempfile.TemporaryDirectory(prefix="etiquette-line-") as tmp:
         audit, watch, batch = prepare(n, validators, tmp)
         os.getppid()
@@ -150,7 +170,7 @@ def main() -> int:
         arms = [("after", dict(os.environ))]
         if a.before:
             env = dict(os.environ, PYTHONPATH=checkout_path(Path(a.before), Path(scratch)))
-            env[OTHER_CHECKOUT] = "1"
+            env[OTHER_CHECKOUT] = env[CHAIN_COST_OTHER] = "1"
             arms.insert(0, ("before", env))
         counts = {name: callgrind(a.flows, validators, env, scratch) for name, env in arms}
     print(f"instructions per flow, {path}, {a.flows} flows:")

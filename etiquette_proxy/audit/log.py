@@ -50,14 +50,18 @@ def rfc3339_ms(epoch_s: float) -> str:
         _SECOND, _PREFIX = second, prefix
     else:
         prefix = _PREFIX
-    return f"{prefix}{micros // 1000:03d}Z"
+    return prefix + _MILLIS[micros // 1000]
 
 
 _SECOND, _PREFIX = -1, ""
+_MILLIS = tuple(f"{n:03d}Z" for n in range(1000))  # f"{ms:03d}Z", formatted once
 
 
 _OUTCOMES = frozenset(OUTCOMES)
 _NO_EXTRA: Mapping[str, Any] = {}
+# round(rate, 4) by rate: positive floats only, where equal means the same bits (0.0 == -0.0,
+# and 1 == 1.0 would round to another type); a site's rate changes seldom. Bounded.
+_ROUNDED_RATES: dict[float, float] = {}
 
 
 def audit_record(
@@ -89,6 +93,24 @@ def line_record(
     copied into keyword arguments: the audit writer hands a flow's notes as they are."""
     if outcome not in _OUTCOMES:
         raise ValueError(f"unknown outcome {outcome!r}")
+    # round() goes through a decimal conversion (~1/4 of building a record): a float 0.0 (or
+    # -0.0) rounds to itself, and a positive float rate rounds as it did the last times.
+    if waited_s.__class__ is float and waited_s == 0.0:
+        waited = waited_s
+    else:
+        waited = round(waited_s, 3)
+    if rate is None:
+        shown_rate = None
+    elif rate.__class__ is float and rate > 0.0:
+        kept = _ROUNDED_RATES.get(rate)
+        if kept is None:
+            kept = round(rate, 4)
+            if len(_ROUNDED_RATES) >= 1024:
+                _ROUNDED_RATES.clear()
+            _ROUNDED_RATES[rate] = kept
+        shown_rate = kept
+    else:
+        shown_rate = round(rate, 4)
     record: dict[str, Any] = {
         "ts": rfc3339_ms(ts),
         "outcome": outcome,
@@ -97,8 +119,8 @@ def line_record(
         "site": site,
         "status": status,
         "upstream_status": upstream_status,
-        "waited_s": round(waited_s, 3),
-        "rate": None if rate is None else round(rate, 4),
+        "waited_s": waited,
+        "rate": shown_rate,
         "reason": reason,
         "client_ua": client_ua,
     }
@@ -174,7 +196,8 @@ class AuditLog:
             body = f'{head}"seq":{seq}'.encode("utf-8", errors="replace")
             # chain.link(self.head, body), in one call: the previous value's bytes are kept.
             value = sha256(self._head_bytes + body).hexdigest()
-            data = body + b',"chain":"' + value.encode("ascii") + b'"}\n'
+            value_bytes = value.encode("ascii")
+            data = b"".join((body, b',"chain":"', value_bytes, b'"}\n'))
             if not self._owned:
                 sys.stdout.flush()
             n = os.write(self._fd, data)
@@ -183,7 +206,7 @@ class AuditLog:
                 while view:
                     view = view[os.write(self._fd, view):]
             self.head, self.seq = value, seq
-            self._head_bytes = value.encode("ascii")
+            self._head_bytes = value_bytes
 
     def close(self) -> None:
         """Flush to disk and close (SIGTERM: the log is complete on exit)."""

@@ -15,7 +15,7 @@ can only cause a fetch, never an endless stretch of stored answers.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 NAMESPACE = "revisit"
@@ -78,6 +78,35 @@ class Revisit:
     changed: bool | None  # None on the first fetch: nothing to compare with
 
 
+_NEW = object.__new__
+
+
+def _state(fingerprint: str | None, interval_s: float, last_fetched: float, next_check: float,
+           changes: int, fetches: int) -> RevisitState:
+    """RevisitState(...) as its dataclass __init__ makes it (the same instance dict, fields in
+    order), without that frozen __init__'s object.__setattr__ call per field: most of a
+    schedule step's cost, paid on every 200 (issue 17). RevisitState has no __post_init__ and
+    no slots (tests/core/revalidation/test_revisit.py compares both ways)."""
+    state = _NEW(RevisitState)
+    fields = state.__dict__
+    fields["fingerprint"] = fingerprint
+    fields["interval_s"] = interval_s
+    fields["last_fetched"] = last_fetched
+    fields["next_check"] = next_check
+    fields["changes"] = changes
+    fields["fetches"] = fetches
+    return state
+
+
+def _revisit(state: RevisitState, changed: bool | None) -> Revisit:
+    """Revisit(state, changed), as `_state` makes a RevisitState."""
+    revisit = _NEW(Revisit)
+    fields = revisit.__dict__
+    fields["state"] = state
+    fields["changed"] = changed
+    return revisit
+
+
 @dataclass(frozen=True)
 class RevisitDecision:
     """Whether to answer from the store instead of asking the site, and why."""
@@ -115,29 +144,32 @@ class RevisitPolicy:
         )
 
     def _clamp(self, interval: float) -> float:
-        return min(self.max_interval, max(self.min_interval, interval))
+        # min(max_interval, max(min_interval, interval)) with min's and max's ties (the first
+        # argument wins, so an int bound stays an int), without two builtin calls.
+        low = self.min_interval
+        interval = interval if interval > low else low
+        high = self.max_interval
+        return interval if interval < high else high
 
     def after_fetch(self, state: RevisitState | None, fingerprint: str, now: float) -> Revisit:
         """Schedule after a 200 whose body has `fingerprint` (seed 004: halve or x1.5)."""
         if state is None:
             interval = self._clamp(self.initial_interval)
-            return Revisit(RevisitState(fingerprint, interval, now, now + interval), None)
+            return _revisit(_state(fingerprint, interval, now, now + interval, 0, 1), None)
         changed = state.fingerprint is None or state.fingerprint != fingerprint
         factor = CHANGE_FACTOR if changed else UNCHANGED_FACTOR
         interval = self._clamp(state.interval_s * factor)
-        new = RevisitState(fingerprint, interval, now, now + interval,
-                           state.changes + int(changed), state.fetches + 1)
-        return Revisit(new, changed)
+        new = _state(fingerprint, interval, now, now + interval, state.changes + int(changed), state.fetches + 1)
+        return _revisit(new, changed)
 
     def after_not_modified(self, state: RevisitState | None, now: float) -> Revisit:
         """Schedule after a 304 to our validators: unchanged, so x1.5."""
         if state is None:
             interval = self._clamp(self.initial_interval)
-            return Revisit(RevisitState(None, interval, now, now + interval), False)
+            return _revisit(_state(None, interval, now, now + interval, 0, 1), False)
         interval = self._clamp(state.interval_s * UNCHANGED_FACTOR)
-        new = replace(state, interval_s=interval, last_fetched=now, next_check=now + interval,
-                      fetches=state.fetches + 1)
-        return Revisit(new, False)
+        new = _state(state.fingerprint, interval, now, now + interval, state.changes, state.fetches + 1)
+        return _revisit(new, False)
 
     def serve_stored(self, state: RevisitState | None, now: float) -> RevisitDecision:
         """With revisit.enforce, answer from the store until the URL's next check."""

@@ -707,9 +707,16 @@ def _has_record(row: Any, namespace: str) -> bool:
 
 def _checked(namespace: str) -> str:
     # "e" and "b" are one letter, so a valid namespace can never collide with entries or bodies.
+    if namespace in _VALID_NAMESPACES:  # asked on every get_record: checked once per name
+        return namespace
     if not _NAMESPACE.match(namespace):
         raise ValueError(f"{namespace!r} is not a record namespace (expected e.g. 'revisit')")
+    if len(_VALID_NAMESPACES) < 64:
+        _VALID_NAMESPACES.add(namespace)
     return namespace
+
+
+_VALID_NAMESPACES: set[str] = set()  # namespaces _checked() has let through (a few fixed names)
 
 
 def _json(data: dict[str, Any]) -> bytes:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from functools import lru_cache
+from operator import itemgetter
 from urllib.parse import urlsplit
 
 from etiquette_proxy.target import DEFAULT_PORTS, is_literal, normalise_escapes, resolve
@@ -29,12 +30,52 @@ _ASCII_HOST = re.compile(r"^[a-z0-9_-]+(\.[a-z0-9_-]+)*$")
 # (tests/core/test_urlkey.py compares both ways on generated URLs).
 _SIMPLE = re.compile(r"(?i:(https?))://([A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*)(?::([0-9]{1,5}))?"
                      r"(/[^?#\x00-\x20\x7f]*)?(?:\?([^#\x00-\x20\x7f]*))?(?:#.*)?", re.ASCII | re.DOTALL)
+# The plainest of those (most of a crawler's URLs): a path already normal (what target.resolve
+# returns unchanged) and a query of literal characters only (no escape: target.is_literal).
+# Character classes only, no repeated group, so the match is one pass without backtracking;
+# what a class cannot say is checked after it: the host has no empty label (`..`, a leading or
+# trailing dot), the path no empty segment (`//`) and no segment starting with a dot (`/.`).
+# Their key is _SIMPLE's without resolve(), escapes or a Python pass over the query
+# (tests/core/revalidation/test_urlkey.py compares them on generated URLs).
+# The classes are target.py's: a normal path's characters (its _NORMAL, with `/`) and the
+# literal characters (is_literal; RFC 3986 pchar, `/` and `?`, without `%`).
+_NORMAL_PATH_CHARS = r"A-Za-z0-9\-_~!$&'()*+,=:@./"
+_LITERAL_CHARS = r"A-Za-z0-9\-._~!$&'()*+,;=:@/?"
+# Optional parts are written `(?:x|)`, not `(?:x)?`: the same matches, without the repeat
+# context the engine allocates for a repeated group (~1/4 of the match's cost).
+_PLAIN = re.compile(r"(?i:(https?))://([A-Za-z0-9_.-]+)(?::([0-9]{1,5})|)"
+                    rf"(/[{_NORMAL_PATH_CHARS}]*|)(?:\?([{_LITERAL_CHARS}]*)|)(?:#.*|)", re.ASCII | re.DOTALL)
+_NAME = itemgetter(0)
 
 
 def normalise(url: str, tracking_params: Iterable[str] = DEFAULT_TRACKING_PARAMS) -> str:
     """The store key of `url`; raises ValueError for anything that is not an http(s) URL."""
     if not isinstance(url, str):
         raise ValueError(f"{url!r} is not a URL (expected text)")
+    plain = _PLAIN.fullmatch(url)
+    if plain is not None:
+        scheme, host, port_text, path, query_text = plain.groups()
+        if ".." not in host and host[0] != "." and host[-1] != "." and "//" not in path and "/." not in path:
+            scheme = scheme.lower()
+            netloc = host.lower()
+            if port_text is not None:
+                port = int(port_text)
+                if port > 65535:
+                    return _normalise(url, tracking_params)  # raises, as urlsplit does
+                if port != _DEFAULT_PORTS[scheme]:
+                    netloc = f"{netloc}:{port}"
+            if query_text:
+                last = _LAST_MATCHER  # _matcher(tracking_params) without the call when it is the last
+                matcher = last[1] if last[0] is tracking_params else _matcher(tracking_params)
+                query = _literal_query(query_text, matcher)
+                if query:
+                    return f"{scheme}://{netloc}{path or '/'}?{query}"
+            return f"{scheme}://{netloc}{path or '/'}"
+    return _simple(url, tracking_params)
+
+
+def _simple(url: str, tracking_params: Iterable[str]) -> str:
+    """normalise() of a URL that is not _PLAIN: _SIMPLE's one match, else urlsplit."""
     simple = _SIMPLE.fullmatch(url)
     if simple is not None:
         scheme, host, port_text, path, query_text = simple.groups()
@@ -96,6 +137,41 @@ def _tracking_matcher(patterns: tuple[str, ...]) -> tuple[frozenset[str], tuple[
     exact = frozenset(p.lower() for p in patterns if not p.endswith("*"))
     prefixes = tuple(p[:-1].lower() for p in patterns if p.endswith("*"))
     return exact, prefixes
+
+
+def _literal_query(query: str, matcher: tuple[frozenset[str], tuple[str, ...]]) -> str:
+    """`_query` of a literal query (is_literal: no escape to normalise, no `%` in a name)."""
+    exact, prefixes = matcher
+    if "&" not in query:  # one piece: nothing to sort
+        plain = query.partition("=")[0].lower()
+        return "" if plain in exact or plain.startswith(prefixes) else query
+    kept: list[tuple[str, str]] = []
+    for piece in query.split("&"):
+        if piece:
+            name = piece.partition("=")[0]
+            plain = name.lower()
+            if plain not in exact and not plain.startswith(prefixes):
+                kept.append((name, piece))
+    if len(kept) > 1:
+        kept.sort(key=_NAME)  # by name only, stable: `a=2&a=1` keeps its order, as _query
+    return "&".join([piece for _, piece in kept])
+
+
+_LAST_MATCHER: tuple[object, tuple[frozenset[str], tuple[str, ...]]] = (
+    DEFAULT_TRACKING_PARAMS, _tracking_matcher(DEFAULT_TRACKING_PARAMS))
+
+
+def _matcher(tracking_params: Iterable[str]) -> tuple[frozenset[str], tuple[str, ...]]:
+    """`_tracking_matcher` of the list; the last tuple asked is answered without hashing it
+    again (the config hands the same tuple for every request, and a tuple of str cannot change)."""
+    global _LAST_MATCHER  # noqa: PLW0603 - a one-entry cache, replaced whole (no torn read)
+    last = _LAST_MATCHER
+    if last[0] is tracking_params:
+        return last[1]
+    matcher = _tracking_matcher(tuple(tracking_params))
+    if type(tracking_params) is tuple:
+        _LAST_MATCHER = (tracking_params, matcher)
+    return matcher
 
 
 def _query(query: str, matcher: tuple[frozenset[str], tuple[str, ...]]) -> str:

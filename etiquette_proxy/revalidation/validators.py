@@ -256,18 +256,35 @@ def should_store(method: str, status: int, request_headers: Headers, response_he
         return StoreDecision(False, f"{method} responses are not stored (SPEC §6: GET only)")
     if status != 200:
         return StoreDecision(False, f"status {status} is not stored (SPEC §6: 200 only)")
-    req, resp = header_pairs(request_headers), header_pairs(response_headers)
+    return should_store_pairs(method, status, header_pairs(request_headers), header_pairs(response_headers),
+                              body_size, max_body)
+
+
+def should_store_pairs(method: str, status: int, req: HeaderPairs, resp: HeaderPairs,
+                       body_size: int, max_body: int) -> StoreDecision:
+    """`should_store` for headers that are pairs of str already (what `header_pairs` returns,
+    e.g. decoded raw fields): the same answer without copying them first."""
+    if method.upper() != "GET":
+        return StoreDecision(False, f"{method} responses are not stored (SPEC §6: GET only)")
+    if status != 200:
+        return StoreDecision(False, f"status {status} is not stored (SPEC §6: 200 only)")
     # One pass for the names present: a list that is not there is not split and scanned.
     resp_names = {k.lower() for k, _ in resp}
     if "cache-control" in resp_names and "no-store" in cache_directives(resp):
         return StoreDecision(False, "response Cache-Control: no-store (RFC 9111 §5.2.2.5)")
-    if any(k.lower() == "cache-control" for k, _ in req) and "no-store" in cache_directives(req):
-        return StoreDecision(False, "request Cache-Control: no-store (RFC 9111 §5.2.1.5)")
+    for k, _ in req:
+        if k.lower() == "cache-control":
+            if "no-store" in cache_directives(req):
+                return StoreDecision(False, "request Cache-Control: no-store (RFC 9111 §5.2.1.5)")
+            break
     if "vary" in resp_names and "*" in _tokens(resp, "vary"):
         return StoreDecision(False, "Vary: * matches no later request (RFC 9111 §4.1)")
     if body_size < 0 or body_size > max_body:
         return StoreDecision(False, f"body of {body_size} bytes is over store.max_body ({max_body})")
-    return StoreDecision(True, "GET 200 without no-store")
+    return _STORE
+
+
+_STORE = StoreDecision(True, "GET 200 without no-store")  # frozen: one answer shared by every 200 stored
 
 
 def matches(entry: StoredEntry, request_headers: Headers) -> Match:

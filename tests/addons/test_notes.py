@@ -15,3 +15,25 @@ def test_a_fresh_flow_is_not_skipped_an_answered_or_internal_one_is() -> None:
     g = tflow.tflow()
     g.response = http.Response.make(200, b"")
     assert skip(g)
+
+
+def test_request_url_is_mitmproxys_url() -> None:
+    """request_url() (the URL from the raw fields) is `Request.url` on generated requests:
+    methods (CONNECT in any case, not ASCII), schemes, hosts (IPv6, IDN, empty), default and
+    other ports, authority forms, paths (`*`, empty, bytes that are not UTF-8)."""
+    import random
+
+    from etiquette_addons.notes import request_url
+    from mitmproxy.test import tutils
+
+    rng = random.Random(11)
+    methods = [b"GET", b"get", b"POST", b"CONNECT", b"connect", b"CoNnEcT", b"OPTIONS", b"G\xc3\xa9T", b"\xff"]
+    schemes = [b"http", b"https", b"HTTP", b"ftp", b""]
+    hosts = ["example.com", "127.0.0.1", "::1", "b\u00fccher.de", "xn--bcher-kva.de", "", "a" * 70]
+    ports = [80, 443, 8080, 0, 65535, 1]
+    authorities = [b"", b"example.com:80", b"xn--bcher-kva.de", b"\xff\xfe", b"[::1]:443"]
+    paths = [b"/", b"/a?b=1#f", b"*", b"", b"/\xff\xfe", b"/%41 x", b"relative"]
+    for _ in range(3000):
+        request = tutils.treq(method=rng.choice(methods), scheme=rng.choice(schemes), host=rng.choice(hosts),
+                              port=rng.choice(ports), authority=rng.choice(authorities), path=rng.choice(paths))
+        assert request_url(request) == request.url, request.data

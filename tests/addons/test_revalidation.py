@@ -316,3 +316,85 @@ def test_a_repeated_200_within_the_minute_is_stored_again_when_its_variant_diffe
                                                 [(b"host", b"site.test"), *request_extra]],
                                           {"Content-Type": "text/html", **response_extra,
                                            "Content-Length": str(len(BODY))}, BODY, 1_800_000_010.0)
+
+
+def test_site_headers_decode_the_fields_without_the_decision_header() -> None:
+    """site_headers() filters and decodes in one pass: what decoding the filtered fields gives,
+    on fields with the decision header in any case and place, repeated, and bytes that are not
+    UTF-8 (surrogateescape, as mitmproxy decodes them)."""
+    import random
+
+    from etiquette_addons.revalidation import decoded, site_headers
+
+    rng = random.Random(3)
+    names = [b"X-Etiquette-Decision", b"x-etiquette-decision", b"X-ETIQUETTE-DECISION", b"ETag", b"Vary",
+             b"X-Etiquette-Decisions", b"\xff\xfe", b"content-type"]
+    values = [b"fetched", b'"v1"', b"\xc3\xa9", b"\xff", b"", b"a, b"]
+    for _ in range(2000):
+        response = tutils.tresp()
+        response.headers.fields = tuple((rng.choice(names), rng.choice(values)) for _ in range(rng.randrange(6)))
+        kept = tuple(f for f in response.headers.fields if f[0].lower() != b"x-etiquette-decision")
+        assert site_headers(response) == decoded(kept)
+
+
+def test_same_variant_as_is_the_first_values_rule() -> None:
+    """_same_variant_as() reads the first ETag and Last-Modified in one pass and stops at a Vary:
+    the answer of the rule it is written from (the first value of each name, None when any Vary
+    is named), on generated headers and stored entries."""
+    import random
+
+    from etiquette_addons.revalidation import _same_variant_as
+
+    from etiquette_proxy.revalidation.validators import credentials_digest
+
+    def rule(stored: StoredEntry, request_headers, response_headers):  # type: ignore[no-untyped-def]
+        first: dict[str, str] = {}
+        for name, value in response_headers:
+            first.setdefault(name.lower(), value)
+        if "vary" in first:
+            return None
+        return (stored.vary == () and stored.etag == first.get("etag")
+                and stored.last_modified == first.get("last-modified")
+                and stored.credentials == credentials_digest(request_headers))
+
+    rng = random.Random(9)
+    names = ["ETag", "etag", "Last-Modified", "last-modified", "Vary", "VARY", "Content-Type", "X-ETag"]
+    values = ['"v1"', '"v2"', "Sun, 06 Nov 1994 08:49:37 GMT", "", "Accept", 'W/"v1"']
+    requests = [(), (("Authorization", "Bearer x"),), (("authorization", "Bearer y"), ("Accept", "*/*"))]
+
+    def field() -> tuple[str, str]:
+        return rng.choice(names), rng.choice(values)
+    sources = []
+    for _ in range(40):
+        req = rng.choice(requests)
+        resp = tuple(field() for _ in range(rng.randrange(4)))
+        sources.append((StoredEntry.build("http://e.com/", req, resp, b"body", 1.8e9), req, resp))
+    for _ in range(4000):
+        entry, req, resp = rng.choice(sources)
+        if rng.random() < 0.3:
+            req = rng.choice(requests)
+        resp = list(resp)  # the headers it was stored from, changed a little: the cases that decide
+        for _ in range(rng.randrange(3)):
+            roll = rng.random()
+            if roll < 0.4:
+                resp.insert(rng.randrange(len(resp) + 1), field())
+            elif roll < 0.6 and resp:
+                del resp[rng.randrange(len(resp))]
+            else:
+                resp.append((rng.choice(["ETag", "etag", "Last-Modified"]), rng.choice(values)))
+        assert _same_variant_as(entry, req, tuple(resp)) == rule(entry, req, tuple(resp)), (entry, req, resp)
+
+
+def test_first_field_is_first_value() -> None:
+    import random
+
+    from etiquette_addons.revalidation import first_field
+
+    from etiquette_proxy.headers import first_value
+
+    rng = random.Random(2)
+    names = ["Content-Encoding", "content-encoding", "CONTENT-ENCODING", "Content-Type", "content-encodings", ""]
+    for _ in range(2000):
+        headers = tuple((rng.choice(names), rng.choice(["gzip", "br", "", "identity"]))
+                        for _ in range(rng.randrange(5)))
+        assert first_field(headers, "content-encoding") == first_value(headers, "content-encoding")

@@ -142,3 +142,58 @@ def test_from_config_reads_site_overrides() -> None:
     site = RevisitPolicy.from_config(config, "news.example:443")
     assert site.enforce and site.min_interval == 600
     assert RevisitPolicy.from_config(defaults()) == RevisitPolicy()
+
+
+def test_schedule_steps_are_the_dataclass_steps() -> None:
+    """after_fetch/after_not_modified build their states without the dataclass __init__ (and
+    clamp without min/max): the same objects as the dataclass code they replace, field for
+    field and type for type (an int bound stays an int in the stored JSON), on generated
+    policies, states, fingerprints and times, ties at the bounds included."""
+    import json
+    import random
+    from dataclasses import replace
+
+    from etiquette_proxy.revalidation import revisit as revisit_module
+    from etiquette_proxy.revalidation.revisit import CHANGE_FACTOR, UNCHANGED_FACTOR, Revisit
+
+    def clamp(policy: RevisitPolicy, interval: float) -> float:
+        return min(policy.max_interval, max(policy.min_interval, interval))
+
+    def after_fetch(policy: RevisitPolicy, state: RevisitState | None, fingerprint: str, now: float) -> Revisit:
+        if state is None:
+            interval = clamp(policy, policy.initial_interval)
+            return Revisit(RevisitState(fingerprint, interval, now, now + interval), None)
+        changed = state.fingerprint is None or state.fingerprint != fingerprint
+        interval = clamp(policy, state.interval_s * (CHANGE_FACTOR if changed else UNCHANGED_FACTOR))
+        return Revisit(RevisitState(fingerprint, interval, now, now + interval, state.changes + int(changed),
+                                    state.fetches + 1), changed)
+
+    def after_not_modified(policy: RevisitPolicy, state: RevisitState | None, now: float) -> Revisit:
+        if state is None:
+            interval = clamp(policy, policy.initial_interval)
+            return Revisit(RevisitState(None, interval, now, now + interval), False)
+        interval = clamp(policy, state.interval_s * UNCHANGED_FACTOR)
+        return Revisit(replace(state, interval_s=interval, last_fetched=now, next_check=now + interval,
+                               fetches=state.fetches + 1), False)
+
+    def same(a: Revisit, b: Revisit) -> None:
+        assert a == b and repr(a) == repr(b) and a.changed is b.changed
+        assert list(vars(a)) == list(vars(b)) and list(vars(a.state).items()) == list(vars(b.state).items())
+        assert [type(v) for v in vars(a.state).values()] == [type(v) for v in vars(b.state).values()]
+        assert json.dumps(a.state.to_state()) == json.dumps(b.state.to_state()) and hash(a) == hash(b)
+
+    assert not hasattr(RevisitState, "__post_init__") and "__slots__" not in vars(RevisitState)
+    rng = random.Random(4)
+    bounds = [3600, 3600.0, 1.0, 7200, 5400.0, 86400, 2592000.0, 129600]
+    for _ in range(3000):
+        low = rng.choice(bounds)
+        policy = RevisitPolicy(min_interval=low, max_interval=max(low, rng.choice(bounds)),
+                               initial_interval=rng.choice(bounds + [0.5, 1e9]))
+        state = rng.choice([None, RevisitState(rng.choice([None, "a", "b"]), rng.choice(bounds + [2400.0, 10800]),
+                                               1.8e9, 1.8e9 + 3600, rng.randrange(5), rng.randrange(1, 9))])
+        now = rng.choice([1.8e9 + 10, 1.8e9, 0.0, 1_800_000_000])
+        fingerprint = rng.choice(["a", "b", "raw:x"])
+        same(policy.after_fetch(state, fingerprint, now), after_fetch(policy, state, fingerprint, now))
+        same(policy.after_not_modified(state, now), after_not_modified(policy, state, now))
+    made = revisit_module._state("f", 1.0, 2.0, 3.0, 4, 5)  # noqa: SLF001
+    assert list(vars(made).items()) == list(vars(RevisitState("f", 1.0, 2.0, 3.0, 4, 5)).items())

@@ -360,3 +360,19 @@ def test_a_record_parsed_from_an_unchanged_row_is_reused_until_the_row_changes(s
     store.put_record(REVISIT, e.url, {**first, "fingerprint": "b"})
     two = store.get_record(REVISIT, e.url, parse=RevisitState.from_state)
     assert two is not None and two.fingerprint == "b"
+
+
+def test_a_namespace_is_checked_every_time_it_is_asked(tmp_path) -> None:
+    """_checked() keeps the names it let through; a bad name is refused on every ask, before and
+    after good ones were kept."""
+    from etiquette_proxy.revalidation.store import ValidatorStore
+
+    store = ValidatorStore(tmp_path / "s")
+    for _ in range(2):
+        for bad in ("", "e", "b", "Gone", "gone|x", "a" * 40, "1abc"):
+            with pytest.raises(ValueError):
+                store.get_record(bad, "http://e.com/")
+        assert store.get_record("gone", "http://e.com/") is None
+        store.put_record("revisit", "http://e.com/", {"n": 1})
+        assert store.get_record("revisit", "http://e.com/") == {"n": 1}
+    store.close()

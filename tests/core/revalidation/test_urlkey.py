@@ -164,3 +164,88 @@ def test_a_simple_url_does_not_call_urlsplit(monkeypatch: pytest.MonkeyPatch) ->
 ])
 def test_every_piece_of_a_query_with_escapes_is_normalised(query: str, key: str) -> None:
     assert normalise(f"http://e.com/p?{query}") == f"http://e.com/p?{key}"
+
+
+def _simple_key(url: str, tracking: tuple[str, ...] | list[str]) -> str | None:
+    try:
+        return urlkey._simple(url, tracking)  # noqa: SLF001 - the path _PLAIN skips
+    except ValueError:
+        return None
+
+
+def test_the_plain_path_classes_are_targets() -> None:
+    """_PLAIN's classes say what target.py says: a character is in its query class exactly when
+    is_literal() holds for it, in its path class exactly when it can sit inside a normal path."""
+    import re
+
+    from etiquette_proxy.target import is_literal, is_normal
+
+    query_class = re.compile(f"[{urlkey._LITERAL_CHARS}]", re.ASCII)  # noqa: SLF001
+    path_class = re.compile(f"[{urlkey._NORMAL_PATH_CHARS}]", re.ASCII)  # noqa: SLF001
+    for c in [chr(i) for i in range(0x100)] + ["\u212a", "\u0131", "é", "\ud800", "\U0001f600"]:
+        assert (query_class.fullmatch(c) is not None) == is_literal(c), repr(c)
+        assert (path_class.fullmatch(c) is not None) == is_normal(f"/a{c}"), repr(c)
+
+
+def _plain_urls(rng: random.Random) -> str:
+    """URLs most of which _PLAIN matches, with every edge its checks and the query pass decide."""
+    schemes = ["http", "https", "HTTP", "hTTpS"]
+    hosts = ["e.com", "Bench.Example", "a-b_c.d", "127.0.0.1", "x", "e.com.", ".e.com", "a..b", "A_B-9"]
+    ports = ["", "", ":80", ":443", ":8080", ":0", ":00080", ":65535", ":65536", ":99999"]
+    segments = ["a", "B", "page", "17", "x.y", ".h", "..", ".", "", "~u", "a:b", "a@b", "!$&'()*+,=", "a;b", "a%41"]
+    names = ["a", "A", "a-b", "a.b", "a_b", "ab", "b", "utm_source", "UTM_x", "utm_", "utm", "gclid", "GClid",
+             "gclidx", "mc_cid", "fbclid", "", "k", "K", "z"]
+    values = ["", "1", "x", "=", "a=b", "?", "/", "'", ";", "%41", "~"]
+    frags = ["", "", "#", "#top", "#a b"]
+    path = "".join("/" + rng.choice(segments) for _ in range(rng.randrange(4)))
+    if rng.random() < 0.2:
+        path += "/"
+    query = ""
+    if rng.random() < 0.8:
+        pieces = []
+        for _ in range(rng.randrange(6)):
+            name = rng.choice(names)
+            roll = rng.random()
+            pieces.append(name if roll < 0.15 else "" if roll < 0.2 else f"{name}={rng.choice(values)}")
+        query = "?" + "&".join(pieces)
+    return rng.choice(schemes) + "://" + rng.choice(hosts) + rng.choice(ports) + path + query + rng.choice(frags)
+
+
+def test_plain_urls_give_the_key_of_the_full_path() -> None:
+    """normalise()'s _PLAIN path (no resolve(), the query in one pass without escapes) gives the
+    key _SIMPLE's match and urlsplit give, on URLs generated around its edges: host labels,
+    `//` and dot segments, ports, empty pieces, repeated names, names that are prefixes of
+    each other (`a` and `a-b` sort by name, not by piece), tracking names in any case, pieces
+    without `=`, several tracking lists (a list too, which is not kept by identity)."""
+    rng = random.Random(2026)
+    plain = 0
+    lists: list[tuple[str, ...] | list[str]] = [DEFAULT_TRACKING_PARAMS, (), ("a",), ("B*",), ("k", "A*"),
+                                                 ["utm_*", "z"], ("*",), ("a=b", "&"), ("\u212a",)]
+    for _ in range(20000):
+        url = _plain_urls(rng)
+        tracking = rng.choice(lists)
+        plain += urlkey._PLAIN.fullmatch(url) is not None  # noqa: SLF001
+        key = _fast_key(url, tracking)
+        assert key == _simple_key(url, tracking), (url, tracking)
+        assert key == _slow_key(url, tuple(tracking)), (url, tracking)
+    assert plain > 10000  # most generated URLs did take the plain path
+
+
+def test_a_plain_url_takes_neither_resolve_nor_the_query_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*a: object) -> object:
+        raise AssertionError("the full path was taken for a plain URL")
+    for name in ("resolve", "_query", "_simple", "urlsplit"):
+        monkeypatch.setattr(urlkey, name, refuse)
+    assert normalise("http://Bench.example:80/page/1?b=2&utm_source=x&a=1") == "http://bench.example/page/1?a=1&b=2"
+    assert normalise("https://e.com/a/b/?id=1#top") == "https://e.com/a/b/?id=1"
+    with pytest.raises(AssertionError):
+        normalise("http://bench.example/a/../b")  # a dot segment: resolve()
+
+
+def test_a_tracking_list_changed_in_place_is_read_again() -> None:
+    tracking = ["ref"]
+    assert normalise("http://e.com/?ref=1&id=2", tracking) == "http://e.com/?id=2"
+    tracking.append("id")
+    assert normalise("http://e.com/?ref=1&id=2", tracking) == "http://e.com/"
+    assert normalise("http://e.com/?ref=1&id=2", ("id",)) == "http://e.com/?ref=1"
+    assert normalise("http://e.com/?ref=1&id=2") == "http://e.com/?id=2&ref=1"

@@ -11,6 +11,7 @@ from etiquette_proxy.revalidation.validators import (
     matches,
     may_serve_unvalidated,
     should_store,
+    should_store_pairs,
     stored_response_headers,
 )
 
@@ -67,6 +68,52 @@ def test_should_store(method: str, status: int, request_headers: list[tuple[str,
     decision = should_store(method, status, request_headers, response_headers, size, MAX)
     assert decision.store is store
     assert decision.reason
+
+
+def test_should_store_pairs_is_the_should_store_it_replaces() -> None:
+    """The addon hands decoded pairs to should_store_pairs (no header_pairs copy, a plain loop for
+    the request's Cache-Control, one shared answer): the decision of the should_store it was cut
+    from, store and reason, on generated headers (Cache-Control and Vary in any case, in the
+    request or response, repeated, with arguments; methods, statuses, sizes at the limit); and
+    should_store itself gives it too."""
+    import random
+
+    from etiquette_proxy.headers import header_pairs
+    from etiquette_proxy.revalidation.validators import StoreDecision, _tokens, cache_directives
+
+    def reference(method, status, request_headers, response_headers, body_size, max_body):  # type: ignore[no-untyped-def]
+        if method.upper() != "GET":
+            return StoreDecision(False, f"{method} responses are not stored (SPEC §6: GET only)")
+        if status != 200:
+            return StoreDecision(False, f"status {status} is not stored (SPEC §6: 200 only)")
+        req, resp = header_pairs(request_headers), header_pairs(response_headers)
+        resp_names = {k.lower() for k, _ in resp}
+        if "cache-control" in resp_names and "no-store" in cache_directives(resp):
+            return StoreDecision(False, "response Cache-Control: no-store (RFC 9111 §5.2.2.5)")
+        if any(k.lower() == "cache-control" for k, _ in req) and "no-store" in cache_directives(req):
+            return StoreDecision(False, "request Cache-Control: no-store (RFC 9111 §5.2.1.5)")
+        if "vary" in resp_names and "*" in _tokens(resp, "vary"):
+            return StoreDecision(False, "Vary: * matches no later request (RFC 9111 §4.1)")
+        if body_size < 0 or body_size > max_body:
+            return StoreDecision(False, f"body of {body_size} bytes is over store.max_body ({max_body})")
+        return StoreDecision(True, "GET 200 without no-store")
+
+    rng = random.Random(5)
+    names = ["Cache-Control", "cache-control", "CACHE-CONTROL", "Vary", "vary", "ETag", "Authorization",
+             "Content-Type", "X-Cache-Control", "Pragma"]
+    values = ["no-store", "No-Store, max-age=0", "max-age=60", "private", "*", "Accept, *", "accept-encoding",
+              "no-store=\"x\"", "", " , ", "no-cache", "nostore"]
+
+    def pairs() -> tuple[tuple[str, str], ...]:
+        return tuple((rng.choice(names), rng.choice(values)) for _ in range(rng.randrange(5)))
+    for _ in range(5000):
+        method, status = rng.choice(["GET", "get", "HEAD", "POST"]), rng.choice([200, 200, 206, 304])
+        size = rng.choice([0, 10, MAX, MAX + 1, -1])
+        req, resp = pairs(), pairs()
+        expected = reference(method, status, req, resp, size, MAX)
+        assert should_store_pairs(method, status, req, resp, size, MAX) == expected
+        assert should_store(method, status, list(req), dict(resp), size, MAX) == reference(
+            method, status, list(req), dict(resp), size, MAX)
 
 
 def test_should_store_accepts_a_mapping() -> None:
