@@ -10,6 +10,7 @@ norm a soft block is measured against is passed in (see `SizeNorm`).
 from __future__ import annotations
 
 import sys
+from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -237,9 +238,35 @@ class _TypeSizes:
 
     def __init__(self, media: str, sizes: list[int]) -> None:
         self.media = media
-        self.sizes = sizes
+        # 8 bytes a size in an array (a list holds a 32-byte int object per size past 256:
+        # 2.7 KB at SIZE_SAMPLES, the array 0.7 KB); a size past 64 bits keeps a list.
+        self.sizes: array[int] | list[int]
+        try:
+            self.sizes = array("q", sizes)
+        except OverflowError:
+            self.sizes = list(sizes)
         self.median: float | None | object = _UNSET  # _UNSET: compute on the next question
         self.added = 0
+
+    def normal_size(self) -> float | None:
+        """The median, or None until SIZE_MIN_SAMPLES sizes exist."""
+        if self.median is _UNSET:
+            sizes = self.sizes
+            self.median = float(median_low(sizes)) if len(sizes) >= SIZE_MIN_SAMPLES else None
+        return self.median  # type: ignore[return-value]
+
+    def add(self, size: int) -> None:
+        sizes = self.sizes
+        try:
+            sizes.append(size)
+        except OverflowError:  # past 64 bits: a list from now on
+            sizes = self.sizes = [*sizes, size]
+        if len(sizes) > SIZE_SAMPLES:  # the last SIZE_SAMPLES sizes
+            del sizes[0]
+        self.added += 1
+        # Recompute the median lazily, and at most every 8 sizes: it moves slowly anyway.
+        if self.added % 8 == 0 or self.median is None:
+            self.median = _UNSET
 
 
 _UNSET = object()
@@ -256,7 +283,9 @@ class SizeNorm:
     def __init__(self) -> None:
         self._types: list[_TypeSizes] | None = None
 
-    def _kept(self, media: str) -> _TypeSizes | None:
+    def of(self, media: str) -> _TypeSizes | None:
+        """What is learnt for `media`, if anything (one lookup for a response's question and
+        its lesson: `normal_size` and `add` of the record)."""
         for kept in self._types or ():
             if kept.media == media:
                 return kept
@@ -264,17 +293,14 @@ class SizeNorm:
 
     def normal_size(self, media: str) -> float | None:
         """The median 2xx body size for `media`, or None until SIZE_MIN_SAMPLES exist."""
-        kept = self._kept(media)
-        if kept is None:
-            return None  # nothing learnt for this type (a median of nothing is None)
-        if kept.median is _UNSET:
-            sizes = kept.sizes
-            kept.median = float(median_low(sizes)) if len(sizes) >= SIZE_MIN_SAMPLES else None
-        return kept.median  # type: ignore[return-value]
+        kept = self.of(media)
+        # nothing learnt for this type: a median of nothing is None
+        return None if kept is None else kept.normal_size()
 
-    def add(self, media: str, size: int) -> None:
-        """Learn one ordinary 2xx body size."""
-        kept = self._kept(media)
+    def add(self, media: str, size: int, kept: _TypeSizes | None = None) -> None:
+        """Learn one ordinary 2xx body size (`kept`: `of(media)`, when the caller has it)."""
+        if kept is None:
+            kept = self.of(media)
         if kept is None:
             if self._types is None:
                 self._types = []
@@ -282,13 +308,7 @@ class SizeNorm:
                 return
             kept = _TypeSizes(sys.intern(media), [])  # "text/html": one string for all sites
             self._types.append(kept)
-        kept.sizes.append(size)
-        if len(kept.sizes) > SIZE_SAMPLES:  # the last SIZE_SAMPLES sizes
-            del kept.sizes[0]
-        kept.added += 1
-        # Recompute the median lazily, and at most every 8 sizes: it moves slowly anyway.
-        if kept.added % 8 == 0 or kept.median is None:
-            kept.median = _UNSET
+        kept.add(size)
 
     def to_state(self) -> dict[str, Any]:
         return {kept.media: list(kept.sizes) for kept in self._types or ()}

@@ -191,6 +191,7 @@ class Observed:
     change: BandChange | None
 
 
+
 class _Open:
     __slots__ = ("start", "routes", "canaries", "canaries_good", "canary_wrong")
 
@@ -260,7 +261,7 @@ def window_from_counts(start: float, counts: Mapping[str, int], canary_wrong: st
     return w
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Judged:
     start: float
     n: int
@@ -269,6 +270,29 @@ class _Judged:
     signals: tuple[str, ...]
     route: str | None
     baseline: str
+
+
+# The reasons of a window too small to judge, or judged while learning, kept by every site's
+# last verdict and history: one tuple per distinct text (bounded by min_requests values).
+_REASONS: dict[tuple[str, int, int], tuple[str, ...]] = {}
+
+
+def _not_enough(n: int, needed: int) -> tuple[str, ...]:
+    reasons = _REASONS.get(("n", n, needed))
+    if reasons is None:
+        reasons = (f"not enough requests to judge: {n} of {needed}",)
+        if len(_REASONS) < 4096:
+            _REASONS[("n", n, needed)] = reasons
+    return reasons
+
+
+def _learning(windows: int) -> tuple[str, ...]:
+    reasons = _REASONS.get(("w", windows, WARMUP_WINDOWS))
+    if reasons is None:
+        reasons = (f"learning this site's normal: {windows} of {WARMUP_WINDOWS} windows",)
+        if len(_REASONS) < 4096:
+            _REASONS[("w", windows, WARMUP_WINDOWS)] = reasons
+    return reasons
 
 
 class SiteHealth:
@@ -500,19 +524,22 @@ class SiteHealth:
         baseline = self._baseline(w.start)
         finding = route_problem(w.routes, s.min_requests, baseline) if len(w.routes) > 1 else None
         # A failing route is a route problem, not site hostility (seed 000): leave it out.
-        excluded = set(finding.routes) if finding else set()
-        scored = Tally()
-        for route, t in w.routes.items():
-            if route not in excluded:
-                scored.merge(t)
+        if finding is None and len(w.routes) == 1:
+            # One route, as one proxy has: its tally is the window's, kept as the history
+            # record (the closed window is not counted into again), not merged into a copy.
+            (scored,) = w.routes.values()
+        else:
+            excluded = set(finding.routes) if finding else set()
+            scored = Tally()
+            for route, t in w.routes.items():
+                if route not in excluded:
+                    scored.merge(t)
         stable = scored.n >= s.min_requests
         raw: float | None = None
         signals: tuple[str, ...] = ()
         change = None
         if not stable:
-            reasons: tuple[str, ...] = (
-                f"not enough requests to judge: {scored.n} of {s.min_requests}",
-            )
+            reasons = _not_enough(scored.n, s.min_requests)
             change = self._probation_step(w)
         elif baseline is None:
             if w.canary_wrong is None:  # a window whose canary saw wrong content is not normal
@@ -520,9 +547,7 @@ class SiteHealth:
                     self._warmup = Tally()
                 self._warmup.merge(scored)
                 self._warmup_count += 1
-            reasons = (
-                f"learning this site's normal: {self._warmup_count} of {WARMUP_WINDOWS} windows",
-            )
+            reasons = _learning(self._warmup_count)
         else:
             ws = score_window(scored, baseline, w.canary_wrong)
             raw = ws.raw
