@@ -34,6 +34,7 @@ REASON_THRESHOLD = 0.10
 _BUCKETS_PER_DOUBLING = 4
 _MIN_MS = 0.5
 _MAX_MS = 3_600_000.0
+_INF, _floor, _log2 = math.inf, math.floor, math.log2  # one lookup each, not two, per latency
 
 
 class LatencySketch:
@@ -47,11 +48,16 @@ class LatencySketch:
 
     def add(self, seconds: float) -> None:
         """Count one latency; non-finite or negative values are ignored."""
-        if not seconds >= 0.0 or seconds == math.inf:  # also rejects NaN
+        if not seconds >= 0.0 or seconds == _INF:  # also rejects NaN
             return
-        ms = min(max(seconds * 1000.0, _MIN_MS), _MAX_MS)
-        b = math.floor(_BUCKETS_PER_DOUBLING * math.log2(ms))
-        self.buckets[b] = self.buckets.get(b, 0) + 1
+        ms = seconds * 1000.0  # within [_MIN_MS, _MAX_MS]
+        if ms < _MIN_MS:
+            ms = _MIN_MS
+        elif ms > _MAX_MS:
+            ms = _MAX_MS
+        b = _floor(_BUCKETS_PER_DOUBLING * _log2(ms))
+        buckets = self.buckets
+        buckets[b] = buckets.get(b, 0) + 1
         self.count += 1
 
     def merge(self, other: LatencySketch) -> None:
@@ -94,6 +100,10 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+# An enum member read through its class costs a descriptor call (Python 3.11): read once here.
+_SIGNAL_OK, _HARD_BLOCK, _CHALLENGE, _SOFT_BLOCK = Signal.OK, Signal.HARD_BLOCK, Signal.CHALLENGE, Signal.SOFT_BLOCK
+
+
 @dataclass(slots=True)
 class Tally:
     """Counts of one window (or of a merged baseline): the compact unit of history."""
@@ -108,13 +118,13 @@ class Tally:
     def add(self, signal: Signal, latency_s: float | None) -> None:
         """Count one observation."""
         self.n += 1
-        if signal is Signal.OK:
+        if signal is _SIGNAL_OK:
             pass
-        elif signal is Signal.HARD_BLOCK:
+        elif signal is _HARD_BLOCK:
             self.hard += 1
-        elif signal is Signal.CHALLENGE:
+        elif signal is _CHALLENGE:
             self.challenge += 1
-        elif signal is Signal.SOFT_BLOCK:
+        elif signal is _SOFT_BLOCK:
             self.soft += 1
         else:
             self.error += 1

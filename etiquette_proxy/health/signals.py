@@ -128,7 +128,17 @@ def media_type(content_type: str | None) -> str:
     """`text/html; charset=utf-8` -> `text/html`; missing -> ``."""
     if not content_type:
         return ""
-    return content_type.split(";", 1)[0].strip().lower()[:64]
+    media = _MEDIA_TYPES.get(content_type)
+    if media is None:
+        media = content_type.split(";", 1)[0].strip().lower()[:64]
+        # A site sends a handful of Content-Type texts: each is read once (bounded; one with a
+        # per-response parameter, a multipart boundary, is merely read again).
+        if len(_MEDIA_TYPES) < 512:
+            _MEDIA_TYPES[content_type] = media
+    return media
+
+
+_MEDIA_TYPES: dict[str, str] = {}
 
 
 def _is_text(media: str) -> bool:
@@ -159,10 +169,16 @@ def classify_response(
     markers: Markers = Markers(),
     method: str = "GET",
     normal_size: float | None = None,
+    media: str | None = None,
 ) -> Classification:
-    """The hostility signal of one response; `normal_size` is the site's median for its type."""
-    media = media_type(field_text(headers, "content-type"))
-    if field_text(headers, "cf-mitigated").strip().lower() == "challenge":
+    """The hostility signal of one response; `normal_size` is the site's median for its type,
+    `media` its media type when the caller has read it already (else read here)."""
+    if media is None:
+        media = media_type(field_text(headers, "content-type"))
+    mitigated = headers.get("cf-mitigated")  # field_text's answer, one lookup when present
+    if mitigated is None and type(headers) is dict:
+        mitigated = field_text(headers, "cf-mitigated")  # a plain dict: the name in any case
+    if mitigated and str(mitigated).strip().lower() == "challenge":
         return Classification(Signal.CHALLENGE, "cf-mitigated: challenge")
     is_2xx = 200 <= status < 300
     # A 2xx of normal size is content (see INTERSTITIAL_FRACTION); anything else may be a
@@ -171,10 +187,11 @@ def classify_response(
         is_2xx and normal_size is not None and body_size >= INTERSTITIAL_FRACTION * normal_size
     )
     # Lower-case the head only when some marker list is to be searched: it is the costly step.
-    scan = bool(body_head) and _is_text(media)
     head = (
         body_head[:HEAD_BYTES].lower()
-        if scan and (maybe_interstitial or markers.site_challenge or markers.site_block)
+        if (maybe_interstitial or markers.site_challenge or markers.site_block)
+        and body_head
+        and _is_text(media)
         else b""
     )
     if head:

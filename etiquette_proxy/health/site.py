@@ -50,6 +50,7 @@ from etiquette_proxy.health.history import (
 from etiquette_proxy.health.parser import ParserHealth
 from etiquette_proxy.health.score import Baseline, Tally, route_problem, score_window
 from etiquette_proxy.health.signals import (
+    _OK,
     Classification,
     Markers,
     Signal,
@@ -190,6 +191,8 @@ class Observed:
     signal: Classification
     change: BandChange | None
 
+
+_OK_UNCHANGED = Observed(_OK, None)
 
 
 class _Open:
@@ -361,6 +364,8 @@ class SiteHealth:
     ) -> Observed:
         """Classify one response (first ~64 KiB of body suffices) and count it."""
         media = media_type(field_text(headers, "content-type"))
+        sizes = self._sizes
+        kept = sizes.of(media)  # the size norm asked and taught with one lookup
         c = classify_response(
             status,
             headers,
@@ -368,17 +373,24 @@ class SiteHealth:
             body_size,
             markers=self._markers,
             method=method,
-            normal_size=self._sizes.normal_size(media),
+            normal_size=None if kept is None else kept.normal_size(),
+            media=media,
         )
         if (
-            (c.signal is Signal.OK or c.by_size)
+            (c is _OK or c.by_size)  # every ordinary answer is signals' one _OK
             and 200 <= status < 300
             and status not in (204, 205, 206)
             and body_size > 0
             and method.upper() != "HEAD"
         ):
-            self._sizes.add(media, body_size)
-        return Observed(c, self.observe(c.signal, latency_s, route))
+            if kept is None:
+                sizes.add(media, body_size)
+            else:
+                kept.add(body_size)
+        change = self.observe(c.signal, latency_s, route)
+        if change is None and c is _OK:
+            return _OK_UNCHANGED  # immutable: most responses share it
+        return Observed(c, change)
 
     def observe_error(
         self, message: str, latency_s: float | None = None, *, route: str | None = None

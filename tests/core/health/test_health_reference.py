@@ -42,7 +42,8 @@ def _headers(rng: random.Random) -> Any:
     if ctype or rng.random() < 0.5:
         out["content-type" if rng.random() < 0.7 else "Content-Type"] = ctype
     if rng.random() < 0.05:
-        out["cf-mitigated"] = rng.choice(["challenge", " Challenge ", "no"])
+        name = "cf-mitigated" if rng.random() < 0.5 else "CF-Mitigated"
+        out[name] = rng.choice(["challenge", " Challenge ", "no", ""])
     location = rng.choice(LOCATIONS)
     if location:
         out["Location" if rng.random() < 0.5 else "location"] = location
@@ -203,7 +204,7 @@ def test_a_bounded_book_answers_as_the_reference_does(seed: int) -> None:
 
 @pytest.mark.parametrize("seed", range(20))
 def test_classification_is_the_references(seed: int) -> None:
-    """classify_response as the reference."""
+    """classify_response, given the media type or reading it itself, as the reference."""
     rng = random.Random(seed)
     for _ in range(500):
         status, headers, body = rng.choice(STATUSES), _headers(rng), rng.choice(BODIES)
@@ -213,8 +214,13 @@ def test_classification_is_the_references(seed: int) -> None:
         ref = ref_signals.classify_response(status, headers, body, size, method=method, normal_size=normal,
                                             markers=ref_signals.Markers.for_site(*markers))
         m = signals.Markers.for_site(*markers)
-        got = signals.classify_response(status, headers, body, size, method=method, normal_size=normal, markers=m)
-        assert _plain(got) == _plain(ref)
+        media = signals.media_type(signals.field_text(headers, "content-type"))
+        assert media == ref_signals.media_type(ref_signals.field_text(headers, "content-type"))
+        for got in (signals.classify_response(status, headers, body, size, method=method, normal_size=normal,
+                                              markers=m),
+                    signals.classify_response(status, headers, body, size, method=method, normal_size=normal,
+                                              markers=m, media=media)):
+            assert _plain(got) == _plain(ref)
 
 
 @pytest.mark.parametrize("seed", range(10))
