@@ -139,6 +139,11 @@ class RetiredDetector:
 
     def observe(self, status: object) -> RetiredFlip | None:
         """Record one answer from the site; a flip when it retires or revives the site."""
+        if type(status) is int and 200 <= status <= 299 and not self._recent and not self._retired:
+            # A live answer into a window without a 404/410: the window only grows (_push(False)).
+            if self._len < self.settings.window:
+                self._len += 1
+            return None
         code = _status(status)
         if code is None:
             return None  # junk status: no evidence either way
@@ -302,7 +307,10 @@ _NO_PATHS = cast("OrderedDict[str, dict[str, _ParamStats]]", MappingProxyType(Or
 def value_hash(value: str) -> int:
     """A stable 64-bit hash of a parameter value (stable across processes, so persistable)."""
     data = value.encode("utf-8", "surrogatepass")
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+    return _from_bytes(_blake2b(data, digest_size=8).digest(), "big")
+
+
+_blake2b, _from_bytes = hashlib.blake2b, int.from_bytes  # per request value: one lookup, not two
 
 
 class _ValueSet:
@@ -460,6 +468,16 @@ class TrapCheck:
 
 
 PASS = TrapCheck()
+_new_check = object.__new__
+_set_field = object.__setattr__  # how a frozen dataclass sets its own fields
+
+
+def _counted_check(counted: tuple[tuple[str, str, str], ...]) -> TrapCheck:
+    """`TrapCheck(counted=counted)`, without the generated __init__ (four frozen-field sets, ~0.6 µs):
+    the other fields keep their class defaults, as the __init__ would give them."""
+    check: TrapCheck = _new_check(TrapCheck)
+    _set_field(check, "counted", counted)
+    return check
 
 
 class _ParamStats:
@@ -535,6 +553,8 @@ class TrapDetector:
         if not fields:
             return PASS
         params = self._path(path[:_MAX_PATH_KEY])
+        if len(fields) == 1:
+            return self._observe_one(path, params, *fields[0])
 
         # Look before counting: a request refused under refuse-new adds nothing.
         looked: list[tuple[_ParamStats, int, bool, str, str]] = []
@@ -574,6 +594,44 @@ class TrapDetector:
             return PASS
         return TrapCheck(declared=tuple(declared), counted=tuple(counted))
 
+    def _observe_one(self, path: str, params: dict[str, _ParamStats], name: str, value: str) -> TrapCheck:
+        """`observe` of a query with one field (most are): the same steps, one value looked at
+        and counted without the lists a request with several fields needs."""
+        s = self.settings
+        stats = params.get(name)
+        if stats is None:
+            if len(params) >= s.max_params:
+                return PASS  # bounded: further parameter names on this path are not tracked
+            stats = params[name] = _ParamStats(_ValueSet(s.exact_values, s.bloom_bits))
+        h = value_hash(value)
+        values = stats.values
+        exact = values._exact  # noqa: SLF001 - the common small case, without a call
+        new = h not in exact if exact is not None else h not in values
+        if new and stats.declared_at is not None and s.action == "refuse-new":
+            stats.refused += 1
+            trap = self._trap(path, params, stats)
+            return TrapCheck(True, f"refuse-new: a value never seen before; {trap.reason}")
+        if new:
+            stats.distinct += 1
+            if exact is not None and len(exact) < values._limit:  # noqa: SLF001
+                exact.add(h)  # add(): a set still within its limit stays a set
+            else:
+                values.add(h)
+        elif exact is None:
+            values.add(h)  # the HyperLogLog counts every value it is shown
+        # stats.record(new, window), in line
+        window = s.novelty_window
+        stats.requests += 1
+        stats.recent = ((stats.recent << 1) | new) & ((1 << window) - 1)
+        if stats.recent_len < window:
+            stats.recent_len += 1
+        if stats.declared_at is None and (stats.distinct > s.max_distinct or stats.shared > s.max_distinct) \
+                and self._is_trap(stats):
+            stats.declared_at = self._clock()
+            trap = self._trap(path, params, stats)
+            return TrapCheck(declared=(trap,), counted=((path[:_MAX_PATH_KEY], name, value),) if new else ())
+        return _counted_check(((path[:_MAX_PATH_KEY], name, value),)) if new else PASS
+
     def merge_shared(self, path: str, name: str, distinct: int) -> Trap | None:
         """Every instance's distinct count for (path, parameter), from the shared HyperLogLog
         (SPEC §10); the trap, when this count is what declares it."""
@@ -595,6 +653,11 @@ class TrapDetector:
 
     @staticmethod
     def _fields(query: str) -> list[tuple[str, str]]:
+        if "&" not in query:  # one field: the loop below, once
+            raw_name, _, value = query.partition("=")
+            name = (unquote_plus(raw_name, errors="replace") if "%" in raw_name or "+" in raw_name
+                    else raw_name)[:_MAX_NAME]
+            return [(name, value)] if name else []
         out: list[tuple[str, str]] = []
         for part in query.split("&", _MAX_FIELDS)[:_MAX_FIELDS]:
             if not part:
