@@ -292,21 +292,28 @@ _UNSET = object()
 class SizeNorm:
     """Running median body size per content type for one site (bounded: 16 types x 65 sizes)."""
 
-    # One per site: nothing is allocated until the first size is learnt, and then one small
-    # record per content type in a list (at most 16: a scan is as quick as a dict and ~150 bytes
-    # smaller), sizes as a list (an empty deque alone is 760 bytes).
+    # One per site: nothing is allocated until the first size is learnt, then the one small
+    # record of the first content type (most sites serve one to a crawler), and a tuple of them
+    # from the second (at most 16: a scan is as quick as a dict and ~150 bytes smaller).
     __slots__ = ("_types",)
 
     def __init__(self) -> None:
-        self._types: list[_TypeSizes] | None = None
+        self._types: _TypeSizes | tuple[_TypeSizes, ...] | None = None
 
     def of(self, media: str) -> _TypeSizes | None:
         """What is learnt for `media`, if anything (one lookup for a response's question and
         its lesson: `normal_size` and `add` of the record)."""
-        for kept in self._types or ():
+        types = self._types
+        if type(types) is _TypeSizes:
+            return types if types.media == media else None
+        for kept in types or ():  # type: ignore[union-attr]  # a tuple or None
             if kept.media == media:
                 return kept
         return None
+
+    def _each(self) -> tuple[_TypeSizes, ...]:
+        types = self._types
+        return () if types is None else (types,) if type(types) is _TypeSizes else types  # type: ignore[return-value]
 
     def normal_size(self, media: str) -> float | None:
         """The median 2xx body size for `media`, or None until SIZE_MIN_SAMPLES exist."""
@@ -319,16 +326,15 @@ class SizeNorm:
         if kept is None:
             kept = self.of(media)
         if kept is None:
-            if self._types is None:
-                self._types = []
-            if len(self._types) >= SIZE_MAX_TYPES:
+            types = self._each()
+            if len(types) >= SIZE_MAX_TYPES:
                 return
             kept = _TypeSizes(sys.intern(media), [])  # "text/html": one string for all sites
-            self._types.append(kept)
+            self._types = (*types, kept) if types else kept
         kept.add(size)
 
     def to_state(self) -> dict[str, Any]:
-        return {kept.media: list(kept.sizes) for kept in self._types or ()}
+        return {kept.media: list(kept.sizes) for kept in self._each()}
 
     @classmethod
     def from_state(cls, state: Any) -> SizeNorm:
@@ -344,5 +350,5 @@ class SizeNorm:
                 raise ValueError("size norm: sizes must be non-negative integers")
             kept.append(_TypeSizes(media, sizes[-SIZE_SAMPLES:]))
         if kept:
-            norm._types = kept
+            norm._types = kept[0] if len(kept) == 1 else tuple(kept)
         return norm

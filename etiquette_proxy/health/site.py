@@ -196,17 +196,60 @@ _OK_UNCHANGED = Observed(_OK, None)
 
 
 class _Open:
-    __slots__ = ("start", "routes", "canaries", "canaries_good", "canary_wrong")
+    """The open window: a tally per route and the canaries' verdicts."""
+
+    # One per site in memory. The first route's tally is held as it is (one proxy has one
+    # route: its upstream); a dict of every route only once a second one is counted (a dict of
+    # one is 184 bytes).
+    __slots__ = ("start", "route", "tally", "_routes", "canaries", "canaries_good", "canary_wrong")
 
     def __init__(self, start: float):
         self.start = start
-        self.routes: dict[str, Tally] = {}
+        self.route = ""  # the route of `tally`, while it is the only one
+        self.tally: Tally | None = None
+        self._routes: dict[str, Tally] | None = None  # every route, once there are two
         self.canaries = 0
         self.canaries_good = 0
         self.canary_wrong: str | None = None
 
+    @property
+    def routes(self) -> dict[str, Tally]:
+        """Every route's tally, in the order they were first counted (to read, not to change)."""
+        if self._routes is not None:
+            return self._routes
+        return {} if self.tally is None else {self.route: self.tally}
+
+    def set_routes(self, routes: dict[str, Tally]) -> None:
+        """Hold exactly `routes` (in their order)."""
+        if len(routes) == 1:
+            ((self.route, self.tally),) = routes.items()
+            self._routes = None
+        else:
+            self.route, self.tally, self._routes = "", None, (routes or None)
+
+    def tally_for(self, route: str) -> Tally:
+        """The tally `route` is counted into (made on first use; past MAX_ROUTES routes, the
+        "(other routes)" one)."""
+        tally = self.tally
+        if tally is not None and self.route == route:
+            return tally
+        routes = self._routes
+        if routes is None:
+            if tally is None:  # the first route
+                tally = self.tally = Tally()
+                self.route = route
+                return tally
+            routes = self._routes = {self.route: tally}  # a second: every route in a dict
+            self.route, self.tally = "", None
+        tally = routes.get(route)
+        if tally is None:
+            if len(routes) >= MAX_ROUTES:
+                route = "(other routes)"
+            tally = routes.setdefault(route, Tally())
+        return tally
+
     def empty(self) -> bool:
-        return not self.routes and not self.canaries
+        return self.tally is None and not self._routes and not self.canaries
 
 
 # -- one window counted by several instances (SPEC §10, state.backend: redis) ---------------------
@@ -239,6 +282,7 @@ def window_from_counts(start: float, counts: Mapping[str, int], canary_wrong: st
     """Every instance's counters for the window starting at `start`, summed, as one window.
     Counters that make no sense (negative, unknown, more signals than requests) are dropped."""
     w = _Open(start)
+    routes: dict[str, Tally] = {}
     for key, value in list(counts.items())[:MAX_SHARED_FIELDS]:
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             continue
@@ -248,17 +292,18 @@ def window_from_counts(start: float, counts: Mapping[str, int], canary_wrong: st
             w.canaries_good = value
         elif key.startswith("r|"):
             route, _, name = key[2:].rpartition("|")
-            if len(w.routes) >= MAX_ROUTES and route not in w.routes:
+            if len(routes) >= MAX_ROUTES and route not in routes:
                 route = "(other routes)"
-            t = w.routes.setdefault(route, Tally())
+            t = routes.setdefault(route, Tally())
             if name in _TALLY_FIELDS:
                 setattr(t, name, getattr(t, name) + value)
             elif name[:1] == "l" and name[1:].lstrip("-").isdigit() and abs(int(name[1:])) < 1000:
                 t.latency.buckets[int(name[1:])] = t.latency.buckets.get(int(name[1:]), 0) + value
                 t.latency.count += value
-    for route, t in list(w.routes.items()):
+    for route, t in list(routes.items()):
         if t.hard + t.challenge + t.soft + t.error > t.n:
-            del w.routes[route]
+            del routes[route]
+    w.set_routes(routes)
     w.canaries_good = min(w.canaries_good, w.canaries)
     w.canary_wrong = canary_wrong[:200] if canary_wrong else None
     return w
@@ -274,6 +319,17 @@ class _Judged:
     route: str | None
     baseline: str
 
+
+class _NoHistory(HealthHistory):
+    """The history of every site that has closed no window yet: one shared, empty, never added to."""
+
+    __slots__ = ()
+
+    def append(self, record: WindowRecord) -> None:
+        raise RuntimeError("the shared empty history takes no records")
+
+
+_NO_HISTORY = _NoHistory(1)
 
 # The reasons of a window too small to judge, or judged while learning, kept by every site's
 # last verdict and history: one tuple per distinct text (bounded by min_requests values).
@@ -321,7 +377,7 @@ class SiteHealth:
         self._warmup: Tally | None = None  # the warm-up windows pooled (built on the first)
         self._warmup_count = 0
         self._open = _Open(self._window_start(clock()))
-        self._history = HealthHistory(self.settings.baseline_days + 1)
+        self._history: HealthHistory = _NO_HISTORY  # its own from the first closed window
         self._judged: _Judged | None = None
         self._baseline_memo: tuple[float, Baseline | None] | None = None
         # SPEC §10: with several instances a window is judged on every instance's counts: a
@@ -341,14 +397,7 @@ class SiteHealth:
         """Count one classified observation; returns a band change when a window closed."""
         now = self._clock()
         change = self._roll(now) if now >= self._open.start + self.settings.window_s else None
-        routes = self._open.routes
-        key = route or ""
-        tally = routes.get(key)
-        if tally is None:
-            if len(routes) >= MAX_ROUTES:
-                key = "(other routes)"
-            tally = routes.setdefault(key, Tally())
-        tally.add(signal, latency_s)
+        self._open.tally_for(route or "").add(signal, latency_s)
         return change
 
     def observe_response(
@@ -534,16 +583,17 @@ class SiteHealth:
     def _close(self, w: _Open) -> BandChange | None:
         s = self.settings
         baseline = self._baseline(w.start)
-        finding = route_problem(w.routes, s.min_requests, baseline) if len(w.routes) > 1 else None
+        routes = w.routes
+        finding = route_problem(routes, s.min_requests, baseline) if len(routes) > 1 else None
         # A failing route is a route problem, not site hostility (seed 000): leave it out.
-        if finding is None and len(w.routes) == 1:
+        if w.tally is not None:
             # One route, as one proxy has: its tally is the window's, kept as the history
             # record (the closed window is not counted into again), not merged into a copy.
-            (scored,) = w.routes.values()
+            scored = w.tally
         else:
             excluded = set(finding.routes) if finding else set()
             scored = Tally()
-            for route, t in w.routes.items():
+            for route, t in routes.items():
                 if route not in excluded:
                     scored.merge(t)
         stable = scored.n >= s.min_requests
@@ -572,6 +622,8 @@ class SiteHealth:
         if finding is not None:
             reasons += (finding.reason,)
         stable_normal = stable and w.canary_wrong is None
+        if self._history is _NO_HISTORY:
+            self._history = HealthHistory(self.settings.baseline_days + 1)
         self._history.append(
             WindowRecord(
                 w.start, scored, raw, self._smoothed if raw is not None else None, stable_normal
@@ -686,9 +738,13 @@ class SiteHealth:
             count, warm = state["warmup"]
             if not is_count(count):
                 raise ValueError("site health: bad warm-up count")
-            h._warmup_count, h._warmup = count, Tally.from_state(warm)
+            warmup = Tally.from_state(warm)
+            # An empty warm-up tally is what None stands for (the first merge makes one).
+            h._warmup_count = count
+            h._warmup = warmup if warmup.n or warmup.latency.count else None
             h._open = _open_from_state(state["open"])
-            h._history = HealthHistory.from_state(state["history"], h.settings.baseline_days + 1)
+            history = HealthHistory.from_state(state["history"], h.settings.baseline_days + 1)
+            h._history = history if history.windows or history.days else _NO_HISTORY
             h._judged = _judged_from_state(state["judged"])
             h._sizes = SizeNorm.from_state(state["sizes"])
         except (KeyError, TypeError, AttributeError) as e:
@@ -709,7 +765,7 @@ def _open_from_state(s: Any) -> _Open:
     o = _Open(float(start))
     t = Tally.from_state(tally)
     if t.n:
-        o.routes[""] = t
+        o.route, o.tally = "", t
     o.canaries, o.canaries_good, o.canary_wrong = canaries, good, wrong
     return o
 
