@@ -548,6 +548,11 @@ class TrapDetector:
         path, _, query = target.partition("?")
         if not query:
             return PASS
+        if "&" not in query:  # one field (most queries): _fields' steps, without its list
+            raw_name, _, value = query.partition("=")
+            name = (unquote_plus(raw_name, errors="replace") if "%" in raw_name or "+" in raw_name
+                    else raw_name)[:_MAX_NAME]
+            return self._observe_one(path, self._path(path[:_MAX_PATH_KEY]), name, value) if name else PASS
         s = self.settings
         fields = self._fields(query)
         if not fields:
@@ -653,11 +658,6 @@ class TrapDetector:
 
     @staticmethod
     def _fields(query: str) -> list[tuple[str, str]]:
-        if "&" not in query:  # one field: the loop below, once
-            raw_name, _, value = query.partition("=")
-            name = (unquote_plus(raw_name, errors="replace") if "%" in raw_name or "+" in raw_name
-                    else raw_name)[:_MAX_NAME]
-            return [(name, value)] if name else []
         out: list[tuple[str, str]] = []
         for part in query.split("&", _MAX_FIELDS)[:_MAX_FIELDS]:
             if not part:
