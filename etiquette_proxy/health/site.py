@@ -298,8 +298,7 @@ def window_from_counts(start: float, counts: Mapping[str, int], canary_wrong: st
             if name in _TALLY_FIELDS:
                 setattr(t, name, getattr(t, name) + value)
             elif name[:1] == "l" and name[1:].lstrip("-").isdigit() and abs(int(name[1:])) < 1000:
-                t.latency.buckets[int(name[1:])] = t.latency.buckets.get(int(name[1:]), 0) + value
-                t.latency.count += value
+                t.latency.add_count(int(name[1:]), value)
     for route, t in list(routes.items()):
         if t.hard + t.challenge + t.soft + t.error > t.n:
             del routes[route]

@@ -263,3 +263,46 @@ def test_a_long_history_rolls_up_as_the_reference_does(mode: str) -> None:
         assert pair[0].daily_history()[0][0] >= clock() - 401 * 86400
     else:  # the raw windows held at their bound, the rest rolled into days
         assert len(pair[0].history()) == 2000 and pair[0].daily_history()
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_latency_sketch_is_the_references(seed: int) -> None:
+    """Latencies added, sketches merged, counts added as a shared window or a stored state
+    gives them (zero, huge, far apart): the same buckets, count, quantiles and stored form."""
+    from etiquette_proxy.health import score
+    from tests.core.health.reference import score as ref_score
+
+    rng = random.Random(seed)
+    spread = rng.choice([0.2, 1.0, 4.0])
+    pairs = [(score.LatencySketch(), ref_score.LatencySketch()) for _ in range(3)]
+    for _ in range(400):
+        new, old = rng.choice(pairs)
+        op = rng.random()
+        if op < 0.6:
+            seconds = rng.choice([0.05 * 2 ** rng.gauss(0, spread), 0.0, -1.0, math.nan, math.inf, 1e-6, 1e5,
+                                  7200.0])
+            new.add(seconds)
+            old.add(seconds)
+        elif op < 0.75:
+            (a, b), (c, d) = rng.sample(pairs, 2)
+            a.merge(c)
+            b.merge(d)
+        elif op < 0.9:  # as window_from_counts adds another instance's counters
+            bucket = rng.choice([rng.randrange(-4, 88), rng.randrange(-999, 1000)])
+            count = rng.choice([0, 1, 7, 2**63, 2**64 - 1, 2**70])
+            new.add_count(bucket, count)
+            old.buckets[bucket] = old.buckets.get(bucket, 0) + count
+            old.count += count
+        else:  # a restart: read back from the stored form (when the reference can store it)
+            state = old.to_state()
+            try:
+                back = ref_score.LatencySketch.from_state(state)
+            except ValueError:
+                with pytest.raises(ValueError):
+                    score.LatencySketch.from_state(new.to_state())
+                continue
+            pairs[pairs.index((new, old))] = (score.LatencySketch.from_state(new.to_state()), back)
+        for a, b in pairs:
+            assert a.buckets == b.buckets and a.count == b.count
+            assert a.to_state() == b.to_state()
+            assert [a.quantile(q) for q in (0.01, 0.5, 0.95, 1.0)] == [b.quantile(q) for q in (0.01, 0.5, 0.95, 1.0)]
