@@ -780,6 +780,32 @@ class TrapDetector:
         return detector
 
 
+class _NoTraps(TrapDetector):
+    """The trap detector of every site (of equal settings and clock) that has sent no query
+    string yet: shared, so it must never count. Its guard takes a detector of its own at its
+    first request with a query (RunawayGuard.observe_request); everything else reads it as the
+    empty detector it is."""
+
+    __slots__ = ()
+
+    def observe(self, target: str) -> TrapCheck:
+        raise RuntimeError("a shared empty trap detector counts nothing: observe through the guard")
+
+
+_NO_TRAPS: dict[tuple[TrapSettings, Callable[[], float]], _NoTraps] = {}
+
+
+def _no_traps(settings: TrapSettings, clock: Callable[[], float]) -> TrapDetector:
+    """The shared empty detector for `settings` and `clock` (bounded: past the bound, one of
+    the site's own)."""
+    kept = _NO_TRAPS.get((settings, clock))
+    if kept is None:
+        if len(_NO_TRAPS) >= 64:
+            return TrapDetector(settings, clock)
+        kept = _NO_TRAPS[(settings, clock)] = _NoTraps(settings, clock)
+    return kept
+
+
 # -- one site -----------------------------------------------------------------------------------
 
 class RunawayGuard:
@@ -796,8 +822,11 @@ class RunawayGuard:
     def from_config(cls, config: Any, site: str | None = None,
                     clock: Callable[[], float] = wall) -> RunawayGuard:
         """A fresh guard for `site` from a loaded Config."""
+        # Most sites never send a query string: until one does, the guard shares the empty
+        # detector of its settings (56 bytes a site in memory, and one allocation fewer each
+        # time a site is brought back).
         return cls(RetiredDetector(RetiredSettings.from_config(config, site)),
-                   TrapDetector(TrapSettings.from_config(config, site), clock))
+                   _no_traps(TrapSettings.from_config(config, site), clock))
 
     def observe_answer(self, status: object) -> RetiredFlip | None:
         """Record the site's answer (upstream status only)."""
@@ -805,7 +834,12 @@ class RunawayGuard:
 
     def observe_request(self, target: str) -> TrapCheck:
         """Count a request about to go upstream; refuse=True means answer it locally 429."""
-        return self.traps.observe(target)
+        traps = self.traps
+        if type(traps) is _NoTraps:
+            if not (isinstance(target, str) and "?" in target):
+                return PASS  # what observe answers a target without a query
+            traps = self.traps = TrapDetector(traps.settings, traps._clock)  # noqa: SLF001
+        return traps.observe(target)
 
     def restraints(self) -> dict[str, Restraint | None]:
         """What runaway asks of the site's pacing (SPEC §7), by source; None lifts that source's

@@ -113,3 +113,43 @@ def test_a_live_answer_grows_the_window_as_the_reference_does(status: object) ->
             assert [d.to_state() for d in pair][0] == [d.to_state() for d in pair][1]
             assert [(d.answers, d.gone, d.retired) for d in pair][0] == [(d.answers, d.gone, d.retired)
                                                                            for d in pair][1]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_guards_from_the_config_answer_as_the_reference_does(seed: int) -> None:
+    """Guards built from the config share one empty trap detector until their first query:
+    several sites' answers, checks and state are still the reference's, site by site."""
+    from etiquette_proxy.config import load_config
+
+    rng = random.Random(seed)
+    config = load_config("", overrides=["runaway.max_distinct=5", f"runaway.trap_action={guard.TRAP_ACTIONS[seed % 3]}",
+                                        "runaway.retired_window=5"])
+    clock = FakeClock(1_800_000_000.0)
+    sites = [f"s{i}.test:80" for i in range(4)]
+    pairs = {site: [mod.RunawayGuard.from_config(config, site, clock) for mod in (guard, ref)] for site in sites}
+    for step in range(800):
+        site = rng.choice(sites)
+        if rng.random() < 0.6:
+            target = _target(rng, 30) if rng.random() < 0.3 else rng.choice(PATHS[:3])
+            got = [_plain(g.observe_request(target)) for g in pairs[site]]
+        else:
+            status = rng.choice(STATUSES)
+            got = [_plain(g.observe_answer(status)) for g in pairs[site]]
+        assert got[0] == got[1], (seed, step)
+        for name in sites:
+            assert _look(pairs[name][0]) == _look(pairs[name][1]), (seed, step, name)
+
+
+def test_the_shared_empty_trap_detector_never_counts() -> None:
+    """A site's first query gives its guard a detector of its own; the shared one stays empty."""
+    from etiquette_proxy.config import defaults
+
+    config = defaults()
+    a, b = (guard.RunawayGuard.from_config(config, s) for s in ("a.test:80", "b.test:80"))
+    shared = a.traps
+    assert b.traps is shared  # one empty detector for both, until a query
+    a.observe_request("/list?page=2")
+    assert a.traps is not shared and a.traps.tracked_paths == 1
+    assert shared.tracked_paths == 0 and b.traps.tracked_paths == 0
+    with pytest.raises(RuntimeError):
+        shared.observe("/list?page=3")
