@@ -136,7 +136,7 @@ def test_guards_from_the_config_answer_as_the_reference_does(seed: int) -> None:
             status = rng.choice(STATUSES)
             got = [_plain(g.observe_answer(status)) for g in pairs[site]]
         assert got[0] == got[1], (seed, step)
-        for name in sites:
+        for name in sites if step % 25 == 0 else (site,):
             assert _look(pairs[name][0]) == _look(pairs[name][1]), (seed, step, name)
 
 
@@ -153,3 +153,12 @@ def test_the_shared_empty_trap_detector_never_counts() -> None:
     assert shared.tracked_paths == 0 and b.traps.tracked_paths == 0
     with pytest.raises(RuntimeError):
         shared.observe("/list?page=3")
+
+
+def test_a_check_built_without_its_init_is_the_check_init_builds() -> None:
+    counted = (("/a", "q", "1"),)
+    fast, made = guard._counted_check(counted), guard.TrapCheck(counted=counted)
+    assert fast == made and hash(fast) == hash(made) and repr(fast) == repr(made)
+    assert (fast.refuse, fast.reason, fast.declared, fast.counted) == (False, "", (), counted)
+    with pytest.raises(AttributeError):
+        fast.refuse = True  # type: ignore[misc]  # frozen, as any TrapCheck
