@@ -85,10 +85,13 @@ def _plain(x: Any) -> Any:
     raise TypeError(f"cannot compare {x!r}")
 
 
-def _look(h: Any) -> Any:
-    """Everything a caller can ask a SiteHealth."""
-    return _plain([h.band, h.score(), h.assessment(), h.history(), h.daily_history(), h.baseline(),
-                   h.is_paused(), h.rate_factor(), h.to_state()])
+def _look(h: Any, everything: bool = True) -> Any:
+    """Everything a caller can ask a SiteHealth (or, not `everything`, all but the history and
+    the stored state, which grow with the run)."""
+    asked = [h.band, h.score(), h.assessment(), h.baseline(), h.is_paused(), h.rate_factor()]
+    if everything:
+        asked += [h.history(), h.daily_history(), h.to_state()]
+    return _plain(asked)
 
 
 def _settings(rng: random.Random, mod: Any) -> Any:
@@ -152,10 +155,11 @@ def _run_site(seed: int, shared: bool, phases: tuple[float, ...] = ()) -> None:
                 answers += [h.close_shared(start, counts, wrong) for h in pair]
         got = [_plain(a) for a in answers]
         assert got[0::2] == got[1::2], (seed, step, op)
-        assert _look(pair[0]) == _look(pair[1]), (seed, step, op)
+        everything = step % 10 == 0 or op >= 0.66  # and after every tick, resume, restart, clock step
+        assert _look(pair[0], everything) == _look(pair[1], everything), (seed, step, op)
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", range(30))
 def test_a_site_answers_as_the_reference_does(seed: int) -> None:
     _run_site(seed, shared=False)
 
@@ -198,7 +202,7 @@ def test_a_bounded_book_answers_as_the_reference_does(seed: int) -> None:
             got = [None, None]
         assert got[0] == got[1], (seed, step)
         assert [b.knows(s) for s in names for b in books[:1]] == [b.knows(s) for s in names for b in books[1:]]
-        looks = [_look(b.stored(name)) if b.stored(name) is not None else None for b in books]
+        looks = [_look(b.stored(name), step % 5 == 0) if b.stored(name) is not None else None for b in books]
         assert looks[0] == looks[1], (seed, step)
 
 
