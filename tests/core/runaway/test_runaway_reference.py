@@ -1,18 +1,42 @@
-"""The runaway guard's one-field trap count and live-answer step decide exactly as before:
-generated requests and answers run through etiquette_proxy.runaway.guard and through
-reference_guard.py (the module at 5976120, unchanged); every check, flip, restraint, status
-and stored state must be the same."""
+"""The runaway guard's one-field trap count, live-answer step and shared empty trap detector
+decide exactly as main at 5976120 did: generated requests and answers run through
+etiquette_proxy.runaway.guard, and every check, flip, restraint, status and stored state each
+case records (its trace, hashed by tests/core/reference_trace.py) must give the digest that the
+code at 5976120 gave for the same sequence.
+
+reference_digests.json holds those digests, one per case in CASES. They were made by running
+these generators through etiquette_proxy/runaway/guard.py as it was at 5976120, taken from git
+history: `.venv/bin/python -m tests.core.make_reference_digests runaway`. When one fails,
+`... make_reference_digests --diff runaway/CASE` prints the first step where the code parts from
+5976120; what to do then, and when a behaviour change is meant, is in that script's docstring.
+The test itself needs neither git nor the old code."""
 
 from __future__ import annotations
 
 import random
-from typing import Any
+from collections.abc import Callable, Iterator
+from functools import cache, partial
+from pathlib import Path
+from types import ModuleType
+from typing import Any, NamedTuple
 
 import pytest
 
 from etiquette_proxy.clock import FakeClock
 from etiquette_proxy.runaway import guard
-from tests.core.runaway import reference_guard as ref
+from tests.core.reference_trace import read_digests, trace_digest
+
+
+class Runaway(NamedTuple):
+    """The module a trace runs: etiquette_proxy.runaway.guard, or 5976120's (make_reference_digests)."""
+
+    guard: ModuleType
+
+
+CURRENT = Runaway(guard)
+# The generators' own list (not the module's), so that what they generate stays as the digests
+# were made, whatever the module under test says.
+TRAP_ACTIONS = ("log", "slow", "refuse-new")
 
 STATUSES: list[object] = [200] * 10 + [201, 204, 206, 301, 304, 404, 404, 410, 410, 500, 503, 99, 1000,
                                         True, "200", None, 200.0]
@@ -37,107 +61,106 @@ def _target(rng: random.Random, values: int) -> object:
     return f"{path}?{'&'.join(fields)}" + ("#f?x=1" if rng.random() < 0.05 else "")
 
 
-def _plain(x: Any) -> Any:
-    if x is None or isinstance(x, (bool, int, float, str)):
-        return x
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    if isinstance(x, dict):
-        return {k: _plain(v) for k, v in x.items()}
-    fields = getattr(type(x), "__dataclass_fields__", None)
-    if fields is not None:
-        return (type(x).__name__, *(_plain(getattr(x, name)) for name in fields))
-    raise TypeError(f"cannot compare {x!r}")
-
-
 def _look(g: Any) -> Any:
-    return _plain([g.restraints(), g.status(), g.to_state(), g.remembers_anything(), g.robots_warning(404),
-                   g.traps.traps(), g.traps.has_trap(), g.traps.rate_factor(), g.traps.tracked_paths,
-                   g.traps.memory_bytes(), g.retired.retired, g.retired.answers, g.retired.gone])
+    return [g.restraints(), g.status(), g.to_state(), g.remembers_anything(), g.robots_warning(404),
+            g.traps.traps(), g.traps.has_trap(), g.traps.rate_factor(), g.traps.tracked_paths,
+            g.traps.memory_bytes(), g.retired.retired, g.retired.answers, g.retired.gone]
 
 
-def _guards(seed: int, clock: FakeClock) -> list[Any]:
+def _guard(mod: ModuleType, seed: int, clock: FakeClock) -> Any:
     rng = random.Random(seed)
-    action = rng.choice(guard.TRAP_ACTIONS)
+    action = rng.choice(TRAP_ACTIONS)
     trap_kw = dict(max_distinct=rng.choice([3, 20, 1000]), action=action, novelty_window=rng.choice([1, 5, 40]),
                    novelty_share=rng.choice([0.5, 1.0]), max_paths=rng.choice([2, 32]),
                    max_params=rng.choice([1, 8]), exact_values=rng.choice([4, 256]))
     retired_kw = dict(window=rng.choice([1, 5, 200]), share=rng.choice([0.5, 0.95]))
-    return [mod.RunawayGuard(mod.RetiredDetector(mod.RetiredSettings(**retired_kw)),
-                             mod.TrapDetector(mod.TrapSettings(**trap_kw), clock))
-            for mod in (guard, ref)]
+    return mod.RunawayGuard(mod.RetiredDetector(mod.RetiredSettings(**retired_kw)),
+                            mod.TrapDetector(mod.TrapSettings(**trap_kw), clock))
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_a_guard_answers_as_the_reference_does(seed: int) -> None:
+def trace_guard(impl: Runaway, seed: int) -> Iterator[Any]:
+    """A guard's checks, flips and shared merges, and everything it says of itself after every
+    step, through restarts and clock steps."""
+    mod = impl.guard
     rng = random.Random(seed)
     clock = FakeClock(1_800_000_000.0)
-    pair = _guards(seed, clock)
+    g = _guard(mod, seed, clock)
     values = rng.choice([5, 50, 5000])
     for step in range(600):
         op = rng.random()
         if op < 0.5:
-            target = _target(rng, values)
-            got = [_plain(g.observe_request(target)) for g in pair]
+            got = g.observe_request(_target(rng, values))
         elif op < 0.9:
-            status = rng.choice(STATUSES if rng.random() < 0.7 else [404, 410])
-            got = [_plain(g.observe_answer(status)) for g in pair]
+            got = g.observe_answer(rng.choice(STATUSES if rng.random() < 0.7 else [404, 410]))
         elif op < 0.93:
             path, name = rng.choice(PATHS[:3]), rng.choice(NAMES[:3])
-            distinct = rng.choice([0, 2, 50, 5000])
-            got = [_plain(g.traps.merge_shared(path, name, distinct)) for g in pair]
-        elif op < 0.94:  # a restart: both read back from their stored state
-            settings = [(g.retired.settings, g.traps.settings) for g in pair]
-            pair = [mod.RunawayGuard(mod.RetiredDetector.from_state(g.retired.to_state(), r),
-                                     mod.TrapDetector.from_state(g.traps.to_state(), t, clock))
-                    for mod, g, (r, t) in zip((guard, ref), pair, settings, strict=True)]
-            got = [None, None]
+            got = g.traps.merge_shared(path, name, rng.choice([0, 2, 50, 5000]))
+        elif op < 0.94:  # a restart: read back from its stored state
+            g = mod.RunawayGuard(mod.RetiredDetector.from_state(g.retired.to_state(), g.retired.settings),
+                                 mod.TrapDetector.from_state(g.traps.to_state(), g.traps.settings, clock))
+            got = None
         else:
             clock.advance(rng.random() * 10)
-            got = [None, None]
-        assert got[0] == got[1], (seed, step)
-        assert _look(pair[0]) == _look(pair[1]), (seed, step)
+            got = None
+        yield [step, got, _look(g)]
 
 
-@pytest.mark.parametrize("status", [200, 204, 299, 404, 410, 500, True, 200.0, "200"])
-def test_a_live_answer_grows_the_window_as_the_reference_does(status: object) -> None:
-    """Every window length and fill around the live-answer step, one answer each."""
+def trace_live_answer(impl: Runaway, status: object) -> Iterator[Any]:
+    """Every window length and fill around the live-answer step, one answer each: the flip, the
+    stored state and the counts."""
+    mod = impl.guard
     for window in (1, 2, 3, 200):
-        for before in ([], [200], [404], [200] * window, [404] * window, [200] * (window + 3) + [410]):
-            pair = [mod.RetiredDetector(mod.RetiredSettings(window=window, share=0.5)) for mod in (guard, ref)]
-            for d in pair:
-                for s in before:
-                    d.observe(s)
-            got = [_plain(d.observe(status)) for d in pair]
-            assert got[0] == got[1]
-            assert [d.to_state() for d in pair][0] == [d.to_state() for d in pair][1]
-            assert [(d.answers, d.gone, d.retired) for d in pair][0] == [(d.answers, d.gone, d.retired)
-                                                                           for d in pair][1]
+        for fill, before in enumerate(([], [200], [404], [200] * window, [404] * window,
+                                       [200] * (window + 3) + [410])):
+            d = mod.RetiredDetector(mod.RetiredSettings(window=window, share=0.5))
+            for s in before:
+                d.observe(s)
+            yield [window, fill, d.observe(status), d.to_state(), [d.answers, d.gone, d.retired]]
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_guards_from_the_config_answer_as_the_reference_does(seed: int) -> None:
+def trace_from_config(impl: Runaway, seed: int) -> Iterator[Any]:
     """Guards built from the config share one empty trap detector until their first query:
-    several sites' answers, checks and state are still the reference's, site by site."""
+    several sites' answers, checks and state, site by site (all four every 25 steps)."""
     from etiquette_proxy.config import load_config
 
+    mod = impl.guard
     rng = random.Random(seed)
-    config = load_config("", overrides=["runaway.max_distinct=5", f"runaway.trap_action={guard.TRAP_ACTIONS[seed % 3]}",
+    config = load_config("", overrides=["runaway.max_distinct=5", f"runaway.trap_action={TRAP_ACTIONS[seed % 3]}",
                                         "runaway.retired_window=5"])
     clock = FakeClock(1_800_000_000.0)
     sites = [f"s{i}.test:80" for i in range(4)]
-    pairs = {site: [mod.RunawayGuard.from_config(config, site, clock) for mod in (guard, ref)] for site in sites}
+    guards = {site: mod.RunawayGuard.from_config(config, site, clock) for site in sites}
     for step in range(800):
         site = rng.choice(sites)
         if rng.random() < 0.6:
             target = _target(rng, 30) if rng.random() < 0.3 else rng.choice(PATHS[:3])
-            got = [_plain(g.observe_request(target)) for g in pairs[site]]
+            got = guards[site].observe_request(target)
         else:
-            status = rng.choice(STATUSES)
-            got = [_plain(g.observe_answer(status)) for g in pairs[site]]
-        assert got[0] == got[1], (seed, step)
-        for name in sites if step % 25 == 0 else (site,):
-            assert _look(pairs[name][0]) == _look(pairs[name][1]), (seed, step, name)
+            got = guards[site].observe_answer(rng.choice(STATUSES))
+        yield [step, site, got, {name: _look(guards[name]) for name in (sites if step % 25 == 0 else (site,))}]
+
+
+CASES: dict[str, Callable[[Runaway], Iterator[Any]]] = {
+    **{f"guard-{seed}": partial(trace_guard, seed=seed) for seed in range(40)},
+    **{f"live-answer-{status!r}": partial(trace_live_answer, status=status)
+       for status in (200, 204, 299, 404, 410, 500, True, 200.0, "200")},
+    **{f"from-config-{seed}": partial(trace_from_config, seed=seed) for seed in range(6)},
+}
+
+
+@cache
+def _expected() -> dict[str, str]:
+    return read_digests(Path(__file__).with_name("reference_digests.json"))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_guard_answers_as_5976120_did(case: str) -> None:
+    assert trace_digest(CASES[case](CURRENT)) == _expected()[case], \
+        f"`.venv/bin/python -m tests.core.make_reference_digests --diff runaway/{case}`: the first step that differs"
+
+
+def test_every_case_has_its_digest() -> None:
+    assert sorted(_expected()) == sorted(CASES)
 
 
 def test_the_shared_empty_trap_detector_never_counts() -> None:
