@@ -49,3 +49,27 @@ def read_digests(path: Path) -> dict[str, str]:
     digests = data["digests"]
     assert isinstance(digests, dict) and all(isinstance(v, str) for v in digests.values()), path
     return dict(digests)
+
+
+class RecordedDigests:
+    """A suite's reference_digests.json (beside its test file), read when first asked: the
+    script that writes it imports the test module for its cases."""
+
+    def __init__(self, test_file: str, suite: str) -> None:
+        self.path = Path(test_file).with_name("reference_digests.json")
+        self.suite = suite
+        self._digests: dict[str, str] | None = None
+
+    def cases(self) -> list[str]:
+        return sorted(self._read())
+
+    def check(self, case: str, steps: Iterable[Any]) -> None:
+        """The trace's digest is the one recorded for `case`."""
+        assert trace_digest(steps) == self._read()[case], (
+            f"{self.suite}/{case} is not the recorded trace; the first step that differs: "
+            f"`.venv/bin/python -m tests.core.make_reference_digests --diff {self.suite}/{case}`")
+
+    def _read(self) -> dict[str, str]:
+        if self._digests is None:
+            self._digests = read_digests(self.path)
+        return self._digests

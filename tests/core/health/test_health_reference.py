@@ -16,8 +16,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Iterator
-from functools import cache, partial
-from pathlib import Path
+from functools import partial
 from types import ModuleType
 from typing import Any, NamedTuple
 from unittest import mock
@@ -28,7 +27,7 @@ from etiquette_proxy.clock import FakeClock
 from etiquette_proxy.headers import LowerFields
 from etiquette_proxy.health import history, score, signals, site
 from etiquette_proxy.state.memory import MemoryState
-from tests.core.reference_trace import read_digests, trace_digest
+from tests.core.reference_trace import RecordedDigests
 
 
 class Health(NamedTuple):
@@ -303,19 +302,16 @@ CASES: dict[str, Callable[[Health], Iterator[Any]]] = {
 }
 
 
-@cache
-def _expected() -> dict[str, str]:
-    return read_digests(Path(__file__).with_name("reference_digests.json"))
+DIGESTS = RecordedDigests(__file__, "health")
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_health_answers_as_5976120_did(case: str) -> None:
-    assert trace_digest(CASES[case](CURRENT)) == _expected()[case], \
-        f"`.venv/bin/python -m tests.core.make_reference_digests --diff health/{case}`: the first step that differs"
+    DIGESTS.check(case, CASES[case](CURRENT))
 
 
 def test_every_case_has_its_digest() -> None:
-    assert sorted(_expected()) == sorted(CASES)
+    assert DIGESTS.cases() == sorted(CASES)
 
 
 @pytest.mark.parametrize("seed", range(20))

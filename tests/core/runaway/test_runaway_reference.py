@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator
-from functools import cache, partial
-from pathlib import Path
+from functools import partial
 from types import ModuleType
 from typing import Any, NamedTuple
 
@@ -24,7 +23,7 @@ import pytest
 
 from etiquette_proxy.clock import FakeClock
 from etiquette_proxy.runaway import guard
-from tests.core.reference_trace import read_digests, trace_digest
+from tests.core.reference_trace import RecordedDigests
 
 
 class Runaway(NamedTuple):
@@ -148,19 +147,16 @@ CASES: dict[str, Callable[[Runaway], Iterator[Any]]] = {
 }
 
 
-@cache
-def _expected() -> dict[str, str]:
-    return read_digests(Path(__file__).with_name("reference_digests.json"))
+DIGESTS = RecordedDigests(__file__, "runaway")
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_guard_answers_as_5976120_did(case: str) -> None:
-    assert trace_digest(CASES[case](CURRENT)) == _expected()[case], \
-        f"`.venv/bin/python -m tests.core.make_reference_digests --diff runaway/{case}`: the first step that differs"
+    DIGESTS.check(case, CASES[case](CURRENT))
 
 
 def test_every_case_has_its_digest() -> None:
-    assert sorted(_expected()) == sorted(CASES)
+    assert DIGESTS.cases() == sorted(CASES)
 
 
 def test_the_shared_empty_trap_detector_never_counts() -> None:
