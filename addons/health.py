@@ -113,10 +113,16 @@ def body_head(response: http.Response, headers: Mapping[str, str] | None = None)
         return raw[:HEAD_BYTES], len(raw)
 
 
+# Enum members read through their class cost a descriptor call each (Python 3.11): per
+# response, read once here.
+_OK, _HEALTHY = Signal.OK, Band.HEALTHY
+_UNREAD = object()
+
+
 def health_key(h: SiteHealth) -> dict[str, Any] | None:
     """The audit log's `health` key: score and band, when there is something to say."""
     score = h.score()  # not h.assessment(): its reasons are not on the line
-    if score is None and h.band is Band.HEALTHY:
+    if score is None and h.band is _HEALTHY:
         return None
     return {"score": score, "band": h.band.value}
 
@@ -191,7 +197,10 @@ class HealthWatch:
         self._pending: dict[str, list[BandChange]] = {}  # changes no request line has carried yet
         self._tasks: set[asyncio.Task[Any]] = set()
         self._tick_every = math.inf  # the ticker's current interval
+        self._ticks: dict[float, float] = {}  # _tick_s per health.window seen
         self._tick_sooner = asyncio.Event()
+        self._route_config: object = _UNREAD  # the config route_label was read from
+        self._route_label = ""
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -290,13 +299,14 @@ class HealthWatch:
             headers = _headers(flow.response)
             head, size = body_head(flow.response, headers)
             h = self._site(notes.site, notes.origin)
+            response = flow.response
             observed = h.observe_response(
-                flow.response.status_code, headers, head, size,
-                self._latency(flow, notes), method=flow.request.method, route=route_label(self.rt),
+                response.status_code, headers, head, size,
+                self._latency(flow, notes), method=flow.request.method, route=self._route(),
             )
-            if observed.signal.signal is not Signal.OK:
+            if observed.signal.signal is not _OK:
                 notes.extra["health_signal"] = observed.signal.signal.value
-            self._after(notes.site, h, [observed.change], notes)
+            self._after(notes.site, h, observed.change, notes)
         except Exception:  # noqa: BLE001 - health is advisory: never take a response down
             log.exception("health: could not observe %s", flow.request.url)
 
@@ -310,10 +320,10 @@ class HealthWatch:
         try:
             h = self._site(notes.site, notes.origin)
             latency = time.time() - notes.facts[_FACT_SENT]
-            observed = h.observe_error(msg, latency, route=route_label(self.rt))
-            if observed.signal.signal is not Signal.OK:
+            observed = h.observe_error(msg, latency, route=self._route())
+            if observed.signal.signal is not _OK:
                 notes.extra["health_signal"] = observed.signal.signal.value
-            self._after(notes.site, h, [observed.change], notes)
+            self._after(notes.site, h, observed.change, notes)
         except Exception:  # noqa: BLE001
             log.exception("health: could not observe the error of %s", flow.request.url)
 
@@ -326,22 +336,42 @@ class HealthWatch:
             return None
         return max(0.0, first_byte - sent)
 
+    def _route(self) -> str:
+        """`route_label`, read again only when the config changed (a reload replaces it)."""
+        config = self.rt.config
+        if config is not self._route_config:
+            self._route_config, self._route_label = config, route_label(self.rt)
+        return self._route_label
+
     def _site(self, site: str, origin: str | None = None) -> SiteHealth:
-        self.restore()
+        if not self._loaded:
+            self.restore()
         if origin:
             self._origins[site] = origin
         h = self.book.site(site)
         # Windows close within one tick of their end (shared windows count on it, SPEC §10).
-        if _tick_s(h.settings.window_s) < self._tick_every:
-            self._tick_every = _tick_s(h.settings.window_s)
+        window = h.settings.window_s
+        tick = self._ticks.get(window)
+        if tick is None:
+            tick = _tick_s(window)
+            if len(self._ticks) < 64:  # one per distinct health.window (per-site overrides)
+                self._ticks[window] = tick
+        if tick < self._tick_every:
+            self._tick_every = tick
             self._tick_sooner.set()
         return h
 
-    def _after(self, site: str, h: SiteHealth, changes: Iterable[BandChange | None],
+    def _after(self, site: str, h: SiteHealth, changes: Iterable[BandChange | None] | BandChange | None,
                notes: FlowNotes | None) -> None:
-        for change in changes:
-            if change is not None:
-                self._act(change, notes)
+        """Act on the band changes (one, or several: a canary's), then save and annotate."""
+        if changes is None:
+            pass  # nothing changed: most responses
+        elif isinstance(changes, BandChange):
+            self._act(changes, notes)
+        else:
+            for change in changes:
+                if change is not None:
+                    self._act(change, notes)
         if h.shared:
             for start, counts, wrong in h.take_closed():
                 self._spawn(self._judge_shared(site, h, start, counts, wrong))
@@ -359,7 +389,7 @@ class HealthWatch:
         key = health_key(h)
         if key is not None:
             notes.extra["health"] = key
-        pending = self._pending.pop(site, None)
+        pending = self._pending.pop(site, None) if self._pending else None
         if pending:
             records = [change_record(c) for c in pending]
             notes.extra["band_change"] = records[-1] if len(records) == 1 else records
@@ -382,7 +412,7 @@ class HealthWatch:
             pass
         try:
             change = h.close_shared(start, counts, wrong)
-            self._after(site, h, [change], None)
+            self._after(site, h, change, None)
         except Exception:  # noqa: BLE001 - health is advisory
             log.exception("health: could not judge the shared window of %s", site)
 
@@ -448,7 +478,7 @@ class HealthWatch:
         for site in self.book.scored_sites():
             try:
                 h = self.book.site(site)
-                self._after(site, h, [h.tick()], None)
+                self._after(site, h, h.tick(), None)
             except Exception:  # noqa: BLE001
                 log.exception("health: tick failed for %s", site)
 
@@ -495,7 +525,7 @@ class HealthWatch:
                                       len(response.body), latency, route=route)
         changes = [observed.change, h.record_canary(url, response.status, found)]
         notes = self._canary_notes(site, h, changes)
-        if observed.signal.signal is not Signal.OK:
+        if observed.signal.signal is not _OK:
             notes.extra["health_signal"] = observed.signal.signal.value
         outcome = "refused" if response.status >= 400 else "fetched"
         reason = f"canary: marker {marker!r} {'found' if found else 'missing'}"

@@ -10,7 +10,6 @@ them (baseline_days + 1 days, at most MAX_RAW_WINDOWS), then roll into one aggre
 from __future__ import annotations
 
 import math
-from collections import deque
 from typing import Any
 
 from etiquette_proxy.health.score import Tally
@@ -130,18 +129,22 @@ class HealthHistory:
     """Closed windows (raw, recent) and days (rolled up, months) for one site."""
 
     # One per site: a site that never closed a window holds two references to one shared empty
-    # tuple, not two empty deques (760 bytes each); the deques come with the first record.
+    # tuple; the lists come with the first record. Lists, not deques: a deque is 760 bytes
+    # from its first item (a list of one, 64), and records leave from the front only when a
+    # window rolls into its day, once per window close, a memmove of at most MAX_RAW_WINDOWS
+    # pointers.
     __slots__ = ("raw_days", "windows", "days")
 
     def __init__(self, raw_days: int) -> None:
         self.raw_days = raw_days
-        self.windows: deque[WindowRecord] | tuple[()] = ()
-        self.days: deque[DayRecord] | tuple[()] = ()
+        self.windows: list[WindowRecord] | tuple[()] = ()
+        self.days: list[DayRecord] | tuple[()] = ()
 
     def append(self, record: WindowRecord) -> None:
-        if not isinstance(self.windows, deque):
-            self.windows = deque()
-        self.windows.append(record)
+        if not self.windows:
+            self.windows = [record]
+        else:
+            self.windows.append(record)  # non-empty: a list
 
     def span(self, lo: float, hi: float) -> tuple[Tally, int]:
         """Pooled tally and stable-window count of everything that started in [lo, hi)."""
@@ -163,20 +166,30 @@ class HealthHistory:
         """Roll windows older than raw_days (or beyond MAX_RAW_WINDOWS) into days; drop old days."""
         horizon = now - self.raw_days * DAY
         windows = self.windows
-        while windows and (windows[0].start < horizon or len(windows) > MAX_RAW_WINDOWS):
-            assert isinstance(windows, deque)  # non-empty
-            w = windows.popleft()
+        leaving = 0
+        while leaving < len(windows) and (
+            windows[leaving].start < horizon or len(windows) - leaving > MAX_RAW_WINDOWS
+        ):
+            w = windows[leaving]
+            leaving += 1
             day = math.floor(w.start / DAY) * DAY
-            if not isinstance(self.days, deque):
-                self.days = deque()
+            if not self.days:
+                self.days = []
             rolled = self.days
+            assert isinstance(rolled, list)
             if not rolled or rolled[-1].start != day:
                 rolled.append(DayRecord(day, Tally()))
             rolled[-1].add(w)
+        if leaving:
+            assert isinstance(windows, list)  # non-empty
+            del windows[:leaving]
         days = self.days
-        while days and days[0].start < now - HISTORY_DAYS * DAY:
-            assert isinstance(days, deque)  # non-empty
-            days.popleft()
+        old = 0
+        while old < len(days) and days[old].start < now - HISTORY_DAYS * DAY:
+            old += 1
+        if old:
+            assert isinstance(days, list)  # non-empty
+            del days[:old]
 
     def scores(self) -> list[tuple[float, int | None]]:
         """(window start, smoothed score) for the raw windows kept, oldest first."""
@@ -217,7 +230,7 @@ class HealthHistory:
             (DayRecord.from_state(d) for d in days[-HISTORY_DAYS:]), key=lambda d: d.start
         )
         if kept_windows:
-            h.windows = deque(kept_windows)
+            h.windows = kept_windows
         if kept_days:
-            h.days = deque(kept_days)
+            h.days = kept_days
         return h

@@ -7,6 +7,7 @@ windows and the band; this module only says what a window scores against a basel
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,30 +35,105 @@ REASON_THRESHOLD = 0.10
 _BUCKETS_PER_DOUBLING = 4
 _MIN_MS = 0.5
 _MAX_MS = 3_600_000.0
+_INF, _floor, _log2 = math.inf, math.floor, math.log2  # one lookup each, not two, per latency
 
 
 class LatencySketch:
     """Bounded latency histogram with a p95 (log buckets, ~19% resolution)."""
 
-    __slots__ = ("buckets", "count")
+    # One per window (open, and each closed one kept in the history): the counts of a run of
+    # adjacent buckets in an array of 64-bit counts from its lowest bucket (a site's latencies
+    # fall in a few neighbouring buckets: 72 bytes for one, 8 more per bucket, where a dict is
+    # 224 bytes from its first and 352 past five). What the array cannot say (a bucket counted
+    # zero times yet present, a count past 64 bits, buckets spread over more than _SPAN) is a
+    # dict {bucket: count}, as the sketch always was.
+    __slots__ = ("_low", "_counts", "count")
 
     def __init__(self) -> None:
-        self.buckets: dict[int, int] = {}
+        self._low: int | None = 0  # the bucket of _counts[0]; None once _counts is a dict
+        self._counts: array[int] | dict[int, int] | None = None
         self.count = 0
+
+    @property
+    def buckets(self) -> dict[int, int]:
+        """{bucket: count}, for reading (a copy while the counts are an array)."""
+        counts = self._counts
+        if counts is None:
+            return {}
+        if type(counts) is dict:
+            return counts
+        low = self._low or 0
+        return {low + i: c for i, c in enumerate(counts) if c}
 
     def add(self, seconds: float) -> None:
         """Count one latency; non-finite or negative values are ignored."""
-        if not seconds >= 0.0 or seconds == math.inf:  # also rejects NaN
+        if not seconds >= 0.0 or seconds == _INF:  # also rejects NaN
             return
-        ms = min(max(seconds * 1000.0, _MIN_MS), _MAX_MS)
-        b = math.floor(_BUCKETS_PER_DOUBLING * math.log2(ms))
-        self.buckets[b] = self.buckets.get(b, 0) + 1
+        ms = seconds * 1000.0  # within [_MIN_MS, _MAX_MS]
+        if ms < _MIN_MS:
+            ms = _MIN_MS
+        elif ms > _MAX_MS:
+            ms = _MAX_MS
+        b = _floor(_BUCKETS_PER_DOUBLING * _log2(ms))
         self.count += 1
+        try:  # a bucket of the array's run, the common case: one index
+            i = b - self._low  # type: ignore[operator]  # None (a dict): TypeError
+            if i >= 0:
+                self._counts[i] += 1  # type: ignore[index]  # None: TypeError; past the run: IndexError
+                return
+        except (TypeError, IndexError, OverflowError):  # OverflowError: past 64 bits
+            pass
+        self._put(b, 1)
+
+    def add_count(self, bucket: int, count: int) -> None:
+        """Count `count` latencies in `bucket` at once (what another sketch or a stored state holds)."""
+        self._put(bucket, count)
+        self.count += count
+
+    def _put(self, b: int, c: int) -> None:
+        counts = self._counts
+        if type(counts) is dict:
+            counts[b] = counts.get(b, 0) + c
+            return
+        fits = 0 < c < _COUNT_LIMIT  # a count the array says as it is (0 there means absent)
+        if counts is None:
+            if fits:
+                self._low, self._counts = b, array("Q", (c,))
+            else:
+                self._low, self._counts = None, {b: c}
+            return
+        assert isinstance(counts, array) and self._low is not None
+        low, n = self._low, len(counts)
+        i = b - low
+        if 0 <= i < n:
+            total = counts[i] + c
+            if (counts[i] or fits) and total < _COUNT_LIMIT:
+                counts[i] = total
+                return
+        elif fits and max(low + n, b + 1) - min(low, b) <= _SPAN:
+            if i < 0:  # a lower bucket: the run starts there
+                self._low, self._counts = b, array("Q", (c,)) + _zeros(-i - 1) + counts
+            else:
+                counts.extend(_zeros(i - n))
+                counts.append(c)
+            return
+        spread = self.buckets  # what the array cannot say: a dict from now on
+        spread[b] = spread.get(b, 0) + c
+        self._low, self._counts = None, spread
 
     def merge(self, other: LatencySketch) -> None:
-        for b, c in other.buckets.items():
-            self.buckets[b] = self.buckets.get(b, 0) + c
+        for b, c in other._items():
+            self._put(b, c)
         self.count += other.count
+
+    def _items(self) -> list[tuple[int, int]] | Any:
+        counts = self._counts
+        if counts is None:
+            return ()
+        if type(counts) is dict:
+            return counts.items()
+        low = self._low or 0
+        return [(low + i, c) for i, c in enumerate(counts) if c]
 
     def quantile(self, q: float) -> float | None:
         """The q-quantile in seconds (upper edge of its bucket), None when empty."""
@@ -65,8 +141,8 @@ class LatencySketch:
             return None
         rank = q * self.count
         seen = 0
-        for b in sorted(self.buckets):
-            seen += self.buckets[b]
+        for b, c in sorted(self._items()):
+            seen += c
             if seen >= rank:
                 return float(2 ** ((b + 1) / _BUCKETS_PER_DOUBLING) / 1000.0)
         return None  # pragma: no cover - counts always add up
@@ -75,7 +151,7 @@ class LatencySketch:
         return self.quantile(0.95)
 
     def to_state(self) -> list[int]:
-        return [x for b, c in sorted(self.buckets.items()) for x in (b, c)]
+        return [x for b, c in sorted(self._items()) for x in (b, c)]
 
     @classmethod
     def from_state(cls, state: Any) -> LatencySketch:
@@ -85,13 +161,24 @@ class LatencySketch:
         for b, c in zip(state[::2], state[1::2], strict=True):
             if not (_is_int(b) and _is_int(c) and c > 0 and -10 <= b <= 100):
                 raise ValueError("latency sketch: bad bucket")
-            sketch.buckets[b] = sketch.buckets.get(b, 0) + c
-            sketch.count += c
+            sketch.add_count(b, c)
         return sketch
+
+
+def _zeros(n: int) -> array[int]:
+    return array("Q", bytes(8 * n))
+
+
+_SPAN = 112  # buckets an array spans at most: every bucket add() (-4..87) and a stored state (-10..100) name
+_COUNT_LIMIT = 1 << 64
 
 
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+# An enum member read through its class costs a descriptor call (Python 3.11): read once here.
+_SIGNAL_OK, _HARD_BLOCK, _CHALLENGE, _SOFT_BLOCK = Signal.OK, Signal.HARD_BLOCK, Signal.CHALLENGE, Signal.SOFT_BLOCK
 
 
 @dataclass(slots=True)
@@ -108,13 +195,13 @@ class Tally:
     def add(self, signal: Signal, latency_s: float | None) -> None:
         """Count one observation."""
         self.n += 1
-        if signal is Signal.OK:
+        if signal is _SIGNAL_OK:
             pass
-        elif signal is Signal.HARD_BLOCK:
+        elif signal is _HARD_BLOCK:
             self.hard += 1
-        elif signal is Signal.CHALLENGE:
+        elif signal is _CHALLENGE:
             self.challenge += 1
-        elif signal is Signal.SOFT_BLOCK:
+        elif signal is _SOFT_BLOCK:
             self.soft += 1
         else:
             self.error += 1

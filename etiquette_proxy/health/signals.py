@@ -10,6 +10,7 @@ norm a soft block is measured against is passed in (see `SizeNorm`).
 from __future__ import annotations
 
 import sys
+from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -127,7 +128,17 @@ def media_type(content_type: str | None) -> str:
     """`text/html; charset=utf-8` -> `text/html`; missing -> ``."""
     if not content_type:
         return ""
-    return content_type.split(";", 1)[0].strip().lower()[:64]
+    media = _MEDIA_TYPES.get(content_type)
+    if media is None:
+        media = content_type.split(";", 1)[0].strip().lower()[:64]
+        # A site sends a handful of Content-Type texts: each is read once (bounded; one with a
+        # per-response parameter, a multipart boundary, is merely read again).
+        if len(_MEDIA_TYPES) < 512:
+            _MEDIA_TYPES[content_type] = media
+    return media
+
+
+_MEDIA_TYPES: dict[str, str] = {}
 
 
 def _is_text(media: str) -> bool:
@@ -158,10 +169,16 @@ def classify_response(
     markers: Markers = Markers(),
     method: str = "GET",
     normal_size: float | None = None,
+    media: str | None = None,
 ) -> Classification:
-    """The hostility signal of one response; `normal_size` is the site's median for its type."""
-    media = media_type(field_text(headers, "content-type"))
-    if field_text(headers, "cf-mitigated").strip().lower() == "challenge":
+    """The hostility signal of one response; `normal_size` is the site's median for its type,
+    `media` its media type when the caller has read it already (else read here)."""
+    if media is None:
+        media = media_type(field_text(headers, "content-type"))
+    mitigated = headers.get("cf-mitigated")  # field_text's answer, one lookup when present
+    if mitigated is None and type(headers) is dict:
+        mitigated = field_text(headers, "cf-mitigated")  # a plain dict: the name in any case
+    if mitigated and str(mitigated).strip().lower() == "challenge":
         return Classification(Signal.CHALLENGE, "cf-mitigated: challenge")
     is_2xx = 200 <= status < 300
     # A 2xx of normal size is content (see INTERSTITIAL_FRACTION); anything else may be a
@@ -170,10 +187,11 @@ def classify_response(
         is_2xx and normal_size is not None and body_size >= INTERSTITIAL_FRACTION * normal_size
     )
     # Lower-case the head only when some marker list is to be searched: it is the costly step.
-    scan = bool(body_head) and _is_text(media)
     head = (
         body_head[:HEAD_BYTES].lower()
-        if scan and (maybe_interstitial or markers.site_challenge or markers.site_block)
+        if (maybe_interstitial or markers.site_challenge or markers.site_block)
+        and body_head
+        and _is_text(media)
         else b""
     )
     if head:
@@ -237,9 +255,35 @@ class _TypeSizes:
 
     def __init__(self, media: str, sizes: list[int]) -> None:
         self.media = media
-        self.sizes = sizes
+        # 8 bytes a size in an array (a list holds a 32-byte int object per size past 256:
+        # 2.7 KB at SIZE_SAMPLES, the array 0.7 KB); a size past 64 bits keeps a list.
+        self.sizes: array[int] | list[int]
+        try:
+            self.sizes = array("q", sizes)
+        except OverflowError:
+            self.sizes = list(sizes)
         self.median: float | None | object = _UNSET  # _UNSET: compute on the next question
         self.added = 0
+
+    def normal_size(self) -> float | None:
+        """The median, or None until SIZE_MIN_SAMPLES sizes exist."""
+        if self.median is _UNSET:
+            sizes = self.sizes
+            self.median = float(median_low(sizes)) if len(sizes) >= SIZE_MIN_SAMPLES else None
+        return self.median  # type: ignore[return-value]
+
+    def add(self, size: int) -> None:
+        sizes = self.sizes
+        try:
+            sizes.append(size)
+        except OverflowError:  # past 64 bits: a list from now on
+            sizes = self.sizes = [*sizes, size]
+        if len(sizes) > SIZE_SAMPLES:  # the last SIZE_SAMPLES sizes
+            del sizes[0]
+        self.added += 1
+        # Recompute the median lazily, and at most every 8 sizes: it moves slowly anyway.
+        if self.added % 8 == 0 or self.median is None:
+            self.median = _UNSET
 
 
 _UNSET = object()
@@ -248,50 +292,49 @@ _UNSET = object()
 class SizeNorm:
     """Running median body size per content type for one site (bounded: 16 types x 65 sizes)."""
 
-    # One per site: nothing is allocated until the first size is learnt, and then one small
-    # record per content type in a list (at most 16: a scan is as quick as a dict and ~150 bytes
-    # smaller), sizes as a list (an empty deque alone is 760 bytes).
+    # One per site: nothing is allocated until the first size is learnt, then the one small
+    # record of the first content type (most sites serve one to a crawler), and a tuple of them
+    # from the second (at most 16: a scan is as quick as a dict and ~150 bytes smaller).
     __slots__ = ("_types",)
 
     def __init__(self) -> None:
-        self._types: list[_TypeSizes] | None = None
+        self._types: _TypeSizes | tuple[_TypeSizes, ...] | None = None
 
-    def _kept(self, media: str) -> _TypeSizes | None:
-        for kept in self._types or ():
+    def of(self, media: str) -> _TypeSizes | None:
+        """What is learnt for `media`, if anything (one lookup for a response's question and
+        its lesson: `normal_size` and `add` of the record)."""
+        types = self._types
+        if type(types) is _TypeSizes:
+            return types if types.media == media else None
+        for kept in types or ():  # type: ignore[union-attr]  # a tuple or None
             if kept.media == media:
                 return kept
         return None
 
+    def _each(self) -> tuple[_TypeSizes, ...]:
+        types = self._types
+        return () if types is None else (types,) if type(types) is _TypeSizes else types  # type: ignore[return-value]
+
     def normal_size(self, media: str) -> float | None:
         """The median 2xx body size for `media`, or None until SIZE_MIN_SAMPLES exist."""
-        kept = self._kept(media)
-        if kept is None:
-            return None  # nothing learnt for this type (a median of nothing is None)
-        if kept.median is _UNSET:
-            sizes = kept.sizes
-            kept.median = float(median_low(sizes)) if len(sizes) >= SIZE_MIN_SAMPLES else None
-        return kept.median  # type: ignore[return-value]
+        kept = self.of(media)
+        # nothing learnt for this type: a median of nothing is None
+        return None if kept is None else kept.normal_size()
 
-    def add(self, media: str, size: int) -> None:
-        """Learn one ordinary 2xx body size."""
-        kept = self._kept(media)
+    def add(self, media: str, size: int, kept: _TypeSizes | None = None) -> None:
+        """Learn one ordinary 2xx body size (`kept`: `of(media)`, when the caller has it)."""
         if kept is None:
-            if self._types is None:
-                self._types = []
-            if len(self._types) >= SIZE_MAX_TYPES:
+            kept = self.of(media)
+        if kept is None:
+            types = self._each()
+            if len(types) >= SIZE_MAX_TYPES:
                 return
             kept = _TypeSizes(sys.intern(media), [])  # "text/html": one string for all sites
-            self._types.append(kept)
-        kept.sizes.append(size)
-        if len(kept.sizes) > SIZE_SAMPLES:  # the last SIZE_SAMPLES sizes
-            del kept.sizes[0]
-        kept.added += 1
-        # Recompute the median lazily, and at most every 8 sizes: it moves slowly anyway.
-        if kept.added % 8 == 0 or kept.median is None:
-            kept.median = _UNSET
+            self._types = (*types, kept) if types else kept
+        kept.add(size)
 
     def to_state(self) -> dict[str, Any]:
-        return {kept.media: list(kept.sizes) for kept in self._types or ()}
+        return {kept.media: list(kept.sizes) for kept in self._each()}
 
     @classmethod
     def from_state(cls, state: Any) -> SizeNorm:
@@ -307,5 +350,5 @@ class SizeNorm:
                 raise ValueError("size norm: sizes must be non-negative integers")
             kept.append(_TypeSizes(media, sizes[-SIZE_SAMPLES:]))
         if kept:
-            norm._types = kept
+            norm._types = kept[0] if len(kept) == 1 else tuple(kept)
         return norm

@@ -50,6 +50,7 @@ from etiquette_proxy.health.history import (
 from etiquette_proxy.health.parser import ParserHealth
 from etiquette_proxy.health.score import Baseline, Tally, route_problem, score_window
 from etiquette_proxy.health.signals import (
+    _OK,
     Classification,
     Markers,
     Signal,
@@ -191,18 +192,64 @@ class Observed:
     change: BandChange | None
 
 
+_OK_UNCHANGED = Observed(_OK, None)
+
+
 class _Open:
-    __slots__ = ("start", "routes", "canaries", "canaries_good", "canary_wrong")
+    """The open window: a tally per route and the canaries' verdicts."""
+
+    # One per site in memory. The first route's tally is held as it is (one proxy has one
+    # route: its upstream); a dict of every route only once a second one is counted (a dict of
+    # one is 184 bytes).
+    __slots__ = ("start", "route", "tally", "_routes", "canaries", "canaries_good", "canary_wrong")
 
     def __init__(self, start: float):
         self.start = start
-        self.routes: dict[str, Tally] = {}
+        self.route = ""  # the route of `tally`, while it is the only one
+        self.tally: Tally | None = None
+        self._routes: dict[str, Tally] | None = None  # every route, once there are two
         self.canaries = 0
         self.canaries_good = 0
         self.canary_wrong: str | None = None
 
+    @property
+    def routes(self) -> dict[str, Tally]:
+        """Every route's tally, in the order they were first counted (to read, not to change)."""
+        if self._routes is not None:
+            return self._routes
+        return {} if self.tally is None else {self.route: self.tally}
+
+    def set_routes(self, routes: dict[str, Tally]) -> None:
+        """Hold exactly `routes` (in their order)."""
+        if len(routes) == 1:
+            ((self.route, self.tally),) = routes.items()
+            self._routes = None
+        else:
+            self.route, self.tally, self._routes = "", None, (routes or None)
+
+    def tally_for(self, route: str) -> Tally:
+        """The tally `route` is counted into (made on first use; past MAX_ROUTES routes, the
+        "(other routes)" one)."""
+        tally = self.tally
+        if tally is not None and self.route == route:
+            return tally
+        routes = self._routes
+        if routes is None:
+            if tally is None:  # the first route
+                tally = self.tally = Tally()
+                self.route = route
+                return tally
+            routes = self._routes = {self.route: tally}  # a second: every route in a dict
+            self.route, self.tally = "", None
+        tally = routes.get(route)
+        if tally is None:
+            if len(routes) >= MAX_ROUTES:
+                route = "(other routes)"
+            tally = routes.setdefault(route, Tally())
+        return tally
+
     def empty(self) -> bool:
-        return not self.routes and not self.canaries
+        return self.tally is None and not self._routes and not self.canaries
 
 
 # -- one window counted by several instances (SPEC §10, state.backend: redis) ---------------------
@@ -235,6 +282,7 @@ def window_from_counts(start: float, counts: Mapping[str, int], canary_wrong: st
     """Every instance's counters for the window starting at `start`, summed, as one window.
     Counters that make no sense (negative, unknown, more signals than requests) are dropped."""
     w = _Open(start)
+    routes: dict[str, Tally] = {}
     for key, value in list(counts.items())[:MAX_SHARED_FIELDS]:
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             continue
@@ -244,23 +292,23 @@ def window_from_counts(start: float, counts: Mapping[str, int], canary_wrong: st
             w.canaries_good = value
         elif key.startswith("r|"):
             route, _, name = key[2:].rpartition("|")
-            if len(w.routes) >= MAX_ROUTES and route not in w.routes:
+            if len(routes) >= MAX_ROUTES and route not in routes:
                 route = "(other routes)"
-            t = w.routes.setdefault(route, Tally())
+            t = routes.setdefault(route, Tally())
             if name in _TALLY_FIELDS:
                 setattr(t, name, getattr(t, name) + value)
             elif name[:1] == "l" and name[1:].lstrip("-").isdigit() and abs(int(name[1:])) < 1000:
-                t.latency.buckets[int(name[1:])] = t.latency.buckets.get(int(name[1:]), 0) + value
-                t.latency.count += value
-    for route, t in list(w.routes.items()):
+                t.latency.add_count(int(name[1:]), value)
+    for route, t in list(routes.items()):
         if t.hard + t.challenge + t.soft + t.error > t.n:
-            del w.routes[route]
+            del routes[route]
+    w.set_routes(routes)
     w.canaries_good = min(w.canaries_good, w.canaries)
     w.canary_wrong = canary_wrong[:200] if canary_wrong else None
     return w
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Judged:
     start: float
     n: int
@@ -269,6 +317,40 @@ class _Judged:
     signals: tuple[str, ...]
     route: str | None
     baseline: str
+
+
+class _NoHistory(HealthHistory):
+    """The history of every site that has closed no window yet: one shared, empty, never added to."""
+
+    __slots__ = ()
+
+    def append(self, record: WindowRecord) -> None:
+        raise RuntimeError("the shared empty history takes no records")
+
+
+_NO_HISTORY = _NoHistory(1)
+
+# The reasons of a window too small to judge, or judged while learning, kept by every site's
+# last verdict and history: one tuple per distinct text (bounded by min_requests values).
+_REASONS: dict[tuple[str, int, int], tuple[str, ...]] = {}
+
+
+def _not_enough(n: int, needed: int) -> tuple[str, ...]:
+    reasons = _REASONS.get(("n", n, needed))
+    if reasons is None:
+        reasons = (f"not enough requests to judge: {n} of {needed}",)
+        if len(_REASONS) < 4096:
+            _REASONS[("n", n, needed)] = reasons
+    return reasons
+
+
+def _learning(windows: int) -> tuple[str, ...]:
+    reasons = _REASONS.get(("w", windows, WARMUP_WINDOWS))
+    if reasons is None:
+        reasons = (f"learning this site's normal: {windows} of {WARMUP_WINDOWS} windows",)
+        if len(_REASONS) < 4096:
+            _REASONS[("w", windows, WARMUP_WINDOWS)] = reasons
+    return reasons
 
 
 class SiteHealth:
@@ -294,7 +376,7 @@ class SiteHealth:
         self._warmup: Tally | None = None  # the warm-up windows pooled (built on the first)
         self._warmup_count = 0
         self._open = _Open(self._window_start(clock()))
-        self._history = HealthHistory(self.settings.baseline_days + 1)
+        self._history: HealthHistory = _NO_HISTORY  # its own from the first closed window
         self._judged: _Judged | None = None
         self._baseline_memo: tuple[float, Baseline | None] | None = None
         # SPEC §10: with several instances a window is judged on every instance's counts: a
@@ -314,14 +396,7 @@ class SiteHealth:
         """Count one classified observation; returns a band change when a window closed."""
         now = self._clock()
         change = self._roll(now) if now >= self._open.start + self.settings.window_s else None
-        routes = self._open.routes
-        key = route or ""
-        tally = routes.get(key)
-        if tally is None:
-            if len(routes) >= MAX_ROUTES:
-                key = "(other routes)"
-            tally = routes.setdefault(key, Tally())
-        tally.add(signal, latency_s)
+        self._open.tally_for(route or "").add(signal, latency_s)
         return change
 
     def observe_response(
@@ -337,6 +412,8 @@ class SiteHealth:
     ) -> Observed:
         """Classify one response (first ~64 KiB of body suffices) and count it."""
         media = media_type(field_text(headers, "content-type"))
+        sizes = self._sizes
+        kept = sizes.of(media)  # the size norm asked and taught with one lookup
         c = classify_response(
             status,
             headers,
@@ -344,17 +421,24 @@ class SiteHealth:
             body_size,
             markers=self._markers,
             method=method,
-            normal_size=self._sizes.normal_size(media),
+            normal_size=None if kept is None else kept.normal_size(),
+            media=media,
         )
         if (
-            (c.signal is Signal.OK or c.by_size)
+            (c is _OK or c.by_size)  # every ordinary answer is signals' one _OK
             and 200 <= status < 300
             and status not in (204, 205, 206)
             and body_size > 0
             and method.upper() != "HEAD"
         ):
-            self._sizes.add(media, body_size)
-        return Observed(c, self.observe(c.signal, latency_s, route))
+            if kept is None:
+                sizes.add(media, body_size)
+            else:
+                kept.add(body_size)
+        change = self.observe(c.signal, latency_s, route)
+        if change is None and c is _OK:
+            return _OK_UNCHANGED  # immutable: most responses share it
+        return Observed(c, change)
 
     def observe_error(
         self, message: str, latency_s: float | None = None, *, route: str | None = None
@@ -498,21 +582,25 @@ class SiteHealth:
     def _close(self, w: _Open) -> BandChange | None:
         s = self.settings
         baseline = self._baseline(w.start)
-        finding = route_problem(w.routes, s.min_requests, baseline) if len(w.routes) > 1 else None
+        routes = w.routes
+        finding = route_problem(routes, s.min_requests, baseline) if len(routes) > 1 else None
         # A failing route is a route problem, not site hostility (seed 000): leave it out.
-        excluded = set(finding.routes) if finding else set()
-        scored = Tally()
-        for route, t in w.routes.items():
-            if route not in excluded:
-                scored.merge(t)
+        if w.tally is not None:
+            # One route, as one proxy has: its tally is the window's, kept as the history
+            # record (the closed window is not counted into again), not merged into a copy.
+            scored = w.tally
+        else:
+            excluded = set(finding.routes) if finding else set()
+            scored = Tally()
+            for route, t in routes.items():
+                if route not in excluded:
+                    scored.merge(t)
         stable = scored.n >= s.min_requests
         raw: float | None = None
         signals: tuple[str, ...] = ()
         change = None
         if not stable:
-            reasons: tuple[str, ...] = (
-                f"not enough requests to judge: {scored.n} of {s.min_requests}",
-            )
+            reasons = _not_enough(scored.n, s.min_requests)
             change = self._probation_step(w)
         elif baseline is None:
             if w.canary_wrong is None:  # a window whose canary saw wrong content is not normal
@@ -520,9 +608,7 @@ class SiteHealth:
                     self._warmup = Tally()
                 self._warmup.merge(scored)
                 self._warmup_count += 1
-            reasons = (
-                f"learning this site's normal: {self._warmup_count} of {WARMUP_WINDOWS} windows",
-            )
+            reasons = _learning(self._warmup_count)
         else:
             ws = score_window(scored, baseline, w.canary_wrong)
             raw = ws.raw
@@ -535,6 +621,8 @@ class SiteHealth:
         if finding is not None:
             reasons += (finding.reason,)
         stable_normal = stable and w.canary_wrong is None
+        if self._history is _NO_HISTORY:
+            self._history = HealthHistory(self.settings.baseline_days + 1)
         self._history.append(
             WindowRecord(
                 w.start, scored, raw, self._smoothed if raw is not None else None, stable_normal
@@ -649,9 +737,13 @@ class SiteHealth:
             count, warm = state["warmup"]
             if not is_count(count):
                 raise ValueError("site health: bad warm-up count")
-            h._warmup_count, h._warmup = count, Tally.from_state(warm)
+            warmup = Tally.from_state(warm)
+            # An empty warm-up tally is what None stands for (the first merge makes one).
+            h._warmup_count = count
+            h._warmup = warmup if warmup.n or warmup.latency.count else None
             h._open = _open_from_state(state["open"])
-            h._history = HealthHistory.from_state(state["history"], h.settings.baseline_days + 1)
+            history = HealthHistory.from_state(state["history"], h.settings.baseline_days + 1)
+            h._history = history if history.windows or history.days else _NO_HISTORY
             h._judged = _judged_from_state(state["judged"])
             h._sizes = SizeNorm.from_state(state["sizes"])
         except (KeyError, TypeError, AttributeError) as e:
@@ -672,7 +764,7 @@ def _open_from_state(s: Any) -> _Open:
     o = _Open(float(start))
     t = Tally.from_state(tally)
     if t.n:
-        o.routes[""] = t
+        o.route, o.tally = "", t
     o.canaries, o.canaries_good, o.canary_wrong = canaries, good, wrong
     return o
 

@@ -161,6 +161,32 @@ def test_route_label_is_the_upstream_proxy_or_direct(tmp_path):
     assert route_label(runtime(tmp_path, "upstream.proxy=http://10.0.0.1:3128")) == "http://10.0.0.1:3128"
 
 
+def test_responses_are_counted_under_the_route_of_the_config_in_force(tmp_path, clock):
+    """The route label is kept per config: a reload with another upstream counts under it."""
+    rt = runtime(tmp_path)
+    watch = HealthWatch(rt, clock=clock)
+    exchange(watch)
+    rt.config = load_config("", "<test>", ["health.window=10s", "health.min_requests=5",
+                                           "upstream.proxy=http://10.0.0.1:3128"])
+    exchange(watch)
+    exchange(watch)
+    routes = watch.book.site("example.com:80")._open.routes
+    assert {r: t.n for r, t in routes.items()} == {"direct": 1, "http://10.0.0.1:3128": 2}
+
+
+def test_a_site_with_a_shorter_window_wakes_the_ticker_sooner(tmp_path, clock):
+    """Windows close within one tick of their end: a site's own health.window sets the tick."""
+    watch = HealthWatch(runtime(tmp_path, 'sites."fast.test:80".health.window=2s'), clock=clock)
+    exchange(watch)
+    assert watch._tick_every == 2.5 and watch._tick_sooner.is_set()
+    watch._tick_sooner.clear()
+    exchange(watch, host="fast.test")
+    assert watch._tick_every == 0.5 and watch._tick_sooner.is_set()
+    watch._tick_sooner.clear()
+    exchange(watch)  # a longer window never lengthens it
+    assert watch._tick_every == 0.5 and not watch._tick_sooner.is_set()
+
+
 def test_no_score_before_warm_up_then_health_key_and_band_actions(tmp_path, clock):
     rt = runtime(tmp_path)
     watch = HealthWatch(rt, clock=clock)
