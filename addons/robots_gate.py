@@ -63,7 +63,6 @@ class RobotsGate:
         # Pacing's: robots.txt fetches count against the site's budget (SPEC §4); it may raise
         # SideFetchError (not sent: the site is paused).
         self.before_fetch = before_fetch
-        self._settings: SiteRegistry[RobotsSettings] = SiteRegistry(RobotsSettings.from_config)
 
     def status(self, site: str) -> dict[str, object]:
         """Dashboard fields: the robots.txt state of each origin of `site` (http, https, and
@@ -141,8 +140,9 @@ class RobotsGate:
             notes.extra["purposes"] = no.audit(purposes)
 
     def settings_for(self, site: str) -> RobotsSettings:
-        """The site's robots.* settings, read from the config once per site and config."""
-        return self._settings.get(self.rt.config, site)
+        """The site's robots.* settings: shared by every site without overrides, read once per
+        config (a per-site cache of them churned past its bound: a rebuild per request)."""
+        return RobotsSettings.from_config(self.rt.config, site)
 
     def _answer_robots(self, flow: http.HTTPFlow, entry: RobotsEntry) -> None:
         """A client's own robots.txt request is answered from the cache (SPEC §4)."""

@@ -31,7 +31,7 @@ from etiquette_proxy.robots.purposes import (
     parse_value,
     refusal,
 )
-from etiquette_proxy.sites import Persisted, SiteRegistry
+from etiquette_proxy.sites import Persisted, SiteRegistry, site_settings
 from etiquette_proxy.state.interface import StateStore
 from etiquette_proxy.target import robots_forms
 
@@ -55,7 +55,13 @@ class RobotsSettings:
     user_agent: str | None = None
 
     @classmethod
-    def from_config(cls, config: Any, site: str) -> RobotsSettings:
+    def from_config(cls, config: Any, site: str | None) -> RobotsSettings:
+        """The site's robots.* settings: one shared value for every site without `sites:`
+        overrides (sites.py site_settings), so no per-site cache is needed."""
+        return site_settings(config, site, cls._read)
+
+    @classmethod
+    def _read(cls, config: Any, site: str | None) -> RobotsSettings:
         v = config.for_site(site).robots
         return cls(
             ttl=min(v.ttl, 86400.0), timeout=v.timeout, max_bytes=v.max_bytes,
