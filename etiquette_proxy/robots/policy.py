@@ -31,7 +31,7 @@ from etiquette_proxy.robots.purposes import (
     parse_value,
     refusal,
 )
-from etiquette_proxy.sites import Persisted, SiteRegistry, site_settings
+from etiquette_proxy.sites import Persisted, SiteRegistry, hashed_dict, site_settings
 from etiquette_proxy.state.interface import StateStore
 from etiquette_proxy.target import robots_forms
 
@@ -508,9 +508,14 @@ class RobotsPolicy:
         # A dict, not an OrderedDict (~90 bytes less per origin: 9 MB at 100,000 origins): a
         # use moves the origin to the end (pop, insert); evictions are rare (past the budget),
         # and the dict is rebuilt before one if many moves left deleted slots to walk.
-        self._parsed: dict[str, _Rules] = {}
+        # Keyed by each entry's own origin string; hashes kept in the table (sites.py
+        # hashed_dict): its 100,000 keys are not read on a lookup's way nor on a resize.
+        self._parsed: dict[str, _Rules] = hashed_dict()
         self._parsed_bytes = 0
         self._moved = 0
+        # The rules `recall` just gave an entry back from (moved then): the verdict on the
+        # same request takes them without a second lookup.
+        self._recalled: _Rules | None = None
 
     def is_fresh(self, entry: RobotsEntry | None) -> bool:
         """Whether the entry may be used without fetching again."""
@@ -653,12 +658,19 @@ class RobotsPolicy:
     def _group(self, entry: RobotsEntry, token: str) -> _Rules:
         """`entry`'s rules as they apply to `token`, compiled (robots.txt parsed at most once)."""
         parsed = self._parsed
-        rules = parsed.get(entry.origin)
-        # `is` first: the entry's text is the very string compiled, until a new fetch replaces it.
-        if rules is not None and (rules.text is entry.text or rules.text == entry.text):
-            del parsed[entry.origin]
-            parsed[entry.origin] = rules  # most recently used last
-            self._moved += 1
+        rules = self._recalled
+        if rules is not None and rules.resting is entry:
+            pass  # recalled for this entry just now, and moved then
+        else:
+            rules = parsed.get(entry.origin)
+            # `is` first: the entry's text is the very string compiled, until a new fetch replaces it.
+            if rules is not None and (rules.text is entry.text or rules.text == entry.text):
+                del parsed[entry.origin]
+                parsed[entry.origin] = rules  # most recently used last
+                self._moved += 1
+            else:
+                rules = None
+        if rules is not None:
             if rules.token == token:
                 return rules
             more = rules.more
@@ -673,7 +685,8 @@ class RobotsPolicy:
             self._parsed_bytes += 50 + found.size()
             self._evict()
             return found
-        if rules is not None:
+        rules = parsed.get(entry.origin)
+        if rules is not None:  # compiled from an older text
             self._parsed_bytes -= rules.size()
             del parsed[entry.origin]
             self._moved += 1
@@ -703,9 +716,18 @@ class RobotsPolicy:
         return True
 
     def recall(self, origin: str) -> RobotsEntry | None:
-        """The entry kept by `rest` for `origin` (its compiled rules still held), or None."""
-        rules = self._parsed.get(origin)
-        return None if rules is None else rules.resting
+        """The entry kept by `rest` for `origin` (its compiled rules still held), or None: a
+        use of those rules (moved to the most recent end, as a verdict moves them)."""
+        parsed = self._parsed
+        rules = parsed.get(origin)
+        if rules is None or rules.resting is None:
+            return None
+        entry = rules.resting
+        del parsed[origin]
+        parsed[entry.origin] = rules  # the entry's own string stays the key
+        self._moved += 1
+        self._recalled = rules
+        return entry
 
     def _evict(self) -> None:
         # Least recently used out, one at a time: hot origins stay compiled however many
@@ -713,12 +735,17 @@ class RobotsPolicy:
         if not (len(self._parsed) > PARSED_LIMIT or self._parsed_bytes > PARSED_BUDGET):
             return
         if self._moved > 4096:  # next(iter()) walks the slots moves left deleted: rebuild first
-            self._parsed = dict(self._parsed)
+            rebuilt = hashed_dict()
+            rebuilt.update(self._parsed)
+            self._parsed = rebuilt
             self._moved = 0
         parsed = self._parsed
         while len(parsed) > 1 and (len(parsed) > PARSED_LIMIT or self._parsed_bytes > PARSED_BUDGET):
-            self._parsed_bytes -= parsed.pop(next(iter(parsed))).size()
+            evicted = parsed.pop(next(iter(parsed)))
+            self._parsed_bytes -= evicted.size()
             self._moved += 1
+            if evicted is self._recalled:
+                self._recalled = None
 
 
 _ALLOWED_VERDICT = RobotsVerdict(True, _ALLOWED)  # frozen: one for every allowed URL

@@ -160,3 +160,45 @@ def test_an_entry_without_compiled_rules_is_read_from_the_state_store() -> None:
     for i in range(3):
         entries.put(CONFIG, f"http://o{i}.example:80", _fetched(policy, f"http://o{i}.example:80", b""))
     assert entries.find(CONFIG, origin) == entry and state.reads == 1
+
+
+class NoMemoPolicy(RobotsPolicy):
+    """The policy without its recalled-rules shortcut: every verdict looks its rules up."""
+
+    def recall(self, origin: str) -> RobotsEntry | None:
+        entry = super().recall(origin)
+        self._recalled = None
+        return entry
+
+
+def test_the_recalled_rules_shortcut_decides_and_orders_as_the_lookup_it_skips() -> None:
+    """Random fetches, finds and verdicts over more origins than the registry keeps: the same
+    entries, verdicts, crawl delays and compiled-rules order as a policy looking up each time."""
+    import random
+
+    from etiquette_proxy.clock import FakeClock
+
+    runs = []
+    for cls in (RobotsPolicy, NoMemoPolicy):
+        rng = random.Random(7)
+        state = ReadCountingState()
+        policy = cls(clock=FakeClock())
+        entries = entry_registry(lambda: state, policy)  # noqa: B023 - used within the iteration
+        origins = [f"http://s{i}.example:80" for i in range(12)]
+        seen: list[object] = []
+        for _ in range(2000):
+            origin = rng.choice(origins)
+            op = rng.random()
+            if op < 0.1 or entries.find(CONFIG, origin) is None:
+                body = (b"User-agent: *\nDisallow: /private/\nCrawl-delay: %d\nDisallow: /only-%d/\n"
+                        % (rng.randrange(3), rng.randrange(4)))
+                status = rng.choice([200, 200, 200, 404])
+                entries.put(CONFIG, origin, _fetched(policy, origin, body, status))
+                entries.save(origin)
+            entry = entries.find(CONFIG, origin)
+            assert entry is not None
+            token = rng.choice(["bot", "bot", "otherbot"])
+            seen.append((origin, entry.to_state(), [policy.verdict_for_target(entry, t, token) for t in TARGETS],
+                         policy.crawl_delay(entry, token, RobotsSettings()), list(policy._parsed)))  # noqa: SLF001
+        runs.append((seen, state.reads))
+    assert runs[0] == runs[1]
