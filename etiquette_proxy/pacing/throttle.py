@@ -245,7 +245,9 @@ class _CalmThrottle(ThrottleState):
         raise TypeError(f"a calm site's shared 429 contract is read-only (set {name!r} on its own copy)")
 
 
-_CALM: dict[tuple[PacingSettings, Callable[[], float]], ThrottleState] = {}
+# (id(settings), id(random)) -> (settings, random, the shared contract): by identity, since
+# hashing a PacingSettings reads its twelve fields (settings are interned: equal ones are one).
+_CALM: dict[tuple[int, int], tuple[PacingSettings, Callable[[], float], ThrottleState]] = {}
 
 
 def calm_throttle(settings: PacingSettings, random: Callable[[], float] = _random.random) -> ThrottleState:
@@ -253,14 +255,15 @@ def calm_throttle(settings: PacingSettings, random: Callable[[], float] = _rando
     ceiling, pause, breaker or hint): equal to `ThrottleState(settings, random)`, without one
     object per site (~130 bytes each, and a cold object read on each of its requests once many
     sites are in memory)."""
-    key = (settings, random)
-    shared = _CALM.get(key)
-    if shared is None:
-        if len(_CALM) >= 256:  # settings are interned and few; a test's jitter sources are not
-            _CALM.clear()
-        shared = ThrottleState(settings, random)
-        shared.__class__ = _CalmThrottle  # the same slots: read-only from here on
-        _CALM[key] = shared
+    key = (id(settings), id(random))
+    kept = _CALM.get(key)
+    if kept is not None and kept[0] is settings and kept[1] is random:
+        return kept[2]
+    if len(_CALM) >= 256:  # settings are interned and few; a test's jitter sources are not
+        _CALM.clear()
+    shared = ThrottleState(settings, random)
+    shared.__class__ = _CalmThrottle  # the same slots: read-only from here on
+    _CALM[key] = (settings, random, shared)
     return shared
 
 
