@@ -20,7 +20,9 @@ With `persisted` (a `Persisted`: namespace, load, dump, at_rest) the values are 
   evicted value is kept compactly elsewhere and recalled before the state store is read: the
   value it left memory as, as keeping it would have given (robots.txt entries beside their
   compiled rules, robots/policy.py). `find` answers a resting value from that tier without
-  moving it back (no eviction per request past the bound); `peek` sees the first tier only.
+  moving it back (no eviction per request past the bound), and with `settle` moves a value it
+  finds in the first tier to the second once it may rest there; `peek` sees the first tier
+  only.
 - A site evicted with nothing to store is remembered as clean (a name in a bounded set), so its
   next request skips the state read: exactly what keeping it in memory would have done (a
   value is read from the state store once, on first sight).
@@ -50,8 +52,10 @@ H = TypeVar("H", bound=Hashable)
 # to the recent end, so the next insert looks at others).
 _EVICT_SCAN = 8
 # How many of the oldest sites one walk from the front of a registry's table takes as the next
-# to evict (SiteRegistry._oldest).
-_OLDEST = 256
+# to evict (SiteRegistry._oldest). Each walk also steps over every slot deleted at the front
+# since the table last resized: fewer, longer walks (benchmarks/README.md, section flat). A use
+# looks the site up there too; a table of this size stays in cache.
+_OLDEST = 4096
 _NOT_STR = object()
 
 
@@ -95,6 +99,10 @@ class Persisted(Generic[T]):
     # (None: forget what is kept); `recall(site)` gives it back before the state store is read.
     rest: Callable[[str, T | None], object] | None = None
     recall: Callable[[str], T | None] | None = None
+    # With rest/recall, for values saved as they change: `settle(site, value)` moves a value
+    # found in the first tier to the second now if it may live there (True when it did):
+    # a robots.txt entry whose rules are compiled is then found with one lookup, not two.
+    settle: Callable[[str, T], bool] | None = None
 
 
 class SiteRegistry(Generic[T]):
@@ -162,12 +170,13 @@ class SiteRegistry(Generic[T]):
             self.reset(config)
         built = self._built
         value = built.pop(site, None)
+        p = self.persisted
         if value is not None:
-            built[site] = value  # most recently used now
             if self._oldest:
                 self._oldest.pop(site, None)
+            if p is None or p.settle is None or not p.settle(site, value):
+                built[site] = value  # most recently used now
             return value
-        p = self.persisted
         if p is None:
             return None
         if p.recall is not None and site not in self._clean:

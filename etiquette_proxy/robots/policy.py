@@ -715,6 +715,25 @@ class RobotsPolicy:
         rules.resting = entry
         return True
 
+    def settle(self, origin: str, entry: RobotsEntry) -> bool:
+        """`rest` for an entry the registry found in its first tier, once its rules are
+        compiled (a use: the rules move to the recent end, and the verdict on this request
+        takes them without a lookup): from then on the origin is found beside its rules."""
+        if entry.kind != "rules" or entry.origin != origin:
+            return False  # nothing compiled to rest beside (no rules), or not its own origin
+        parsed = self._parsed
+        rules = parsed.get(origin)
+        if rules is None or not (rules.text is entry.text or rules.text == entry.text):
+            return False  # not compiled yet: the first verdict compiles it
+        if rules.resting is None:
+            self._parsed_bytes += RESTING_BYTES
+        rules.resting = entry if entry.text is rules.text else replace(entry, text=rules.text)
+        del parsed[origin]
+        parsed[entry.origin] = rules  # the entry's own string stays the key
+        self._moved += 1
+        self._recalled = rules
+        return True
+
     def recall(self, origin: str) -> RobotsEntry | None:
         """The entry kept by `rest` for `origin` (its compiled rules still held), or None: a
         use of those rules (moved to the most recent end, as a verdict moves them)."""
@@ -757,9 +776,11 @@ def entry_registry(state: Callable[[], StateStore],
                    policy: RobotsPolicy | None = None) -> SiteRegistry[RobotsEntry]:
     """origin -> robots.txt entry in the per-site registry (sites.py), bounded by
     `state.max_sites_in_memory`. Entries come from fetches (`put` then `save`: every entry is in
-    the state store from the moment it is fetched). One that leaves memory stays beside its
-    compiled rules in `policy` (`RobotsPolicy.rest`: ~170 bytes, its text shared with the rules)
-    and comes back from there with `find` on the origin's next request; without compiled rules
+    the state store from the moment it is fetched). One that leaves memory, or is found once its
+    rules are compiled (`RobotsPolicy.settle`), stays beside its compiled rules in `policy`
+    (`RobotsPolicy.rest`: ~170 bytes, its text shared with the rules) and is found there with
+    `find` on the origin's next requests (one lookup: not in the first tier, then beside its
+    rules, which the verdict then takes without a lookup of its own); without compiled rules
     (no `policy`, evicted from its cache, or an entry without rules) it is read back from the
     state store."""
     return SiteRegistry(
@@ -767,7 +788,8 @@ def entry_registry(state: Callable[[], StateStore],
         persisted=Persisted(NAMESPACE, "robots.txt entry", _load_entry, RobotsEntry.to_state,
                             saved_on_change=True,
                             rest=policy.rest if policy is not None else None,
-                            recall=policy.recall if policy is not None else None),
+                            recall=policy.recall if policy is not None else None,
+                            settle=policy.settle if policy is not None else None),
         state=state)
 
 
