@@ -147,8 +147,10 @@ def sites_child(n: int, decisions: int, requests: int, marked: bool = False) -> 
     gc.collect()
     out["rss_health_mb"] = round(rss_mb() - before, 1)
     out["rss_total_mb"] = round(rss_mb(), 1)
-    out["in_memory"] = (f"robots {len(entries)}, budgets {len(budgets)}, runaway {len(guards)}, "
-                        f"health {len(book.scored_sites())}")
+    # robots: the registry's first tier, and the entries resting beside their compiled rules
+    resting = sum(1 for rules in policy._parsed.values() if rules.resting is not None)  # noqa: SLF001
+    out["in_memory"] = (f"robots {len(entries)} + {resting} beside their rules, budgets {len(budgets)}, "
+                        f"runaway {len(guards)}, health {len(book.scored_sites())}")
 
     paths = ["/page/1", "/private/x", "/a/b?c=d", "/private/open/z"]
     clock = time.perf_counter_ns
@@ -203,7 +205,9 @@ def sites_child(n: int, decisions: int, requests: int, marked: bool = False) -> 
     rng = random.Random(n)
     # Sites in memory (their robots.txt entry and budget both): the decision of a site in use.
     index = {s: i for i, s in enumerate(names)}
-    hot = [index[s] for s in budgets if f"http://{s}" in entries]
+    in_memory = set(entries) | {origin for origin, rules in policy._parsed.items()  # noqa: SLF001
+                                if rules.resting is not None}
+    hot = [index[s] for s in budgets if f"http://{s}" in in_memory]
     out["hot_sites"] = len(hot)
     # Each run its own random sites: a run over sites another run just brought back into
     # memory would measure sites in memory.
