@@ -14,9 +14,13 @@ sites   Each size runs in a fresh subprocess (so resident memory is that size's 
         response observed by the site's health with its latency. `--requests 0`: sites created
         but never used. Prints RSS after each kind of state and what is in memory, then the
         per-decision time (robots entry + verdict + budget get/reserve/on_response: a site out
-        of memory is read back from the state store) for requests spread over random sites.
-        Targets (issue 17): 100,000 sites < 200 MB resident; per-decision cost flat (<= 1.5x)
-        from 1k to 100k.
+        of memory is read back from the state store) for requests spread over random sites,
+        with the site key and origin built per request as the proxy builds them (the old
+        measure, keys read from the setup's lists, beside it), and the memory floor: one
+        lookup in a plain dict of as many objects. Targets (issue 17): 100,000 sites < 200 MB
+        resident; per-decision cost flat (<= 1.5x) from 1k to 100k.
+        `--callgrind`: instead of timing, each size under callgrind's cache simulation (LL 4
+        MiB, this VM's L2; needs valgrind and gcc): instructions and LL misses per decision.
 store   Builds a ValidatorStore of --store-urls entries (1 KiB bodies) in a temp dir (or
         --store-dir, kept and reused), printing progress and the build time, then times
         normalise + get + inject_headers for random URLs (90 % hits). Prints p50/p99 and the
@@ -25,6 +29,7 @@ audit   AuditLog.write of typical records to a temp file: lines/s (with and with
         building the record).
 
     python benchmarks/scale.py [sites|store|audit|all] [--requests 3] [--store-urls 1000000] [--store-dir DIR]
+    python benchmarks/scale.py sites --callgrind
 """
 
 from __future__ import annotations
