@@ -244,7 +244,7 @@ def sites_child(n: int, decisions: int, requests: int, marked: bool = False) -> 
 # Decisions counted per kind under callgrind (`sites --callgrind`): each kind warms up on its
 # first COUNT_WARM picks, then COUNT_DECISIONS more are counted (one dump each).
 COUNT_WARM = 2000
-COUNT_DECISIONS = 2000
+COUNT_DECISIONS = 10000
 COUNT_CHUNK = 50  # decisions whose keys are built (uncounted) at a time
 COUNTED = ("hot", "any", "hot-old", "any-old")
 _CALLGRIND_C = r"""
