@@ -388,9 +388,10 @@ class SiteRegistry(Generic[T]):
 
 _SHARED_LIMIT = 1024
 _SHARED: dict[object, object] = {}
-_DEFAULTS: dict[tuple[int, object], tuple[object, object]] = {}
+# (id(config), reader) -> (config, the value for sites without overrides, site -> the value
+# of a site with overrides)
+_DEFAULTS: dict[tuple[int, object], tuple[object, object, dict[str, object]]] = {}
 _OVERRIDDEN_LIMIT = 4096
-_OVERRIDDEN: dict[tuple[int, object, str], tuple[object, object]] = {}
 
 
 def shared(settings: H) -> H:
@@ -408,30 +409,29 @@ def shared(settings: H) -> H:
 
 def site_settings(config: Any, site: str | None, read: Callable[[Any, str | None], H]) -> H:
     """`read(config, site)`, shared; a site without `sites:` overrides gets the value read for
-    the config itself (read once per config object and reader, then one dict lookup), a site
-    with overrides the value read for it (read once per config, reader and site, up to
-    _OVERRIDDEN_LIMIT sites, then one dict lookup)."""
-    overrides = getattr(config, "site_overrides", None)
-    # A config without any `sites:` entry overrides nothing: no per-site look (a budget
-    # rebuilt for a site back in memory reads its settings here).
-    if site is not None and (overrides is None or (getattr(config, "sites", True) and overrides(site))):
-        if overrides is None:
-            return shared(read(config, site))
-        own = (id(config), read, site)
-        kept = _OVERRIDDEN.get(own)
-        if kept is not None and kept[0] is config:
-            return kept[1]  # type: ignore[return-value]
-        value = shared(read(config, site))
-        if len(_OVERRIDDEN) >= _OVERRIDDEN_LIMIT:  # overridden sites are few; old configs let go
-            _OVERRIDDEN.clear()
-        _OVERRIDDEN[own] = (config, value)
-        return value
+    the config itself (read once per config object and reader), a site with overrides the
+    value read for it (read once per config, reader and site, up to _OVERRIDDEN_LIMIT sites):
+    then one or two dict lookups per call."""
     key = (id(config), read)
     kept = _DEFAULTS.get(key)
-    if kept is not None and kept[0] is config:
+    if kept is None or kept[0] is not config:
+        if getattr(config, "site_overrides", None) is None:
+            return shared(read(config, site))  # not a Config: nothing known of its overrides
+        if len(_DEFAULTS) >= 64:  # a few readers per config; old configs are let go
+            _DEFAULTS.clear()
+        kept = _DEFAULTS[key] = (config, shared(read(config, None)), {})
+    if site is None:
         return kept[1]  # type: ignore[return-value]
-    value = shared(read(config, None))
-    if len(_DEFAULTS) >= 64:  # a few readers per config; old configs are let go
-        _DEFAULTS.clear()
-    _DEFAULTS[key] = (config, value)
+    overridden = kept[2]
+    value = overridden.get(site)
+    if value is not None:
+        return value  # type: ignore[return-value]
+    # A config without any `sites:` entry overrides nothing: no per-site look (a budget
+    # rebuilt for a site back in memory reads its settings here).
+    if not getattr(config, "sites", True) or not config.site_overrides(site):
+        return kept[1]  # type: ignore[return-value]
+    value = shared(read(config, site))
+    if len(overridden) >= _OVERRIDDEN_LIMIT:  # overridden sites are few; past that, afresh
+        overridden.clear()
+    overridden[site] = value
     return value

@@ -58,7 +58,7 @@ class RobotsSettings:
     def from_config(cls, config: Any, site: str | None) -> RobotsSettings:
         """The site's robots.* settings: one shared value for every site without `sites:`
         overrides (sites.py site_settings), so no per-site cache is needed."""
-        return site_settings(config, site, cls._read)
+        return site_settings(config, site, _READ_SETTINGS if cls is RobotsSettings else cls._read)
 
     @classmethod
     def _read(cls, config: Any, site: str | None) -> RobotsSettings:
@@ -69,6 +69,11 @@ class RobotsSettings:
             keep_good_copy=v.keep_good_copy, max_crawl_delay=v.max_crawl_delay,
             user_agent=v.user_agent,
         )
+
+
+# The reader, bound once: site_settings keys its values by it (a bound method made per call is
+# one more object, and hashed, per request).
+_READ_SETTINGS = RobotsSettings._read
 
 
 @dataclass(frozen=True)
