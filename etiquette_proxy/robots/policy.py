@@ -31,7 +31,7 @@ from etiquette_proxy.robots.purposes import (
     parse_value,
     refusal,
 )
-from etiquette_proxy.sites import Persisted, SiteRegistry, hashed_dict, site_settings
+from etiquette_proxy.sites import Persisted, SiteRegistry, site_settings
 from etiquette_proxy.state.interface import StateStore
 from etiquette_proxy.target import robots_forms
 
@@ -513,9 +513,10 @@ class RobotsPolicy:
         # A dict, not an OrderedDict (~90 bytes less per origin: 9 MB at 100,000 origins): a
         # use moves the origin to the end (pop, insert); evictions are rare (past the budget),
         # and the dict is rebuilt before one if many moves left deleted slots to walk.
-        # Keyed by each entry's own origin string; hashes kept in the table (sites.py
-        # hashed_dict): its 100,000 keys are not read on a lookup's way nor on a resize.
-        self._parsed: dict[str, _Rules] = hashed_dict()
+        # Keyed by each entry's own origin string. A plain dict, not sites.py's hashed_dict:
+        # at 100,000 origins that layout cost 5.6 MB of resident memory for no gain measured
+        # (benchmarks/README.md, section flat).
+        self._parsed: dict[str, _Rules] = {}
         self._parsed_bytes = 0
         self._moved = 0
         # The rules `recall` just gave an entry back from (moved then): the verdict on the
@@ -759,9 +760,7 @@ class RobotsPolicy:
         if not (len(self._parsed) > PARSED_LIMIT or self._parsed_bytes > PARSED_BUDGET):
             return
         if self._moved > 4096:  # next(iter()) walks the slots moves left deleted: rebuild first
-            rebuilt = hashed_dict()
-            rebuilt.update(self._parsed)
-            self._parsed = rebuilt
+            self._parsed = dict(self._parsed)
             self._moved = 0
         parsed = self._parsed
         while len(parsed) > 1 and (len(parsed) > PARSED_LIMIT or self._parsed_bytes > PARSED_BUDGET):
