@@ -76,6 +76,10 @@ class RobotsGate:
             origin = f"{scheme}://{site}"
             if origin not in kept and (entry := entries.resting(origin)) is not None:
                 kept[origin] = entry
+        if keys.group_by != "host":  # its other hosts' origins may rest beside their rules too
+            for entry in self.policy.resting_entries():
+                if entry.origin not in kept and keys.of_url(entry.origin) == site:
+                    kept[entry.origin] = entry
         found = [kept[origin].describe(now) for origin in sorted(kept)]
         return {"robots": found} if found else {}
 

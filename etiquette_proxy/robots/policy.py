@@ -740,6 +740,10 @@ class RobotsPolicy:
         self._recalled = rules
         return True
 
+    def resting_entries(self) -> list[RobotsEntry]:
+        """Every entry resting beside its compiled rules (for status pages; O(origins))."""
+        return [rules.resting for rules in list(self._parsed.values()) if rules.resting is not None]
+
     def recall(self, origin: str) -> RobotsEntry | None:
         """The entry kept by `rest` for `origin` (its compiled rules still held), or None: a
         use of those rules (moved to the most recent end, as a verdict moves them)."""
