@@ -63,7 +63,6 @@ class RobotsGate:
         # Pacing's: robots.txt fetches count against the site's budget (SPEC §4); it may raise
         # SideFetchError (not sent: the site is paused).
         self.before_fetch = before_fetch
-        self._settings: SiteRegistry[RobotsSettings] = SiteRegistry(RobotsSettings.from_config)
 
     def status(self, site: str) -> dict[str, object]:
         """Dashboard fields: the robots.txt state of each origin of `site` (http, https, and
@@ -77,6 +76,10 @@ class RobotsGate:
             origin = f"{scheme}://{site}"
             if origin not in kept and (entry := entries.resting(origin)) is not None:
                 kept[origin] = entry
+        if keys.group_by != "host":  # its other hosts' origins may rest beside their rules too
+            for entry in self.policy.resting_entries():
+                if entry.origin not in kept and keys.of_url(entry.origin) == site:
+                    kept[entry.origin] = entry
         found = [kept[origin].describe(now) for origin in sorted(kept)]
         return {"robots": found} if found else {}
 
@@ -141,8 +144,9 @@ class RobotsGate:
             notes.extra["purposes"] = no.audit(purposes)
 
     def settings_for(self, site: str) -> RobotsSettings:
-        """The site's robots.* settings, read from the config once per site and config."""
-        return self._settings.get(self.rt.config, site)
+        """The site's robots.* settings: shared by every site without overrides, read once per
+        config (a per-site cache of them churned past its bound: a rebuild per request)."""
+        return RobotsSettings.from_config(self.rt.config, site)
 
     def _answer_robots(self, flow: http.HTTPFlow, entry: RobotsEntry) -> None:
         """A client's own robots.txt request is answered from the cache (SPEC §4)."""

@@ -14,9 +14,13 @@ sites   Each size runs in a fresh subprocess (so resident memory is that size's 
         response observed by the site's health with its latency. `--requests 0`: sites created
         but never used. Prints RSS after each kind of state and what is in memory, then the
         per-decision time (robots entry + verdict + budget get/reserve/on_response: a site out
-        of memory is read back from the state store) for requests spread over random sites.
-        Targets (issue 17): 100,000 sites < 200 MB resident; per-decision cost flat (<= 1.5x)
-        from 1k to 100k.
+        of memory is read back from the state store) for requests spread over random sites,
+        with the site key and origin built per request as the proxy builds them (the old
+        measure, keys read from the setup's lists, beside it), and the memory floor: one
+        lookup in a plain dict of as many objects. Targets (issue 17): 100,000 sites < 200 MB
+        resident; per-decision cost flat (<= 1.5x) from 1k to 100k.
+        `--callgrind`: instead of timing, each size under callgrind's cache simulation (LL 4
+        MiB, this VM's L2; needs valgrind and gcc): instructions and LL misses per decision.
 store   Builds a ValidatorStore of --store-urls entries (1 KiB bodies) in a temp dir (or
         --store-dir, kept and reused), printing progress and the build time, then times
         normalise + get + inject_headers for random URLs (90 % hits). Prints p50/p99 and the
@@ -25,6 +29,7 @@ audit   AuditLog.write of typical records to a temp file: lines/s (with and with
         building the record).
 
     python benchmarks/scale.py [sites|store|audit|all] [--requests 3] [--store-urls 1000000] [--store-dir DIR]
+    python benchmarks/scale.py sites --callgrind
 """
 
 from __future__ import annotations
@@ -33,11 +38,14 @@ import argparse
 import gc
 import json
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -55,7 +63,7 @@ CRAWL_S = 3600.0  # simulated crawl time over which the sites' health sees its r
 
 # -- sites ----------------------------------------------------------------------------------------
 
-def sites_child(n: int, decisions: int, requests: int) -> dict[str, object]:
+def sites_child(n: int, decisions: int, requests: int, marked: bool = False) -> dict[str, object]:
     """Runs in its own process: build state for n sites as the proxy keeps it (the per-site
     registries over a DiskState in a temp dir, bounded by state.max_sites_in_memory), measure
     RSS and decision time."""
@@ -144,13 +152,26 @@ def sites_child(n: int, decisions: int, requests: int) -> dict[str, object]:
     gc.collect()
     out["rss_health_mb"] = round(rss_mb() - before, 1)
     out["rss_total_mb"] = round(rss_mb(), 1)
-    out["in_memory"] = (f"robots {len(entries)}, budgets {len(budgets)}, runaway {len(guards)}, "
-                        f"health {len(book.scored_sites())}")
+    # robots: the registry's first tier, and the entries resting beside their compiled rules
+    resting = sum(1 for rules in policy._parsed.values() if rules.resting is not None)  # noqa: SLF001
+    out["in_memory"] = (f"robots {len(entries)} + {resting} beside their rules, budgets {len(budgets)}, "
+                        f"runaway {len(guards)}, health {len(book.scored_sites())}")
 
     paths = ["/page/1", "/private/x", "/a/b?c=d", "/private/open/z"]
     clock = time.perf_counter_ns
 
+    def decision(origin: str, site: str, path: str) -> None:
+        entry = entries.find(config, origin)
+        assert entry is not None
+        verdict = policy.verdict(entry, path, UA_TOKEN)
+        if verdict.allowed:
+            budget = budgets.get(config, site)
+            turn = budget.reserve()
+            budget.on_response(turn.ticket, 200, {})
+
     def decide(picks: list[int]) -> list[float]:
+        """The old measure: the site's keys read from the setup's lists (100,000 strings built
+        at setup: at 100k sites each is a cold object, two cache misses the proxy does not pay)."""
         times = []
         deadline = time.monotonic() + 20
         for k, i in enumerate(picks):
@@ -168,21 +189,186 @@ def sites_child(n: int, decisions: int, requests: int) -> dict[str, object]:
         times.sort()
         return times
 
+    def decide_fresh(picks: list[int]) -> list[float]:
+        """The keys as the proxy has them: built per request from the request's host and port
+        (addons/notes.py site_of, origin_of: fresh strings, their hash computed by the first
+        lookup), before the decision is timed."""
+        times = []
+        deadline = time.monotonic() + 20
+        for k, i in enumerate(picks):
+            site = f"site{i}.example:80"
+            origin = f"http://{site}"
+            path = paths[k % 4]
+            t = clock()
+            decision(origin, site, path)
+            times.append((clock() - t) / 1000)
+            if not k % 1000 and time.monotonic() > deadline:
+                break
+        times.sort()
+        return times
+
     rng = random.Random(n)
     # Sites in memory (their robots.txt entry and budget both): the decision of a site in use.
     index = {s: i for i, s in enumerate(names)}
-    hot = [index[s] for s in budgets if f"http://{s}" in entries]
-    times = decide([rng.choice(hot) for _ in range(decisions)])
+    in_memory = set(entries) | {origin for origin, rules in policy._parsed.items()  # noqa: SLF001
+                                if rules.resting is not None}
+    hot = [index[s] for s in budgets if f"http://{s}" in in_memory]
     out["hot_sites"] = len(hot)
+    # Each run its own random sites: a run over sites another run just brought back into
+    # memory would measure sites in memory.
+    hot_picks = [[rng.choice(hot) for _ in range(decisions)] for _ in range(2)]
+    any_picks = [[rng.randrange(n) for _ in range(decisions)] for _ in range(2)]
+    if marked:
+        out["counted"] = _counted(n, decision, paths, names, origins, hot_picks, any_picks)
+        state.close()
+        tmp.cleanup()
+        return out
+    times = decide(hot_picks[0])
     out["decision_hot_p50_us"] = round(percentile(times, 50), 2)
+    times = decide_fresh(hot_picks[1])
+    out["fresh_hot_p50_us"] = round(percentile(times, 50), 2)
     # Any site, uniformly: past the bound most come back from the state store.
-    times = decide([rng.randrange(n) for _ in range(decisions)])
+    times = decide(any_picks[0])
     out["decision_p50_us"] = round(percentile(times, 50), 2)
     out["decision_p99_us"] = round(percentile(times, 99), 2)
     out["decisions"] = len(times)
+    times = decide_fresh(any_picks[1])
+    out["fresh_p50_us"] = round(percentile(times, 50), 2)
+    out["fresh_p99_us"] = round(percentile(times, 99), 2)
+    out["floor_p50_us"] = round(_memory_floor(n, decisions), 2)
     state.close()
     tmp.cleanup()
     return out
+
+
+# Decisions counted per kind under callgrind (`sites --callgrind`): each kind warms up on its
+# first COUNT_WARM picks, then COUNT_DECISIONS more are counted (one dump each).
+COUNT_WARM = 2000
+COUNT_DECISIONS = 10000
+COUNT_CHUNK = 50  # decisions whose keys are built (uncounted) at a time
+# Sites in memory first, both measures: a run of any sites pushes some of them out.
+COUNTED = ("hot", "hot-old", "any", "any-old")
+_CALLGRIND_C = r"""
+#include <valgrind/callgrind.h>
+void start(void) { CALLGRIND_START_INSTRUMENTATION; }
+void zero(void) { CALLGRIND_ZERO_STATS; }
+void dump(void) { CALLGRIND_DUMP_STATS; }
+void toggle(void) { CALLGRIND_TOGGLE_COLLECT; }
+"""
+
+
+def _callgrind_requests(directory: str) -> Any:
+    """callgrind's client requests (valgrind/callgrind.h) as C functions, built with gcc: the
+    instrumentation starts after the setup (which runs uninstrumented, ~4x slower than native
+    rather than ~100x), and each counted run is zeroed and dumped on its own."""
+    import ctypes
+    source, lib = Path(directory, "callgrind_requests.c"), Path(directory, "callgrind_requests.so")
+    source.write_text(_CALLGRIND_C)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(lib), str(source)], check=True,
+                   capture_output=True, timeout=60)
+    return ctypes.CDLL(str(lib))
+
+
+def _counted(n: int, decision: Callable[[str, str, str], None], paths: list[str], names: list[str],
+             origins: list[str], hot_picks: list[list[int]], any_picks: list[list[int]]) -> list[str]:
+    """Runs under callgrind: per kind (COUNTED), COUNT_WARM decisions, then COUNT_DECISIONS
+    counted between a zero and a dump. `hot`/`any` with the keys built per request (as the
+    proxy has them; built before the counting starts), `-old` with the setup's key strings."""
+    with tempfile.TemporaryDirectory(prefix="etiquette-cg-") as tmp:
+        lib = _callgrind_requests(tmp)
+    lib.start()
+    for kind in COUNTED:
+        picks = (hot_picks if kind.startswith("hot") else any_picks)[kind.endswith("-old")]
+        counted = picks[COUNT_WARM:COUNT_WARM + COUNT_DECISIONS]
+        for k, i in enumerate(picks[:COUNT_WARM]):
+            decision(origins[i], names[i], paths[k % 4])
+        lib.zero()
+        for start in range(0, len(counted), COUNT_CHUNK):
+            # The keys of the next few decisions, built uncounted just before them (fresh and in
+            # cache, as the proxy's are: built from the request's host per request).
+            lib.toggle()
+            chunk = list(enumerate(counted[start:start + COUNT_CHUNK], start))
+            if kind.endswith("-old"):
+                keys = [(origins[i], names[i], paths[k % 4]) for k, i in chunk]
+            else:
+                keys = [(f"http://site{i}.example:80", f"site{i}.example:80", paths[k % 4]) for k, i in chunk]
+            lib.toggle()
+            for origin, site, path in keys:
+                decision(origin, site, path)
+        lib.dump()
+    return list(COUNTED)
+
+
+class _Floor:
+    __slots__ = ("a", "b", "c")
+
+    def __init__(self, i: int):
+        self.a, self.b, self.c = i, float(i), str(i)
+
+
+def _memory_floor(n: int, lookups: int) -> float:
+    """What memory alone costs at this size: p50 of one lookup in a plain dict of n small
+    objects with a key built per lookup (as decide_fresh's), plus three attribute reads."""
+    floor = {f"floor{i}.example:80": _Floor(i) for i in range(n)}
+    rng = random.Random(n + 1)
+    clock = time.perf_counter_ns
+    times = []
+    for i in [rng.randrange(n) for _ in range(lookups)]:
+        key = f"floor{i}.example:80"
+        t = clock()
+        obj = floor[key]
+        obj.a, obj.b, obj.c  # noqa: B018
+        times.append((clock() - t) / 1000)
+    times.sort()
+    return percentile(times, 50)
+
+
+def _callgrind_totals(path: Path) -> dict[str, int]:
+    """The event totals of one callgrind dump (Ir, Dr, Dw, D1mr, D1mw, DLmr, DLmw, ...)."""
+    events: list[str] = []
+    for line in path.read_text().splitlines():
+        if line.startswith("events:"):
+            events = line.split()[1:]
+        elif line.startswith(("totals:", "summary:")):
+            counts = [int(x) for x in line.split()[1:]]
+            return dict(zip(events, counts + [0] * (len(events) - len(counts)), strict=True))  # zeros left off
+    raise ValueError(f"{path}: no totals")
+
+
+def run_sites_counted(decisions: int, requests: int) -> bool:
+    """`sites --callgrind`: instructions and cache misses per decision at each size, counted by
+    callgrind's cache simulation (LL 4 MiB, this VM's real L2), which load does not move."""
+    if shutil.which("valgrind") is None or shutil.which("gcc") is None:
+        print("  --callgrind needs valgrind and gcc")
+        return False
+    print(f"\n-- per-site decision under callgrind --cache-sim=yes --LL=4194304,16,64: {COUNT_DECISIONS} "
+          f"decisions counted per kind after {COUNT_WARM} warm-up ones ({requests} requests per site first)")
+    rows: dict[int, dict[str, dict[str, int]]] = {}
+    for n in SIZES:
+        with tempfile.TemporaryDirectory(prefix="etiquette-cgout-") as tmp:
+            out = Path(tmp, "cg.out")
+            cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--cache-sim=yes",
+                   "--LL=4194304,16,64", f"--callgrind-out-file={out}", sys.executable, __file__,
+                   "_sites_child", str(n), str(max(decisions, COUNT_WARM + COUNT_DECISIONS)), str(requests), "marked"]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+            if proc.returncode != 0:
+                print(f"  {n} sites: FAILED\n{proc.stderr[-2000:]}")
+                return False
+            kinds = json.loads(proc.stdout.strip().splitlines()[-1])["counted"]
+            rows[n] = {kind: _callgrind_totals(Path(f"{out}.{k + 1}")) for k, kind in enumerate(kinds)}
+        for kind, t in rows[n].items():
+            per = {e: v / COUNT_DECISIONS for e, v in t.items()}
+            print(f"  {n:>7} sites, {kind:>7}: {per['Ir']:,.0f} instructions, "
+                  f"D1 misses {per['D1mr'] + per['D1mw']:.1f}, LL misses {per['DLmr'] + per['DLmw']:.1f} "
+                  f"(read {per['DLmr']:.1f}, write {per['DLmw']:.1f}) per decision")
+        sys.stdout.flush()
+    small, big = rows[SIZES[0]], rows[SIZES[-1]]
+    for kind in COUNTED:
+        ll = [(r[kind]["DLmr"] + r[kind]["DLmw"]) / COUNT_DECISIONS for r in (small, big)]
+        ir = [r[kind]["Ir"] / COUNT_DECISIONS for r in (small, big)]
+        print(f"  {kind:>7}: 1k -> 100k instructions {ir[0]:,.0f} -> {ir[1]:,.0f} ({ir[1] / ir[0]:.2f}x), "
+              f"LL misses {ll[0]:.1f} -> {ll[1]:.1f}")
+    return True
 
 
 def run_sites(decisions: int, requests: int) -> bool:
@@ -202,20 +388,30 @@ def run_sites(decisions: int, requests: int) -> bool:
         print(f"  {n:>7} sites: RSS {r['rss_total_mb']} MB (interpreter + imports {r['rss_base_mb']} MB; {parts})"
               f"{'; ' + skipped if skipped else ''}")
         print(f"          in memory (state.max_sites_in_memory {r['max_sites_in_memory']}): {r['in_memory']}")
-        print(f"          decision (robots entry + verdict + budget): any site p50 {r['decision_p50_us']} µs, "
-              f"p99 {r['decision_p99_us']} µs over {r['decisions']} random sites; a site in memory "
-              f"p50 {r['decision_hot_p50_us']} µs ({r['hot_sites']} in memory); "
-              f"robots entries built in {r['robots_build_s']} s")
+        print(f"          decision (robots entry + verdict + budget), keys built per request: any site p50 "
+              f"{r['fresh_p50_us']} µs, p99 {r['fresh_p99_us']} µs over {r['decisions']} random sites; a site in "
+              f"memory p50 {r['fresh_hot_p50_us']} µs ({r['hot_sites']} in memory)")
+        print(f"          old measure, keys read from the setup's lists: any site p50 {r['decision_p50_us']} µs, "
+              f"p99 {r['decision_p99_us']} µs; a site in memory p50 {r['decision_hot_p50_us']} µs")
+        print(f"          memory floor (a plain dict of {n} objects: one lookup + 3 attribute reads): p50 "
+              f"{r['floor_p50_us']} µs; robots entries built in {r['robots_build_s']} s")
         sys.stdout.flush()
     big, small = results[-1], results[0]
-    growth = float(big["decision_p50_us"]) / float(small["decision_p50_us"])  # type: ignore[arg-type]
-    hot = float(big["decision_hot_p50_us"]) / float(small["decision_hot_p50_us"])  # type: ignore[arg-type]
+
+    def grown(key: str) -> tuple[float, str]:
+        ratio = float(big[key]) / float(small[key])  # type: ignore[arg-type]
+        return ratio, f"p50 {small[key]} -> {big[key]} µs ({ratio:.2f}x)"
+
     print("targets:")
     print(check("100,000 sites < 200 MB resident", float(big["rss_total_mb"]) < 200, f"{big['rss_total_mb']} MB"))  # type: ignore[arg-type]
-    print(check("per-decision cost flat (<= 1.5x) from 1k to 100k sites, any site", growth <= 1.5,
-                f"p50 {small['decision_p50_us']} -> {big['decision_p50_us']} µs ({growth:.2f}x)"))
-    print(check("per-decision cost flat (<= 1.5x) from 1k to 100k sites, a site in memory", hot <= 1.5,
-                f"p50 {small['decision_hot_p50_us']} -> {big['decision_hot_p50_us']} µs ({hot:.2f}x)"))
+    for label, key in (("any site", "fresh_p50_us"), ("a site in memory", "fresh_hot_p50_us")):
+        ratio, detail = grown(key)
+        print(check(f"per-decision cost flat (<= 1.5x) from 1k to 100k sites, {label}", ratio <= 1.5, detail))
+    for label, key in (("any site", "decision_p50_us"), ("a site in memory", "decision_hot_p50_us")):
+        ratio, detail = grown(key)
+        print(check(f"same, old measure (keys from the setup's lists), {label}", ratio <= 1.5, detail))
+    ratio, detail = grown("floor_p50_us")
+    print(f"  memory floor at the same sizes: {detail}")
     return True
 
 
@@ -316,7 +512,8 @@ def run_audit(lines: int) -> None:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "_sites_child":
-        print(json.dumps(sites_child(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))))
+        print(json.dumps(sites_child(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]),
+                                     marked=sys.argv[5:6] == ["marked"])))
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", nargs="?", choices=("sites", "store", "audit", "all"), default="all")
@@ -327,11 +524,15 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=3,
                     help="requests per site before measuring (sites: 0 = created, never used)")
     ap.add_argument("--audit-lines", type=int, default=200_000)
+    ap.add_argument("--callgrind", action="store_true",
+                    help="sites: count instructions and cache misses per decision under callgrind instead of timing")
     args = ap.parse_args()
     if not 1 <= args.store_urls <= 5_000_000 or not 100 <= args.lookups <= 1_000_000:
         ap.error("store-urls in 1..5M, lookups in 100..1M")
     header("scale: sites, validator store, audit log")
-    if args.what in ("sites", "all"):
+    if args.what in ("sites", "all") and args.callgrind:
+        run_sites_counted(args.decisions, args.requests)
+    elif args.what in ("sites", "all"):
         run_sites(args.decisions, args.requests)
     if args.what in ("audit", "all"):
         run_audit(args.audit_lines)

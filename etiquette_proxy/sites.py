@@ -20,7 +20,9 @@ With `persisted` (a `Persisted`: namespace, load, dump, at_rest) the values are 
   evicted value is kept compactly elsewhere and recalled before the state store is read: the
   value it left memory as, as keeping it would have given (robots.txt entries beside their
   compiled rules, robots/policy.py). `find` answers a resting value from that tier without
-  moving it back (no eviction per request past the bound); `peek` sees the first tier only.
+  moving it back (no eviction per request past the bound), and with `settle` moves a value it
+  finds in the first tier to the second once it may rest there; `peek` sees the first tier
+  only.
 - A site evicted with nothing to store is remembered as clean (a name in a bounded set), so its
   next request skips the state read: exactly what keeping it in memory would have done (a
   value is read from the state store once, on first sight).
@@ -35,7 +37,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -50,6 +51,26 @@ H = TypeVar("H", bound=Hashable)
 # How many least recently used sites an insert looks at for one at rest (busy ones are moved
 # to the recent end, so the next insert looks at others).
 _EVICT_SCAN = 8
+# How many of the oldest sites one walk from the front of a registry's table takes as the next
+# to evict (SiteRegistry._oldest). Each walk also steps over every slot deleted at the front
+# since the table last resized: fewer, longer walks (benchmarks/README.md, section flat). A use
+# looks the site up there too; a table of this size stays in cache.
+_OLDEST = 4096
+_NOT_STR = object()
+
+
+def hashed_dict() -> dict[Any, Any]:
+    """An empty dict that keeps each key's hash in its table (CPython's general layout).
+
+    CPython keeps a table whose keys are all `str` without their hashes: a lookup that meets
+    another key on its way reads that key's string for its hash, and a resize reads every
+    key. Among 100,000 sites those strings are cache misses on every lookup (the registries'
+    tables, the robots.txt rules cache; `benchmarks/scale.py sites --callgrind`). A table that
+    once held a key of another type keeps the layout with hashes for good, at 8 bytes more
+    per key. On another Python this is merely a dict."""
+    table: dict[Any, Any] = {_NOT_STR: None}
+    del table[_NOT_STR]
+    return table
 
 
 def _always_at_rest(value: object) -> bool:
@@ -78,6 +99,10 @@ class Persisted(Generic[T]):
     # (None: forget what is kept); `recall(site)` gives it back before the state store is read.
     rest: Callable[[str, T | None], object] | None = None
     recall: Callable[[str], T | None] | None = None
+    # With rest/recall, for values saved as they change: `settle(site, value)` moves a value
+    # found in the first tier to the second now if it may live there (True when it did):
+    # a robots.txt entry whose rules are compiled is then found with one lookup, not two.
+    settle: Callable[[str, T], bool] | None = None
 
 
 class SiteRegistry(Generic[T]):
@@ -105,26 +130,33 @@ class SiteRegistry(Generic[T]):
         self._on_load = on_load
         self._on_evict = on_evict  # called with every site that left memory (its extras go too)
         self._config: object = None
-        # Least recently used first. An OrderedDict, not a dict: a dict used as a queue (pop
-        # at the front, append at the back) leaves deleted slots at the front of its entry
-        # array, and finding the oldest (next(iter(...))) walks all of them, O(evictions since
-        # the last resize): 14 µs per eviction at 100,000 sites (benchmarks/scale.py sites).
-        self._built: OrderedDict[str, T] = OrderedDict()
+        # Least recently used first: a use moves the site to the end (taken out and put back,
+        # which rewrites only the slots its lookup just read; an OrderedDict's move also
+        # rewrites the links of the nodes beside it: cold memory once many sites are kept).
+        self._built: dict[str, T] = hashed_dict()
+        # The next sites to evict: the oldest of `_built`, in order, oldest last (popitem),
+        # taken from its front in one walk of _OLDEST. A site used or removed meanwhile leaves
+        # it, so it stays the front of `_built`. Not next(iter(_built)) per eviction: that walks
+        # every slot deleted at the front since the table last resized (14 µs per eviction at
+        # 100,000 sites, benchmarks/scale.py sites).
+        self._oldest: dict[str, None] = {}
         self._saved_at: dict[str, float] = {}  # persisted: site -> clock time of its last save
         self._stored: set[str] = set()         # persisted: sites in memory with a stored row
-        self._clean: dict[str, None] = {}      # persisted: evicted with nothing stored
+        self._clean: dict[str, None] = hashed_dict()  # persisted: evicted with nothing stored
         self.evictions = 0
 
     # -- reading -------------------------------------------------------------------------------
 
     def get(self, config: Any, site: str) -> T:
         """The value for `site` under `config`: in memory, or built (and loaded) on first use."""
-        built = self._built
         if self._config is not config:
             self.reset(config)
-        value = built.get(site)
+        built = self._built
+        value = built.pop(site, None)
         if value is not None:
-            built.move_to_end(site)  # most recently used now
+            built[site] = value  # most recently used now
+            if self._oldest:
+                self._oldest.pop(site, None)
             return value
         found = self._load(config, site) if self.persisted is not None else None
         value = self.build(config, site) if found is None else found
@@ -136,11 +168,15 @@ class SiteRegistry(Generic[T]):
         for values that are not built from config but put() (robots.txt entries)."""
         if self._config is not config:
             self.reset(config)
-        value = self._built.get(site)
-        if value is not None:
-            self._built.move_to_end(site)
-            return value
+        built = self._built
+        value = built.pop(site, None)
         p = self.persisted
+        if value is not None:
+            if self._oldest:
+                self._oldest.pop(site, None)
+            if p is None or p.settle is None or not p.settle(site, value):
+                built[site] = value  # most recently used now
+            return value
         if p is None:
             return None
         if p.recall is not None and site not in self._clean:
@@ -162,9 +198,12 @@ class SiteRegistry(Generic[T]):
         self._clean.pop(site, None)
         if self.persisted is not None and self.persisted.rest is not None:
             self.persisted.rest(site, None)  # the kept one is older
-        self._built[site] = value
-        self._built.move_to_end(site)
-        if len(self._built) > self.limit:
+        built = self._built
+        built.pop(site, None)
+        built[site] = value  # most recently used
+        if self._oldest:
+            self._oldest.pop(site, None)
+        if len(built) > self.limit:
             self._evict_some()
 
     def peek(self, site: str) -> T | None:
@@ -209,7 +248,8 @@ class SiteRegistry(Generic[T]):
                 p.rest(site, value)
         if self._limit_key is not None:
             self.limit = max(1, int(config.get(self._limit_key)))
-        self._built.clear()
+        self._built = hashed_dict()  # not clear(): that would give back the layout without hashes
+        self._oldest = {}
         self._saved_at.clear()
         self._stored.clear()
         self._config = config
@@ -270,6 +310,7 @@ class SiteRegistry(Generic[T]):
             if p.rest is not None:
                 p.rest(site, value)
         del self._built[site]
+        self._oldest.pop(site, None)
         self.evictions += 1
         if self._on_evict is not None:
             self._on_evict(site)
@@ -283,6 +324,7 @@ class SiteRegistry(Generic[T]):
         self._clean.pop(site, None)
         if self.persisted is not None and self.persisted.rest is not None:
             self.persisted.rest(site, None)
+        self._oldest.pop(site, None)
         return self._built.pop(site, None) is not None
 
     # -- internals -----------------------------------------------------------------------------
@@ -316,9 +358,23 @@ class SiteRegistry(Generic[T]):
         for _ in range(min(_EVICT_SCAN, len(built) - 1)):
             if len(built) <= self.limit:
                 return
-            oldest = next(iter(built))
+            oldest = self._next_oldest()
             if not self.evict(oldest):
-                built.move_to_end(oldest)  # busy: to the recent end, looked at later
+                built[oldest] = built.pop(oldest)  # busy: to the recent end, looked at later
+
+    def _next_oldest(self) -> str:
+        """The least recently used site (taken out of `_oldest`; refilled from the front)."""
+        if self._oldest:
+            return self._oldest.popitem()[0]
+        front: list[str] = []
+        for site in self._built:
+            front.append(site)
+            if len(front) == _OLDEST:
+                break
+        front.reverse()  # oldest last
+        oldest = front.pop()
+        self._oldest = dict.fromkeys(front)
+        return oldest
 
     def _remember_clean(self, site: str) -> None:
         clean = self._clean
@@ -332,7 +388,10 @@ class SiteRegistry(Generic[T]):
 
 _SHARED_LIMIT = 1024
 _SHARED: dict[object, object] = {}
-_DEFAULTS: dict[tuple[int, object], tuple[object, object]] = {}
+# (id(config), reader) -> (config, the value for sites without overrides, site -> the value
+# of a site with overrides)
+_DEFAULTS: dict[tuple[int, object], tuple[object, object, dict[str, object]]] = {}
+_OVERRIDDEN_LIMIT = 4096
 
 
 def shared(settings: H) -> H:
@@ -350,16 +409,29 @@ def shared(settings: H) -> H:
 
 def site_settings(config: Any, site: str | None, read: Callable[[Any, str | None], H]) -> H:
     """`read(config, site)`, shared; a site without `sites:` overrides gets the value read for
-    the config itself (read once per config object and reader, then one dict lookup)."""
-    overrides = getattr(config, "site_overrides", None)
-    if site is not None and (overrides is None or overrides(site)):
-        return shared(read(config, site))
+    the config itself (read once per config object and reader), a site with overrides the
+    value read for it (read once per config, reader and site, up to _OVERRIDDEN_LIMIT sites):
+    then one or two dict lookups per call."""
     key = (id(config), read)
     kept = _DEFAULTS.get(key)
-    if kept is not None and kept[0] is config:
+    if kept is None or kept[0] is not config:
+        if getattr(config, "site_overrides", None) is None:
+            return shared(read(config, site))  # not a Config: nothing known of its overrides
+        if len(_DEFAULTS) >= 64:  # a few readers per config; old configs are let go
+            _DEFAULTS.clear()
+        kept = _DEFAULTS[key] = (config, shared(read(config, None)), {})
+    if site is None:
         return kept[1]  # type: ignore[return-value]
-    value = shared(read(config, None))
-    if len(_DEFAULTS) >= 64:  # a few readers per config; old configs are let go
-        _DEFAULTS.clear()
-    _DEFAULTS[key] = (config, value)
+    overridden = kept[2]
+    value = overridden.get(site)
+    if value is not None:
+        return value  # type: ignore[return-value]
+    # A config without any `sites:` entry overrides nothing: no per-site look (a budget
+    # rebuilt for a site back in memory reads its settings here).
+    if not getattr(config, "sites", True) or not config.site_overrides(site):
+        return kept[1]  # type: ignore[return-value]
+    value = shared(read(config, site))
+    if len(overridden) >= _OVERRIDDEN_LIMIT:  # overridden sites are few; past that, afresh
+        overridden.clear()
+    overridden[site] = value
     return value

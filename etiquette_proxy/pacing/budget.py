@@ -55,7 +55,7 @@ from etiquette_proxy.headers import LowerFields
 from etiquette_proxy.pacing.ratelimit_fields import RateHint, read_rate_hint_lowered
 from etiquette_proxy.pacing.retry_after import RetryAfter, parse_retry_after
 from etiquette_proxy.pacing.settings import PacingSettings
-from etiquette_proxy.pacing.throttle import ThrottleDecision, ThrottleState
+from etiquette_proxy.pacing.throttle import NEVER, ThrottleDecision, ThrottleState, calm_throttle, is_shared
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,9 @@ _NO_RESTRAINT = (1.0, math.inf, 1.0)
 # What an idle site's queue and in-flight set are: shared and read-only (a write that
 # forgot to make the site its own dict raises instead of leaking tickets between sites).
 _NO_TICKETS = cast(dict[int, float], MappingProxyType({}))
+# What a site's older send records are while it sent at one rate only (nearly always): shared
+# and read-only, as above.
+_NO_SENDS = cast(list[list[float]], ())
 # (rate, ceiling) -> the decision of an answer that taught nothing (SiteBudget._decision).
 _CALM: dict[tuple[float, float | None], ThrottleDecision] = {}
 
@@ -95,15 +98,18 @@ class SiteBudget:
     # Slots, shared constants and no empty deques: one of these per site seen, so at 100,000
     # sites every byte here is 100 KB.
     __slots__ = ("site", "settings", "throttle", "_clock", "_restraint", "_tokens", "_tokens_at",
-                 "_queue", "_in_flight", "_next_ticket", "_sent", "_head_ticket", "_recheck")
+                 "_queue", "_in_flight", "_next_ticket", "_sent_rate", "_sent_at", "_sent_older",
+                 "_head_ticket", "_recheck")
 
     def __init__(self, site: str, settings: PacingSettings | None = None, clock: Clock = wall,
                  random: Callable[[], float] = _random.random):
         self.site = site
         self.settings = settings or PacingSettings()
         self._clock = clock
-        # persisted and shared: the 429 contract (wall-clock times)
-        self.throttle = ThrottleState(self.settings, random)
+        # persisted and shared: the 429 contract (wall-clock times). A site that has taught
+        # nothing shares one read-only contract with every such site; its first write takes
+        # its own (_own_throttle).
+        self.throttle = calm_throttle(self.settings, random)
         s = self.settings
         # in-process only
         self._restraint = _NO_RESTRAINT  # other features' say: rate factor, cap, concurrency
@@ -112,7 +118,11 @@ class SiteBudget:
         self._queue = _NO_TICKETS      # ticket -> arrival, in arrival order (own dict when used)
         self._in_flight = _NO_TICKETS  # ticket -> start
         self._next_ticket = 1
-        self._sent: list[list[float]] = []  # [last start, rate]: rates recently sent at, oldest first
+        # The rates recently sent at (a 429 halves the slowest of them): the newest as two
+        # fields (the last start at that rate), older ones as [last start, rate], oldest first.
+        self._sent_rate: float | None = None
+        self._sent_at = NEVER
+        self._sent_older = _NO_SENDS
         self._head_ticket = 1     # first ticket in line (tickets count arrivals: FIFO by number)
         self._recheck = False     # the schedule slowed while requests were held
 
@@ -190,6 +200,8 @@ class SiteBudget:
                      float(concurrency_factor))
         if restraint == self._restraint:
             return False
+        if restraint == _NO_RESTRAINT:
+            restraint = _NO_RESTRAINT  # lifted: the calm paths (at_rest) know it by identity
         now = self._clock()
         self._settle(now)
         self._bank(now)  # tokens earned at the old rate stay earned
@@ -238,7 +250,8 @@ class SiteBudget:
             return None
         throttle.forget_ceiling(now)
         factor, cap, concurrency = self._restraint
-        rate = min(throttle.rate * factor, cap)
+        # `rate * 1.0` is `rate`: without the product the site's rate stays the shared object
+        rate = min(throttle.rate * factor if factor != 1.0 else throttle.rate, cap)
         k = self._tokens
         if now > self._tokens_at:  # _tokens_after without a hint
             k = min(float(self._burst()), k + (now - self._tokens_at) * rate)
@@ -251,11 +264,10 @@ class SiteBudget:
         if self._in_flight is _NO_TICKETS:
             self._in_flight = {}
         self._in_flight[ticket] = now
-        sent = self._sent
-        if sent and sent[-1][1] == rate:
-            sent[-1][0] = now
+        if self._sent_rate == rate:
+            self._sent_at = now
         else:
-            sent.append([now, rate])
+            self._record_send(now, rate)
         return Turn("go", ticket, rate)
 
     def release_due(self) -> list[Turn]:
@@ -396,10 +408,10 @@ class SiteBudget:
             k = min(burst, k + (now - self._tokens_at) * rate)
         if k < burst - _EPS:
             return False
-        sent, window = self._sent, self.settings.breaker_window
-        while sent and now - sent[0][0] > window:  # as _recent_sends: old sends are let go
-            del sent[0]
-        for _, sent_rate in sent:
+        self._let_go_of_sends(now)  # as _recent_sends
+        if self._sent_rate is not None and self._sent_rate < rate:
+            return False
+        for _, sent_rate in self._sent_older:
             if sent_rate < rate:
                 return False
         return True
@@ -411,7 +423,7 @@ class SiteBudget:
     def from_state(self, state: Any) -> None:
         """Restore `to_state()` output; raise ValueError (budget unchanged) if it is not ours."""
         now = self._clock()
-        self.throttle.from_state(state, now)
+        self._own_throttle().from_state(state, now)
         self._tokens, self._tokens_at = min(self._tokens, float(self._burst())), now
         self._slowed()
 
@@ -419,7 +431,7 @@ class SiteBudget:
 
     def _on_throttle(self, now: float, status: int, retry: RetryAfter, hint: RateHint | None,
                      echo: bool) -> ThrottleDecision:
-        throttle = self.throttle
+        throttle = self._own_throttle()
         pause, reason, notes = throttle.asked_pause(retry, hint)
         if echo:
             # Sent before the 429 that already halved the rate: honour its pause, count nothing.
@@ -430,7 +442,7 @@ class SiteBudget:
         pause, reason, breaker = throttle.count_throttle(
             now, status, pause, reason,
             lambda: min([self._effective_rate(now)] + [r for _, r in self._recent_sends(now)]))
-        self._sent.clear()
+        self._forget_sends()
         self._tokens, self._tokens_at = 0.0, now  # the next request waits a full interval at least
         self._pause(now, pause, reason)
         return self._decision(True, now, pause, retry, reason, notes, breaker=breaker)
@@ -446,19 +458,19 @@ class SiteBudget:
                 self._pause(now, pause, hint.reason)
             if hint.max_rate is not None:
                 self._bank(now)
-                self.throttle.hint(now, hint.max_rate, hint.hold_s)
+                self._own_throttle().hint(now, hint.max_rate, hint.hold_s)
                 self._slowed()
             reasons.append(hint.reason)
         if 200 <= status < 400 and not echo:
             cap = self.throttle.recovery_cap()
             if self.throttle.rate < cap:
                 self._bank(now)
-                self.throttle.recover(cap)
+                self._own_throttle().recover(cap)
         return self._decision(False, now, pause, None, "; ".join(reasons),
                               hint.notes if hint else ())
 
     def _pause(self, now: float, pause: float, reason: str) -> None:
-        self.throttle.pause(now, pause, reason)
+        self._own_throttle().pause(now, pause, reason)
         self._slowed()
 
     def _decision(self, throttled: bool, now: float, pause: float, retry: RetryAfter | None,
@@ -497,14 +509,51 @@ class SiteBudget:
             return 1
         return self.settings.burst
 
+    def _own_throttle(self) -> ThrottleState:
+        """The site's own contract, taken from the shared calm one before its first write."""
+        throttle = self.throttle
+        if is_shared(throttle):
+            throttle = self.throttle = ThrottleState(throttle.settings, throttle._random)  # noqa: SLF001
+        return throttle
+
+    def _record_send(self, now: float, rate: float) -> None:
+        """A request started at `rate`: the newest record's last start, or a new record."""
+        if self._sent_rate == rate:
+            self._sent_at = now
+            return
+        if self._sent_rate is not None:
+            if self._sent_older is _NO_SENDS:
+                self._sent_older = []
+            self._sent_older.append([self._sent_at, self._sent_rate])
+        self._sent_rate, self._sent_at = rate, now
+
+    def _forget_sends(self) -> None:
+        self._sent_rate, self._sent_at, self._sent_older = None, NEVER, _NO_SENDS
+
+    def _let_go_of_sends(self, now: float) -> None:
+        """Forget the records whose last start is older than breaker_window, oldest first
+        (a record stays while an older one does: a clock that stepped back keeps both)."""
+        window = self.settings.breaker_window
+        older = self._sent_older
+        if older:
+            old = 0
+            while old < len(older) and now - older[old][0] > window:
+                old += 1
+            if old:
+                del older[:old]
+            if older:
+                return
+            self._sent_older = _NO_SENDS
+        if self._sent_rate is not None and now - self._sent_at > window:
+            self._sent_rate, self._sent_at = None, NEVER
+
     def _recent_sends(self, now: float) -> list[list[float]]:
-        sent, window = self._sent, self.settings.breaker_window
-        old = 0
-        while old < len(sent) and now - sent[old][0] > window:
-            old += 1
-        if old:
-            del sent[:old]
-        return list(sent)
+        """[last start, rate] of the rates sent at within breaker_window, oldest first."""
+        self._let_go_of_sends(now)
+        sent = list(self._sent_older)
+        if self._sent_rate is not None:
+            sent.append([self._sent_at, self._sent_rate])
+        return sent
 
     # -- internals: the bucket and the line --------------------------------------------------
 
@@ -627,10 +676,7 @@ class SiteBudget:
             self._in_flight = {}
         self._in_flight[ticket] = now
         rate = self._effective_rate(now)
-        if self._sent and self._sent[-1][1] == rate:
-            self._sent[-1][0] = now
-        else:
-            self._sent.append([now, rate])
+        self._record_send(now, rate)
         return Turn("go", ticket, rate, waited_s=now - arrival)
 
     def _unqueue(self, ticket: int) -> float | None:

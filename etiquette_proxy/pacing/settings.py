@@ -45,7 +45,7 @@ class PacingSettings:
     @classmethod
     def from_config(cls, config: Any, site: str | None = None) -> PacingSettings:
         """Settings for `site` from a `Config` (per-site overrides applied, shared)."""
-        return site_settings(config, site, cls._read)
+        return site_settings(config, site, _READ if cls is PacingSettings else cls._read)
 
     @classmethod
     def _read(cls, config: Any, site: str | None) -> PacingSettings:
@@ -65,3 +65,8 @@ class PacingSettings:
             ceiling_factor=float(get("throttle.ceiling_factor")),
             recovery_step=float(get("throttle.recovery_step")),
         )
+
+
+# The reader, bound once: site_settings keys its values by it (a bound method made per call is
+# one more object, and hashed, per budget built).
+_READ = PacingSettings._read

@@ -31,7 +31,7 @@ from etiquette_proxy.robots.purposes import (
     parse_value,
     refusal,
 )
-from etiquette_proxy.sites import Persisted, SiteRegistry
+from etiquette_proxy.sites import Persisted, SiteRegistry, site_settings
 from etiquette_proxy.state.interface import StateStore
 from etiquette_proxy.target import robots_forms
 
@@ -55,7 +55,13 @@ class RobotsSettings:
     user_agent: str | None = None
 
     @classmethod
-    def from_config(cls, config: Any, site: str) -> RobotsSettings:
+    def from_config(cls, config: Any, site: str | None) -> RobotsSettings:
+        """The site's robots.* settings: one shared value for every site without `sites:`
+        overrides (sites.py site_settings), so no per-site cache is needed."""
+        return site_settings(config, site, _READ_SETTINGS if cls is RobotsSettings else cls._read)
+
+    @classmethod
+    def _read(cls, config: Any, site: str | None) -> RobotsSettings:
         v = config.for_site(site).robots
         return cls(
             ttl=min(v.ttl, 86400.0), timeout=v.timeout, max_bytes=v.max_bytes,
@@ -63,6 +69,11 @@ class RobotsSettings:
             keep_good_copy=v.keep_good_copy, max_crawl_delay=v.max_crawl_delay,
             user_agent=v.user_agent,
         )
+
+
+# The reader, bound once: site_settings keys its values by it (a bound method made per call is
+# one more object, and hashed, per request).
+_READ_SETTINGS = RobotsSettings._read
 
 
 @dataclass(frozen=True)
@@ -502,9 +513,15 @@ class RobotsPolicy:
         # A dict, not an OrderedDict (~90 bytes less per origin: 9 MB at 100,000 origins): a
         # use moves the origin to the end (pop, insert); evictions are rare (past the budget),
         # and the dict is rebuilt before one if many moves left deleted slots to walk.
+        # Keyed by each entry's own origin string. A plain dict, not sites.py's hashed_dict:
+        # at 100,000 origins that layout cost 5.6 MB of resident memory for no gain measured
+        # (benchmarks/README.md, section flat).
         self._parsed: dict[str, _Rules] = {}
         self._parsed_bytes = 0
         self._moved = 0
+        # The rules `recall` just gave an entry back from (moved then): the verdict on the
+        # same request takes them without a second lookup.
+        self._recalled: _Rules | None = None
 
     def is_fresh(self, entry: RobotsEntry | None) -> bool:
         """Whether the entry may be used without fetching again."""
@@ -647,12 +664,19 @@ class RobotsPolicy:
     def _group(self, entry: RobotsEntry, token: str) -> _Rules:
         """`entry`'s rules as they apply to `token`, compiled (robots.txt parsed at most once)."""
         parsed = self._parsed
-        rules = parsed.get(entry.origin)
-        # `is` first: the entry's text is the very string compiled, until a new fetch replaces it.
-        if rules is not None and (rules.text is entry.text or rules.text == entry.text):
-            del parsed[entry.origin]
-            parsed[entry.origin] = rules  # most recently used last
-            self._moved += 1
+        rules = self._recalled
+        if rules is not None and rules.resting is entry:
+            pass  # recalled for this entry just now, and moved then
+        else:
+            rules = parsed.get(entry.origin)
+            # `is` first: the entry's text is the very string compiled, until a new fetch replaces it.
+            if rules is not None and (rules.text is entry.text or rules.text == entry.text):
+                del parsed[entry.origin]
+                parsed[entry.origin] = rules  # most recently used last
+                self._moved += 1
+            else:
+                rules = None
+        if rules is not None:
             if rules.token == token:
                 return rules
             more = rules.more
@@ -667,7 +691,8 @@ class RobotsPolicy:
             self._parsed_bytes += 50 + found.size()
             self._evict()
             return found
-        if rules is not None:
+        rules = parsed.get(entry.origin)
+        if rules is not None:  # compiled from an older text
             self._parsed_bytes -= rules.size()
             del parsed[entry.origin]
             self._moved += 1
@@ -696,10 +721,42 @@ class RobotsPolicy:
         rules.resting = entry
         return True
 
+    def settle(self, origin: str, entry: RobotsEntry) -> bool:
+        """`rest` for an entry the registry found in its first tier, once its rules are
+        compiled (a use: the rules move to the recent end, and the verdict on this request
+        takes them without a lookup): from then on the origin is found beside its rules."""
+        if entry.kind != "rules" or entry.origin != origin:
+            return False  # nothing compiled to rest beside (no rules), or not its own origin
+        parsed = self._parsed
+        rules = parsed.get(origin)
+        if rules is None or not (rules.text is entry.text or rules.text == entry.text):
+            return False  # not compiled yet: the first verdict compiles it
+        if rules.resting is None:
+            self._parsed_bytes += RESTING_BYTES
+        rules.resting = entry if entry.text is rules.text else replace(entry, text=rules.text)
+        del parsed[origin]
+        parsed[entry.origin] = rules  # the entry's own string stays the key
+        self._moved += 1
+        self._recalled = rules
+        return True
+
+    def resting_entries(self) -> list[RobotsEntry]:
+        """Every entry resting beside its compiled rules (for status pages; O(origins))."""
+        return [rules.resting for rules in list(self._parsed.values()) if rules.resting is not None]
+
     def recall(self, origin: str) -> RobotsEntry | None:
-        """The entry kept by `rest` for `origin` (its compiled rules still held), or None."""
-        rules = self._parsed.get(origin)
-        return None if rules is None else rules.resting
+        """The entry kept by `rest` for `origin` (its compiled rules still held), or None: a
+        use of those rules (moved to the most recent end, as a verdict moves them)."""
+        parsed = self._parsed
+        rules = parsed.get(origin)
+        if rules is None or rules.resting is None:
+            return None
+        entry = rules.resting
+        del parsed[origin]
+        parsed[entry.origin] = rules  # the entry's own string stays the key
+        self._moved += 1
+        self._recalled = rules
+        return entry
 
     def _evict(self) -> None:
         # Least recently used out, one at a time: hot origins stay compiled however many
@@ -711,8 +768,11 @@ class RobotsPolicy:
             self._moved = 0
         parsed = self._parsed
         while len(parsed) > 1 and (len(parsed) > PARSED_LIMIT or self._parsed_bytes > PARSED_BUDGET):
-            self._parsed_bytes -= parsed.pop(next(iter(parsed))).size()
+            evicted = parsed.pop(next(iter(parsed)))
+            self._parsed_bytes -= evicted.size()
             self._moved += 1
+            if evicted is self._recalled:
+                self._recalled = None
 
 
 _ALLOWED_VERDICT = RobotsVerdict(True, _ALLOWED)  # frozen: one for every allowed URL
@@ -724,9 +784,11 @@ def entry_registry(state: Callable[[], StateStore],
                    policy: RobotsPolicy | None = None) -> SiteRegistry[RobotsEntry]:
     """origin -> robots.txt entry in the per-site registry (sites.py), bounded by
     `state.max_sites_in_memory`. Entries come from fetches (`put` then `save`: every entry is in
-    the state store from the moment it is fetched). One that leaves memory stays beside its
-    compiled rules in `policy` (`RobotsPolicy.rest`: ~170 bytes, its text shared with the rules)
-    and comes back from there with `find` on the origin's next request; without compiled rules
+    the state store from the moment it is fetched). One that leaves memory, or is found once its
+    rules are compiled (`RobotsPolicy.settle`), stays beside its compiled rules in `policy`
+    (`RobotsPolicy.rest`: ~170 bytes, its text shared with the rules) and is found there with
+    `find` on the origin's next requests (one lookup: not in the first tier, then beside its
+    rules, which the verdict then takes without a lookup of its own); without compiled rules
     (no `policy`, evicted from its cache, or an entry without rules) it is read back from the
     state store."""
     return SiteRegistry(
@@ -734,7 +796,8 @@ def entry_registry(state: Callable[[], StateStore],
         persisted=Persisted(NAMESPACE, "robots.txt entry", _load_entry, RobotsEntry.to_state,
                             saved_on_change=True,
                             rest=policy.rest if policy is not None else None,
-                            recall=policy.recall if policy is not None else None),
+                            recall=policy.recall if policy is not None else None,
+                            settle=policy.settle if policy is not None else None),
         state=state)
 
 

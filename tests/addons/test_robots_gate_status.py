@@ -30,6 +30,25 @@ def test_robots_column_finds_the_sites_origins(group_by: str, site: str, origins
     assert [entry["origin"] for entry in found] == origins
 
 
+@pytest.mark.parametrize("group_by, site, origins", [
+    ("host", "www.example.com:443", ["https://www.example.com:443"]),
+    ("domain", "example.com", ["http://example.com:80", "https://www.example.com:443"]),
+])
+def test_robots_column_finds_the_sites_origins_resting_beside_their_rules(
+        group_by: str, site: str, origins: list[str]) -> None:
+    """An entry found once its rules are compiled rests beside them (sites.py settle): every
+    origin of the site is still shown, under every group_by."""
+    rt = Runtime(config=load_config("", "<test>", [f"pacing.group_by={group_by}"]))
+    gate = RobotsGate(rt)
+    for origin in ["http://example.com:80", "https://www.example.com:443", "http://other.test:80"]:
+        entry = gate.policy.after_fetch(origin, FetchResult(200, b"User-agent: *\nDisallow: /x\n"), None,
+                                        RobotsSettings())
+        gate.entries.put(rt.config, origin, entry)
+        assert not gate.policy.verdict(entry, "/x", "bot").allowed  # compiled
+        assert gate.entries.find(rt.config, origin) is entry and origin not in gate.entries  # resting
+    assert [entry["origin"] for entry in gate.status(site)["robots"]] == origins
+
+
 def test_robots_column_shows_an_entry_resting_beside_its_rules() -> None:
     """Past state.max_sites_in_memory an entry rests beside its compiled rules and is answered
     from there (sites.py): the site's column still shows it."""

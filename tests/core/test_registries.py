@@ -160,3 +160,83 @@ def test_an_entry_without_compiled_rules_is_read_from_the_state_store() -> None:
     for i in range(3):
         entries.put(CONFIG, f"http://o{i}.example:80", _fetched(policy, f"http://o{i}.example:80", b""))
     assert entries.find(CONFIG, origin) == entry and state.reads == 1
+
+
+class NoMemoPolicy(RobotsPolicy):
+    """The policy without its recalled-rules shortcut: every verdict looks its rules up."""
+
+    def recall(self, origin: str) -> RobotsEntry | None:
+        entry = super().recall(origin)
+        self._recalled = None
+        return entry
+
+    def settle(self, origin: str, entry: RobotsEntry) -> bool:
+        settled = super().settle(origin, entry)
+        self._recalled = None
+        return settled
+
+
+class NoSettlePolicy(NoMemoPolicy):
+    """Nor does an entry found in the registry's first tier move beside its rules."""
+
+    def settle(self, origin: str, entry: RobotsEntry) -> bool:
+        return False
+
+
+def test_the_recalled_rules_shortcut_decides_and_orders_as_the_lookup_it_skips() -> None:
+    """Random fetches, finds and verdicts over more origins than the registry keeps: the same
+    entries, verdicts, crawl delays, state reads and compiled-rules order as a policy looking
+    its rules up each time; and as one whose compiled entries stay in the first tier, but for
+    the reads."""
+    import random
+
+    from etiquette_proxy.clock import FakeClock
+
+    runs = []
+    for cls in (RobotsPolicy, NoMemoPolicy, NoSettlePolicy):
+        rng = random.Random(7)
+        state = ReadCountingState()
+        policy = cls(clock=FakeClock())
+        entries = entry_registry(lambda: state, policy)  # noqa: B023 - used within the iteration
+        origins = [f"http://s{i}.example:80" for i in range(12)]
+        seen: list[object] = []
+        for _ in range(2000):
+            origin = rng.choice(origins)
+            op = rng.random()
+            if op < 0.1 or entries.find(CONFIG, origin) is None:
+                body = (b"User-agent: *\nDisallow: /private/\nCrawl-delay: %d\nDisallow: /only-%d/\n"
+                        % (rng.randrange(3), rng.randrange(4)))
+                status = rng.choice([200, 200, 200, 404])
+                entries.put(CONFIG, origin, _fetched(policy, origin, body, status))
+                entries.save(origin)
+            entry = entries.find(CONFIG, origin)
+            assert entry is not None
+            token = rng.choice(["bot", "bot", "otherbot"])
+            seen.append((origin, entry.to_state(), [policy.verdict_for_target(entry, t, token) for t in TARGETS],
+                         policy.crawl_delay(entry, token, RobotsSettings()), list(policy._parsed)))  # noqa: SLF001
+        runs.append((seen, state.reads))
+    assert runs[0] == runs[1]
+    # Compiled entries kept out of the first tier leave it more room for the others (those
+    # without rules, read back from the state store once evicted): the same decisions, fewer reads.
+    assert runs[2][0] == runs[0][0] and runs[2][1] > runs[0][1]
+
+
+def test_an_entry_found_with_compiled_rules_rests_beside_them_and_a_newer_one_replaces_it() -> None:
+    state = ReadCountingState()
+    policy = RobotsPolicy()
+    entries = entry_registry(lambda: state, policy)
+    origin = "http://a.example:80"
+    entry = _fetched(policy, origin, b"User-agent: *\nDisallow: /private/\n")
+    entries.put(CONFIG, origin, entry)
+    entries.save(origin)
+    assert entries.find(CONFIG, origin) is entry and origin in entries  # not compiled yet: stays
+    assert not policy.verdict(entry, "/private/x", "bot").allowed  # compiles
+    assert entries.find(CONFIG, origin) is entry
+    assert origin not in entries and entries.peek(origin) is None and entries.resting(origin) is entry
+    assert entries.find(CONFIG, origin) is entry and not policy.verdict(entry, "/private/y", "bot").allowed
+    gone = _fetched(policy, origin, b"", 404)  # a newer fetch: never shadowed by the one resting
+    entries.put(CONFIG, origin, gone)
+    entries.save(origin)
+    assert entries.find(CONFIG, origin) is gone and policy.verdict(gone, "/private/x", "bot").allowed
+    assert entries.find(CONFIG, origin) is gone and origin in entries  # no rules: stays in the first tier
+    assert state.reads == 0

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import random
+from collections import OrderedDict
+
 import pytest
 
-from etiquette_proxy.sites import SiteRegistry
+from etiquette_proxy.sites import Persisted, SiteRegistry
+from etiquette_proxy.state.memory import MemoryState
 
 
 def test_built_once_per_site_and_rebuilt_when_the_config_changes() -> None:
@@ -57,3 +61,81 @@ def test_settings_are_shared_and_overrides_read_per_site() -> None:
     assert slow.rate == 0.5 and slow is PacingSettings.from_config(config, "slow.example:80")
     reloaded = load_config("pacing: {rate: 3}\n")  # a new config object is read again
     assert PacingSettings.from_config(reloaded, "s0.example:443").rate == 3.0
+
+
+class _Value:
+    def __init__(self, site: str) -> None:
+        self.site = site
+        self.busy = False
+
+
+class _ReferenceLRU:
+    """Least recently used first, exactly (an OrderedDict moved on every use): the order the
+    registry keeps without one (sites.py SiteRegistry._built and _oldest)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.kept: OrderedDict[str, _Value] = OrderedDict()
+        self.evictions = 0
+
+    def use(self, site: str, value: _Value | None = None) -> None:
+        if site in self.kept and value is None:
+            self.kept.move_to_end(site)
+            return
+        self.kept[site] = value or self.kept.get(site) or _Value(site)
+        self.kept.move_to_end(site)
+        for _ in range(min(8, len(self.kept) - 1)):  # sites.py _EVICT_SCAN
+            if len(self.kept) <= self.limit:
+                return
+            oldest = next(iter(self.kept))
+            if self.kept[oldest].busy:
+                self.kept.move_to_end(oldest)
+            else:
+                del self.kept[oldest]
+                self.evictions += 1
+
+
+@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("limit", [1, 2, 7, 300])
+def test_the_order_is_exactly_least_recently_used(seed: int, limit: int) -> None:
+    """Random uses, puts, evictions, drops and busy sites: the registry keeps the same sites in
+    the same order as an OrderedDict moved on every use, and evicts the same ones."""
+    rng = random.Random(seed)
+    state = MemoryState()
+    registry: SiteRegistry[_Value] = SiteRegistry(
+        lambda config, site: _Value(site), limit=limit, state=lambda: state,
+        persisted=Persisted("t", "test", lambda raw, config, site: _Value(site), lambda v: None,
+                            at_rest=lambda v: not v.busy))
+    reference = _ReferenceLRU(limit)
+    config = object()
+    sites = [f"s{i}.example:80" for i in range(3 * limit + 3)]
+    for _ in range(3000 if limit < 300 else 6000):
+        op, site = rng.random(), rng.choice(sites)
+        if op < 0.55:
+            value = registry.get(config, site)
+            reference.use(site)
+            assert value is reference.kept[site] or value.site == site
+            reference.kept[site] = value
+        elif op < 0.65:
+            found = registry.find(config, site)
+            if site in reference.kept:
+                assert found is reference.kept[site]
+                reference.use(site)
+            else:
+                assert found is None
+        elif op < 0.75:
+            value = _Value(site)
+            registry.put(config, site, value)
+            reference.use(site, value)
+        elif op < 0.8:
+            if registry.evict(site):
+                del reference.kept[site]
+            else:
+                assert site not in reference.kept or reference.kept[site].busy
+        elif op < 0.83:
+            assert registry.drop(site) == (reference.kept.pop(site, None) is not None)
+        elif site in reference.kept:  # a site in use, or done
+            reference.kept[site].busy = not reference.kept[site].busy
+        assert list(registry) == list(reference.kept)
+        assert all(registry.peek(s) is v for s, v in reference.kept.items())
+    assert registry.evictions >= reference.evictions  # evict(site) counts too

@@ -283,3 +283,20 @@ def test_odd_paths_are_compared_without_crashing(clock, path):
     entry = policy.after_fetch(ORIGIN, FetchResult(200, body), None, S)
     verdict = policy.verdict(entry, path, "bot")
     assert verdict.allowed is path.startswith(("/ツ/", "/a%2"))
+
+
+def test_settings_are_shared_by_sites_without_overrides_and_read_for_the_others():
+    from etiquette_proxy.config import load_config
+
+    config = load_config('robots: {ttl: 600}\nsites: {"slow.example": {robots: {timeout: 3}}, '
+                         '"x.example:8080": {robots: {max_crawl_delay: 5}}}\n')
+    sites = [f"s{i}.example:{port}" for i in range(50) for port in (80, 443)]
+    sites += ["slow.example:80", "slow.example:443", "x.example:8080", "x.example:80", "[::1]:80"]
+    for site in sites:  # what the per-site read gives, for every site
+        assert RobotsSettings.from_config(config, site) == RobotsSettings._read(config, site)  # noqa: SLF001
+    plain = {id(RobotsSettings.from_config(config, s)) for s in sites[:100] + ["x.example:80", "[::1]:80"]}
+    assert len(plain) == 1
+    assert RobotsSettings.from_config(config, "slow.example:80").timeout == 3.0
+    assert RobotsSettings.from_config(config, "x.example:8080").max_crawl_delay == 5.0
+    assert RobotsSettings.from_config(config, "x.example:80").max_crawl_delay == 60.0
+    assert RobotsSettings.from_config(load_config("robots: {ttl: 60}\n"), "s0.example:80").ttl == 60.0
