@@ -179,6 +179,23 @@ def checkout_path(checkout: Path, scratch: Path) -> str:
     return str(scratch)
 
 
+def same_checkout(other_checkout: str) -> None:
+    """In a before arm (the environment variable `other_checkout` set), both packages must come
+    from the other checkout's PYTHONPATH entry (checkout_path's links), or the figures mix two
+    trees."""
+    if not os.environ.get(other_checkout):
+        return
+    import etiquette_addons
+
+    import etiquette_proxy
+
+    want = Path(os.environ["PYTHONPATH"].split(os.pathsep)[0])
+    for module in (etiquette_addons, etiquette_proxy):
+        got = Path(str(module.__file__)).parent
+        if got != want / module.__name__:
+            raise SystemExit(f"before arm: {module.__name__} imported from {got}, not from {want}")
+
+
 def etiquette_command(state_dir: Path, sets: Sequence[str] = (), extra: Sequence[str] = ()) -> list[str]:
     exe = shutil.which("etiquette-proxy", path=str(BIN)) or "etiquette-proxy"
     cmd = [exe, "run", "--listen-port", "0", "--state-dir", str(state_dir)]

@@ -40,32 +40,16 @@ OTHER_CHECKOUT = "ETIQUETTE_CHAIN_COST_OTHER"  # chain_cost.py's: PYTHONPATH nam
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import checkout_path, clean_env, header  # noqa: E402
+from _harness import checkout_path, clean_env, header, same_checkout  # noqa: E402
 
 WALL_START = 1_800_000_000.0
-
-
-def same_checkout() -> None:
-    """In the before arm, both packages must come from the other checkout's PYTHONPATH entry
-    (checkout_path's links), or the figures mix two trees."""
-    if not os.environ.get(OTHER_CHECKOUT):
-        return
-    import etiquette_addons
-
-    import etiquette_proxy
-
-    want = Path(os.environ["PYTHONPATH"].split(os.pathsep)[0])
-    for module in (etiquette_addons, etiquette_proxy):
-        got = Path(str(module.__file__)).parent
-        if got != want / module.__name__:
-            raise SystemExit(f"before arm: {module.__name__} imported from {got}, not from {want}")
 
 
 def measured(member: str, flows: int, warm: int, validators: bool) -> None:
     """Run the chain with `member`'s hooks counted (the --marked arm, under valgrind)."""
     import chain_cost
 
-    same_checkout()
+    same_checkout(OTHER_CHECKOUT)
 
     state = {"flow": 0}
     make_flow = chain_cost.make_flow

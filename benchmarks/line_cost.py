@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 if not os.environ.get(OTHER_CHECKOUT):  # else PYTHONPATH names the other checkout's packages
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _harness import checkout_path, header  # noqa: E402
+from _harness import checkout_path, header, same_checkout  # noqa: E402
 from chain_cost import SETS, make_flow, make_response  # noqa: E402
 
 
@@ -102,25 +102,9 @@ def timed(n: int, rounds: int, validators: bool) -> list[float]:
     return out
 
 
-def same_checkout() -> None:
-    """In the before arm, both packages must come from the other checkout's PYTHONPATH entry
-    (checkout_path's links), or the figures mix two trees."""
-    if not os.environ.get(OTHER_CHECKOUT):
-        return
-    import etiquette_addons
-
-    import etiquette_proxy
-
-    want = Path(os.environ["PYTHONPATH"].split(os.pathsep)[0])
-    for module in (etiquette_addons, etiquette_proxy):
-        got = Path(str(module.__file__)).parent
-        if got != want / module.__name__:
-            raise SystemExit(f"before arm: {module.__name__} imported from {got}, not from {want}")
-
-
 def marked(n: int, validators: bool) -> None:
     """The flows between two os.getppid() calls (callgrind dumps at each)."""
-    same_checkout()
+    same_checkout(OTHER_CHECKOUT)
     with tempfile.TemporaryDirectory(prefix="etiquette-line-") as tmp:
         audit, watch, batch = prepare(n, validators, tmp)
         os.getppid()

@@ -336,20 +336,21 @@ _REASONS: dict[tuple[str, int, int], tuple[str, ...]] = {}
 
 
 def _not_enough(n: int, needed: int) -> tuple[str, ...]:
-    reasons = _REASONS.get(("n", n, needed))
-    if reasons is None:
-        reasons = (f"not enough requests to judge: {n} of {needed}",)
-        if len(_REASONS) < 4096:
-            _REASONS[("n", n, needed)] = reasons
-    return reasons
+    return _kept_reason(("n", n, needed), "not enough requests to judge: {1} of {2}")
 
 
 def _learning(windows: int) -> tuple[str, ...]:
-    reasons = _REASONS.get(("w", windows, WARMUP_WINDOWS))
+    return _kept_reason(("w", windows, WARMUP_WINDOWS), "learning this site's normal: {1} of {2} windows")
+
+
+def _kept_reason(key: tuple[str, int, int], text: str) -> tuple[str, ...]:
+    """The one-reason tuple `text` formatted with `key`, kept (bounded) so every site in the
+    same state shares one."""
+    reasons = _REASONS.get(key)
     if reasons is None:
-        reasons = (f"learning this site's normal: {windows} of {WARMUP_WINDOWS} windows",)
+        reasons = (text.format(*key),)
         if len(_REASONS) < 4096:
-            _REASONS[("w", windows, WARMUP_WINDOWS)] = reasons
+            _REASONS[key] = reasons
     return reasons
 
 

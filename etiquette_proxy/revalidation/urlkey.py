@@ -57,13 +57,9 @@ def normalise(url: str, tracking_params: Iterable[str] = DEFAULT_TRACKING_PARAMS
         scheme, host, port_text, path, query_text = plain.groups()
         if ".." not in host and host[0] != "." and host[-1] != "." and "//" not in path and "/." not in path:
             scheme = scheme.lower()
-            netloc = host.lower()
-            if port_text is not None:
-                port = int(port_text)
-                if port > 65535:
-                    return _normalise(url, tracking_params)  # raises, as urlsplit does
-                if port != _DEFAULT_PORTS[scheme]:
-                    netloc = f"{netloc}:{port}"
+            netloc = _netloc(scheme, host, port_text)
+            if netloc is None:
+                return _normalise(url, tracking_params)  # raises, as urlsplit does
             if query_text:
                 last = _LAST_MATCHER  # _matcher(tracking_params) without the call when it is the last
                 matcher = last[1] if last[0] is tracking_params else _matcher(tracking_params)
@@ -74,19 +70,28 @@ def normalise(url: str, tracking_params: Iterable[str] = DEFAULT_TRACKING_PARAMS
     return _simple(url, tracking_params)
 
 
+def _netloc(scheme: str, host: str, port_text: str | None) -> str | None:
+    """The key's authority: the host lower-cased, the port only when not the scheme's default;
+    None for a port past 65535 (the caller takes urlsplit's path, which raises for it)."""
+    netloc = host.lower()
+    if port_text is not None:
+        port = int(port_text)
+        if port > 65535:
+            return None
+        if port != _DEFAULT_PORTS[scheme]:
+            netloc = f"{netloc}:{port}"
+    return netloc
+
+
 def _simple(url: str, tracking_params: Iterable[str]) -> str:
     """normalise() of a URL that is not _PLAIN: _SIMPLE's one match, else urlsplit."""
     simple = _SIMPLE.fullmatch(url)
     if simple is not None:
         scheme, host, port_text, path, query_text = simple.groups()
         scheme = scheme.lower()
-        netloc = host.lower()
-        if port_text is not None:
-            port = int(port_text)
-            if port > 65535:
-                return _normalise(url, tracking_params)  # raises, as urlsplit does
-            if port != _DEFAULT_PORTS[scheme]:
-                netloc = f"{netloc}:{port}"
+        netloc = _netloc(scheme, host, port_text)
+        if netloc is None:
+            return _normalise(url, tracking_params)  # raises, as urlsplit does
         path = resolve(path) if path else "/"
         query = _query(query_text, _tracking_matcher(tuple(tracking_params))) if query_text else ""
         return f"{scheme}://{netloc}{path}" + (f"?{query}" if query else "")
