@@ -15,7 +15,7 @@ from urllib.parse import urljoin, urlsplit
 
 from etiquette_addons.answers import answer_locally, fail_closed
 from etiquette_addons.fields import field_value, has_field
-from etiquette_addons.notes import notes_of, skip
+from etiquette_addons.notes import notes_of, request_url, skip
 from etiquette_addons.runtime import Runtime
 from etiquette_addons.side_fetch import SideFetchError, fetch
 from mitmproxy import http
@@ -108,7 +108,11 @@ class RobotsGate:
 
         token = product_token(settings.user_agent or client_ua)
         purposes: tuple[str, ...] = self.rt.config.purposes
-        verdict = self.policy.verdict_for_target(entry, request.path, token, purposes, request.url)
+        # The URL a response header's no was remembered under matters only with purposes
+        # declared: without them it is not built (mitmproxy's Request.url costs ~15k
+        # instructions a request, benchmarks/README.md "audit").
+        full_url = request_url(request) if purposes else None
+        verdict = self.policy.verdict_for_target(entry, request.path, token, purposes, full_url)
         if verdict.purpose is not None:
             notes.extra["purposes"] = verdict.purpose.audit(purposes)
         if verdict.allowed:
@@ -135,7 +139,7 @@ class RobotsGate:
         if notes.local or notes.facts.get("internal"):
             return
         purposes: tuple[str, ...] = self.rt.config.purposes
-        no, said, problems = self.policy.heard(flow.request.url, response.headers.items(), purposes)
+        no, said, problems = self.policy.heard(request_url(flow.request), response.headers.items(), purposes)
         if problems:
             log.info("%s: %s", flow.request.url, "; ".join(problems))
         if said:
