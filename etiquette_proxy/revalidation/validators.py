@@ -252,10 +252,8 @@ class Match:
 def should_store(method: str, status: int, request_headers: Headers, response_headers: Headers,
                  body_size: int, max_body: int) -> StoreDecision:
     """Store a GET 200 unless no-store, `Vary: *` or a body over store.max_body (SPEC §6)."""
-    if method.upper() != "GET":
-        return StoreDecision(False, f"{method} responses are not stored (SPEC §6: GET only)")
-    if status != 200:
-        return StoreDecision(False, f"status {status} is not stored (SPEC §6: 200 only)")
+    if method.upper() != "GET" or status != 200:  # refused before any header is read
+        return should_store_pairs(method, status, (), (), body_size, max_body)
     return should_store_pairs(method, status, header_pairs(request_headers), header_pairs(response_headers),
                               body_size, max_body)
 
