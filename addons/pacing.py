@@ -45,7 +45,7 @@ from etiquette_proxy.pacing.budget import SiteBudget, Turn
 from etiquette_proxy.pacing.per_site import budget_registry
 from etiquette_proxy.pacing.ratelimit_fields import _FIELDS as RATE_LIMIT_FIELDS  # what read_rate_hint reads
 from etiquette_proxy.pacing.rates import Rates
-from etiquette_proxy.pacing.restraints import Restraints, fold, restraint_note
+from etiquette_proxy.pacing.restraints import Restraints, restraint_note
 from etiquette_proxy.pacing.throttle import ThrottleDecision
 from etiquette_proxy.sites import SiteRegistry
 from etiquette_proxy.state.redis_store import SharedStateUnavailable
@@ -59,7 +59,6 @@ _JOINED = frozenset({"retry-after", "ratelimit", "ratelimit-policy"})  # every v
 # rate-limit fields of ratelimit_fields.py): only these are decoded from each response.
 _READ = frozenset(name.encode("ascii") for name in (*_JOINED, *RATE_LIMIT_FIELDS))
 
-_UNRESTRAINED = fold(())  # what no restraint folds to
 
 TICKET = "pacing_ticket"
 LEASE = "pacing_lease"          # the shared budget's concurrency lease (state.backend: redis)
@@ -159,8 +158,7 @@ class Pacing:
 
     def _restrain(self, site: str, budget: SiteBudget) -> str | None:
         """Apply other features' restraints; the reason of a pause among them, if any."""
-        on = self.restraints.on(site)
-        folded = fold(on) if on else _UNRESTRAINED  # most sites, most of the time
+        folded = self.restraints.folded(site)  # folded once per change, not per request
         try:
             budget.restrain(folded.rate_factor, folded.rate_cap, folded.concurrency_factor)
         except ValueError as e:  # a feature's bad numbers must not take pacing down

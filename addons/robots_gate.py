@@ -23,7 +23,7 @@ from mitmproxy import http
 from etiquette_proxy.audit.log import audit_record
 from etiquette_proxy.clock import wall
 from etiquette_proxy.pacing.rates import Rates
-from etiquette_proxy.pacing.restraints import Restraint, Restraints
+from etiquette_proxy.pacing.restraints import Restraints, crawl_delay_restraint
 from etiquette_proxy.robots.policy import (
     NAMESPACE,
     FetchResult,
@@ -36,7 +36,7 @@ from etiquette_proxy.robots.policy import (
 from etiquette_proxy.site_key import host_site, url_authority
 from etiquette_proxy.sites import SiteRegistry
 from etiquette_proxy.state.redis_store import RedisShared, SharedStateUnavailable
-from etiquette_proxy.target import resolve, split_target
+from etiquette_proxy.target import names_robots_txt
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class RobotsGate:
         notes.extra["robots"] = entry.kind
         notes.facts["robots_status"] = entry.status
 
-        if resolve(split_target(request.path)[0]) == "/robots.txt":
+        if names_robots_txt(request.path):
             self._answer_robots(flow, entry)
             return
 
@@ -119,8 +119,7 @@ class RobotsGate:
             delay = self.policy.crawl_delay(entry, token, settings)
             if delay is not None:
                 notes.extra["crawl_delay"] = delay
-                self.restraints.restrain(notes.site, Restraint("crawl-delay", rate_cap=1 / delay,
-                                                       reason=f"robots.txt asks {delay:g}s between requests"))
+                self.restraints.restrain(notes.site, crawl_delay_restraint(delay))
             else:
                 self.restraints.release(notes.site, "crawl-delay")
             return

@@ -153,9 +153,19 @@ SIGNALS_TXT = ROBOTS_TXT.replace(b"Crawl-delay: 1\n", b"Crawl-delay: 1\nContent-
 def robots_component(config, robots_txt: bytes = ROBOTS_TXT,  # type: ignore[no-untyped-def]
                      purposes: tuple[str, ...] | None = None, escaped: bool = False) -> Callable[[int], object]:
     from etiquette_proxy.pacing.restraints import Restraint, Restraints
+    try:  # the gate's own restraint, one object per delay (a core from before: built per request)
+        from etiquette_proxy.pacing.restraints import crawl_delay_restraint
+    except ImportError:
+        def crawl_delay_restraint(delay: float) -> Restraint:
+            return Restraint("crawl-delay", rate_cap=1 / delay, reason=f"robots.txt asks {delay:g}s between requests")
     from etiquette_proxy.robots.policy import entry_registry
     from etiquette_proxy.state.memory import MemoryState
     from etiquette_proxy.target import resolve, split_target
+    try:
+        from etiquette_proxy.target import names_robots_txt
+    except ImportError:  # a core from before: the split and resolve of every path
+        def names_robots_txt(target: str) -> bool:
+            return resolve(split_target(target)[0]) == "/robots.txt"
 
     policy = RobotsPolicy()
     state = MemoryState()
@@ -189,15 +199,14 @@ def robots_component(config, robots_txt: bytes = ROBOTS_TXT,  # type: ignore[no-
             raise RuntimeError("the robots.txt entry went stale during the benchmark")
         assert entry is not None
         path = paths[i % len(paths)]
-        if resolve(split_target(path)[0]) == "/robots.txt":
+        if names_robots_txt(path):  # the gate's check
             raise RuntimeError("not a page")
         token = product_token(settings.user_agent or UA)
         verdict = policy.verdict_for_target(entry, path, token, *extra)  # as the gate asks
         if verdict.allowed:
             delay = policy.crawl_delay(entry, token, settings)
             if delay is not None:
-                restraints.restrain(SITE, Restraint("crawl-delay", rate_cap=1 / delay,
-                                                    reason=f"robots.txt asks {delay:g}s between requests"))
+                restraints.restrain(SITE, crawl_delay_restraint(delay))
             else:
                 restraints.release(SITE, "crawl-delay")
         return verdict

@@ -122,6 +122,16 @@ def resolve_target(target: str) -> str:
     return resolve(path) + query
 
 
+def names_robots_txt(target: str) -> bool:
+    """True when the path of `target` resolves to `/robots.txt` (a client asking for it: the
+    gate answers from its cache, SPEC §4). Without a `%` the resolved path keeps the target's
+    own segments (slashes merged, dot segments dropped), so a path never naming `robots.txt`
+    is told apart by two substring tests: most requests, without a split or a match."""
+    if "robots.txt" not in target and "%" not in target:
+        return False
+    return resolve(split_target(target)[0]) == "/robots.txt"
+
+
 def robots_forms(target: str) -> tuple[str, ...]:
     """Every spelling of `target` (path and query) the robots gate must check, as sent first."""
     path, query = split_target(target)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 
 _SMALLEST = 1e-6  # a factor or cap is never folded below this (a zero would stop the bucket)
 
@@ -66,6 +67,15 @@ def fold(restraints: Iterable[Restraint]) -> Folded:
 _UNRESTRAINED = Folded()
 
 
+@lru_cache(maxsize=256)
+def crawl_delay_restraint(delay: float) -> Restraint:
+    """What a robots.txt `Crawl-delay: <delay>` asks (SPEC §4: honoured as a rate cap; RFC 9309
+    has no crawl-delay). One object per value: the robots gate restates it on every allowed
+    request, and `Restraints.restrain` knows it by identity (a frozen dataclass costs ~1 µs to
+    build and compare)."""
+    return Restraint("crawl-delay", rate_cap=1 / delay, reason=f"robots.txt asks {delay:g}s between requests")
+
+
 def restraint_note(restraints: Iterable[Restraint], rate: Callable[[], float]) -> str:
     """Why the site's rate (`rate()`, asked only when needed) is lower than configured, for a
     refusal's reason; "" if no restraint slows it."""
@@ -77,17 +87,26 @@ def restraint_note(restraints: Iterable[Restraint], rate: Callable[[], float]) -
 class Restraints:
     """site -> source -> restraint: what features ask of pacing, each under its own source."""
 
-    __slots__ = ("_by_site",)
+    __slots__ = ("_by_site", "_folded")
 
     def __init__(self) -> None:
         self._by_site: dict[str, dict[str, Restraint]] = {}
+        # fold(on(site)) for a restrained site, kept until one of its restraints changes:
+        # pacing asks before every request, and a Crawl-delay stays restated as it was.
+        self._folded: dict[str, Folded] = {}
 
     def restrain(self, site: str, restraint: Restraint) -> bool:
         """Set a feature's restraint on a site; True when it changed."""
-        current = self._by_site.setdefault(site, {})
-        if current.get(restraint.source) == restraint:
-            return False
+        current = self._by_site.get(site)
+        if current is None:
+            current = self._by_site[site] = {}
+        else:
+            existing = current.get(restraint.source)
+            # the same object restated (a feature keeps the one it built): no field compare
+            if existing is restraint or existing == restraint:
+                return False
         current[restraint.source] = restraint
+        self._folded.pop(site, None)
         return True
 
     def release(self, site: str, source: str) -> bool:
@@ -95,9 +114,21 @@ class Restraints:
         current = self._by_site.get(site)
         if current is None or current.pop(source, None) is None:
             return False
+        self._folded.pop(site, None)
         if not current:
             del self._by_site[site]  # a site nothing restrains costs nothing here
         return True
+
+    def folded(self, site: str) -> Folded:
+        """`fold(on(site))`: what pacing applies before every request, folded once per change."""
+        kept = self._folded.get(site)
+        if kept is not None:
+            return kept
+        current = self._by_site.get(site)
+        if not current:
+            return _UNRESTRAINED  # most sites: nothing kept for them
+        kept = self._folded[site] = fold(list(current.values()))
+        return kept
 
     def on(self, site: str) -> list[Restraint]:
         """Every restraint on `site`, in the order the features first set them."""

@@ -350,6 +350,18 @@ def prepare(text: str) -> Prepared:
 
 # -- compiled rules ---------------------------------------------------------------------------
 
+def _asked_delay(crawl_delay: float | None, request_rate: RequestRate | None) -> float | None:
+    """Seconds between requests a group asks for, before `robots.max_crawl_delay` caps it: the
+    longer of its Crawl-delay and Request-rate (n/s -> s/n); None when it asks for neither.
+    Worked out once per compiled group: the gate asks on every allowed request."""
+    delays = []
+    if crawl_delay is not None and crawl_delay > 0:
+        delays.append(float(crawl_delay))
+    if request_rate is not None and request_rate.requests > 0:
+        delays.append(request_rate.seconds / request_rate.requests)
+    return max(delays) if delays else None
+
+
 class _Rules:
     """One origin's robots.txt as it applies to one product token, compiled for matching.
 
@@ -364,7 +376,7 @@ class _Rules:
     """
 
     __slots__ = ("text", "token", "agent", "patterns", "disallows", "prefixes", "special",
-                 "crawl_delay", "request_rate", "more", "literal", "said", "resting")
+                 "asked_delay", "more", "literal", "said", "resting")
 
     def __init__(self, text: str, token: str, prepared: Prepared):
         self.text = text    # what was compiled: the entry's own string, until a new fetch
@@ -388,8 +400,7 @@ class _Rules:
             self.disallows = 0
             self.prefixes: tuple[str, ...] = ()
             self.special: tuple[int, ...] | None = None
-            self.crawl_delay: float | None = None
-            self.request_rate: RequestRate | None = None
+            self.asked_delay: float | None = None
             return
         self.agent = sys.intern(str(rule_set.user_agent))
         # sys.intern: common patterns (/wp-admin/, /cgi-bin/) are one string for every site.
@@ -402,8 +413,7 @@ class _Rules:
         self.special = special or None
         self.prefixes = self.patterns if not special else tuple(
             p for i, p in enumerate(self.patterns) if i not in special)
-        self.crawl_delay = rule_set.crawl_delay
-        self.request_rate = rule_set.request_rate
+        self.asked_delay = _asked_delay(rule_set.crawl_delay, rule_set.request_rate)
         # The rules as written (protego keeps each value's pattern under it), as Google compares
         # them: longest first, Allow first on a tie (RFC 9309 §2.2.2). Kept only where some
         # differs from protego's reading.
@@ -634,17 +644,10 @@ class RobotsPolicy:
         """Seconds between requests the site asks for (Crawl-delay or Request-rate), capped."""
         if entry.kind != "rules":
             return None
-        group = self._group(entry, token)
-        if group.crawl_delay is None and group.request_rate is None:
+        asked = self._group(entry, token).asked_delay
+        if asked is None:
             return None  # most groups ask for neither
-        delays = []
-        if (d := group.crawl_delay) is not None and d > 0:
-            delays.append(float(d))
-        if (rr := group.request_rate) is not None and rr.requests > 0:
-            delays.append(rr.seconds / rr.requests)
-        if not delays:
-            return None
-        return min(max(delays), settings.max_crawl_delay)
+        return min(asked, settings.max_crawl_delay)
 
     def verdict_for_target(self, entry: RobotsEntry, target: str, token: str,
                            purposes: tuple[str, ...] = (), full_url: str | None = None) -> RobotsVerdict:

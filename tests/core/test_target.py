@@ -15,6 +15,7 @@ from etiquette_proxy.target import (
     authority_mismatch,
     control_bytes,
     is_normal,
+    names_robots_txt,
     parse_authority,
     port_problem,
     remove_dot_segments,
@@ -167,6 +168,22 @@ def test_fuzz_never_allows_what_the_resolved_path_disallows(segments: list[str],
     # the store key names the same resolved path
     assert normalise("http://site.test" + target).split("site.test", 1)[1].split("?")[0] == (
         resolve(target.split("?")[0]) or "/")
+
+
+ROBOTS_SEGMENTS = ["robots.txt", "%72obots.txt", "robots%2etxt", "robots%2Etxt", "ROBOTS.TXT", "robots.tx",
+                   "robots.txt%00", "robots.txt;x", "", ".", "..", "%2e", "a", "%2f", "\\", "x.txt"]
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(st.sampled_from(ROBOTS_SEGMENTS), min_size=1, max_size=5),
+       st.sampled_from(["", "?", "?q=robots.txt", "?x=%41"]), st.booleans())
+@example(["a", "..", "robots.txt"], "", True)
+@example(["%72obots.txt"], "", True)
+def test_names_robots_txt_is_the_resolved_path_check(segments: list[str], query: str, lead: bool) -> None:
+    """The gate's fast test (two substring checks first) answers exactly as resolving every
+    path would: a spelling of /robots.txt is never taken for a page, nor a page for it."""
+    target = ("/" if lead else "//") + "/".join(segments) + query
+    assert names_robots_txt(target) == (resolve(target.split("?", 1)[0]) == "/robots.txt"), target
 
 
 # -- control bytes ------------------------------------------------------------------------------
