@@ -25,6 +25,8 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from etiquette_proxy.headers import LowerFields
+
 _EPOCH_S = 1e9   # 2001-09-09: a Reset this large is a timestamp, not a delta
 _EPOCH_MS = 1e12
 _NUMBER = re.compile(r"^\d{1,15}(?:\.\d{1,9})?$", re.ASCII)
@@ -65,6 +67,9 @@ def read_rate_hint(headers: Mapping[str, str], now: float, max_s: float) -> Rate
 
 def read_rate_hint_lowered(fields: Mapping[str, str], now: float, max_s: float) -> RateHint | None:
     """`read_rate_hint` for fields already keyed in lower case (or a case-insensitive mapping)."""
+    kind = type(fields)
+    if (kind is LowerFields or kind is dict) and fields.keys().isdisjoint(_FIELD_NAMES):
+        return None  # no rate-limit field at all (most responses): one set test, not six gets
     present = [name for name in _FIELDS if fields.get(name) is not None]
     if not present:
         return None
@@ -86,6 +91,7 @@ def read_rate_hint_lowered(fields: Mapping[str, str], now: float, max_s: float) 
 
 _FIELDS = ("ratelimit", "ratelimit-policy", "ratelimit-remaining", "ratelimit-reset",
            "x-ratelimit-remaining", "x-ratelimit-reset")
+_FIELD_NAMES = frozenset(_FIELDS)
 
 
 def _suggest(quotas: list[_Quota], max_s: float, notes: list[str]) -> RateHint:

@@ -1,5 +1,5 @@
-"""SiteBudget.reserve()'s one-step start, at_rest()'s calm path and on_response()'s shared calm
-decision: the same turns, decisions and state as the full path, on random sequences under a
+"""SiteBudget.reserve()'s one-step start, at_rest()'s calm path, on_response()'s shared calm
+decision and its answer without rate-limit fields: the same turns, decisions and state as the full path, on random sequences under a
 fake clock."""
 
 from __future__ import annotations
@@ -14,13 +14,16 @@ from etiquette_proxy.pacing.settings import PacingSettings
 
 
 class FullPathBudget(SiteBudget):
-    """The budget without its one-step start and calm at_rest: every call takes the full path."""
+    """The budget without its one-step start, calm at_rest and hint-less answer: every call
+    takes the full path."""
 
     def _start_at_once(self, now: float) -> Turn | None:
         return None
 
     def _calm_at_rest(self, now: float) -> bool:
         return self._full_at_rest(now)
+
+    _on_answer = SiteBudget._on_answer_hinted  # an answer without rate-limit fields too
 
 
 RESPONSES = [

@@ -99,3 +99,25 @@ def test_reset_in_the_past_notes_it():
 def test_epoch_in_milliseconds_is_noted():
     got = hint({"X-RateLimit-Remaining": "1", "X-RateLimit-Reset": str(int((NOW + 10) * 1000))})
     assert any("milliseconds" in n for n in got.notes)
+
+
+def test_lowered_fields_without_a_rate_limit_field_are_told_apart_by_one_set_test():
+    """read_rate_hint_lowered's shortcut for a dict (or LowerFields) holding none of the six
+    names answers exactly as the six lookups would, for every mix of fields and none."""
+    import random
+    from types import MappingProxyType
+
+    from etiquette_proxy.headers import LowerFields
+    from etiquette_proxy.pacing.ratelimit_fields import _FIELDS, read_rate_hint_lowered
+
+    values = {"ratelimit": '"a";r=0;t=3', "ratelimit-policy": '"a";q=10;w=5', "ratelimit-remaining": "2",
+              "ratelimit-reset": "4", "x-ratelimit-remaining": "0", "x-ratelimit-reset": "9"}
+    others = {"content-type": "text/html", "etag": '"x"', "retry-after": "5", "ratelimit-limit": "10"}
+    rng = random.Random(9)
+    for _ in range(500):
+        fields = {k: v for k, v in others.items() if rng.random() < 0.5}
+        fields.update({k: values[k] for k in _FIELDS if rng.random() < 0.15})
+        slow = read_rate_hint_lowered(MappingProxyType(fields), NOW, MAX)  # not a dict: the six lookups
+        assert read_rate_hint_lowered(dict(fields), NOW, MAX) == slow, fields
+        assert read_rate_hint_lowered(LowerFields(fields), NOW, MAX) == slow, fields
+        assert (slow is None) == (not set(fields) & set(_FIELDS))
