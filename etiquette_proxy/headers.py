@@ -26,8 +26,14 @@ class LowerFields(dict[str, str]):
 
 def header_pairs(headers: Headers) -> HeaderPairs:
     """Headers as a tuple of (name, value) pairs, whatever they came as."""
+    if type(headers) is tuple:  # already text pairs (the addons' decoded fields): as they are
+        for pair in headers:
+            if type(pair) is not tuple or len(pair) != 2 or type(pair[0]) is not str or type(pair[1]) is not str:
+                break
+        else:
+            return headers
     items = headers.items() if isinstance(headers, Mapping) else headers
-    return tuple((str(k), str(v)) for k, v in items)
+    return tuple([(str(k), str(v)) for k, v in items])
 
 
 def header_values(headers: HeaderPairs, name: str) -> list[str]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from etiquette_proxy.headers import HeaderPairs, Headers, first_value, header_pairs, header_values
 
@@ -212,12 +212,13 @@ class StoreDecision:
     reason: str
 
 
-@dataclass(frozen=True)
-class Injection:
+class Injection(NamedTuple):
     """Validators to add to a request, or none and why; carries the entry it relied on.
 
     The addon keeps `entry` (and the body it read for it) with the flow, so a 304 is answered
-    from what was injected even if the store changes or evicts the entry meanwhile.
+    from what was injected even if the store changes or evicts the entry meanwhile. A named
+    tuple: one is made for every request with a stored entry, and a frozen dataclass sets each
+    field through object.__setattr__.
     """
 
     headers: HeaderPairs

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from etiquette_proxy.clock import FakeClock
-from etiquette_proxy.headers import LowerFields, field_text, first_value, header_values
+from etiquette_proxy.headers import LowerFields, field_text, first_value, header_pairs, header_values
 from etiquette_proxy.health.signals import classify_response
 from etiquette_proxy.pacing.budget import SiteBudget
 from etiquette_proxy.pacing.settings import PacingSettings
@@ -39,3 +39,21 @@ def test_budget_and_health_decide_the_same_on_lower_fields(subset: list[tuple[st
         clock.advance(0.5)
         return decision, budget.reserve(), budget.to_state(), classify_response(status, headers, b"<html>", 6)
     assert decide(dict(subset)) == decide(LowerFields((k.lower(), v) for k, v in subset))
+
+
+class _Text(str):
+    """A str subclass: header_pairs makes plain text of it, as str() does."""
+
+
+@pytest.mark.parametrize("headers", [
+    (("A", "1"), ("b", "2")), [("A", "1"), ("b", "2")], {"A": "1", "b": "2"}, (),
+    (("A", 1), ("b", "2")), ((b"A", "1"),), (["A", "1"],), ((_Text("A"), "1"),), (("A", _Text("1")),),
+])
+def test_header_pairs_are_text_pairs_whatever_came_in(headers) -> None:  # type: ignore[no-untyped-def]
+    """Text pairs in a tuple are taken as they are; anything else (lists, mappings, numbers,
+    bytes, str subclasses, pairs as lists) is copied into plain text pairs, as before."""
+    items = headers.items() if isinstance(headers, dict) else headers
+    expected = tuple((str(k), str(v)) for k, v in items)
+    got = header_pairs(headers)
+    assert got == expected and type(got) is tuple
+    assert all(type(p) is tuple and type(p[0]) is str and type(p[1]) is str for p in got)
