@@ -451,11 +451,7 @@ class SiteBudget:
     def _on_answer(self, now: float, status: int, hint: RateHint | None,
                    echo: bool) -> ThrottleDecision:
         if hint is None:  # no rate-limit field (most answers): the full path without a hint
-            if 200 <= status < 400 and not echo:
-                cap = self.throttle.recovery_cap()
-                if self.throttle.rate < cap:
-                    self._bank(now)
-                    self._own_throttle().recover(cap)
+            self._recover(now, status, echo)
             return self._decision(False, now, 0.0, None, "", ())
         return self._on_answer_hinted(now, status, hint, echo)
 
@@ -475,13 +471,17 @@ class SiteBudget:
                 self._own_throttle().hint(now, hint.max_rate, hint.hold_s)
                 self._slowed()
             reasons.append(hint.reason)
+        self._recover(now, status, echo)
+        return self._decision(False, now, pause, None, "; ".join(reasons),
+                              hint.notes if hint else ())
+
+    def _recover(self, now: float, status: int, echo: bool) -> None:
+        """SPEC §5: a success to a request sent after the last 429 steps the rate back up."""
         if 200 <= status < 400 and not echo:
             cap = self.throttle.recovery_cap()
             if self.throttle.rate < cap:
                 self._bank(now)
                 self._own_throttle().recover(cap)
-        return self._decision(False, now, pause, None, "; ".join(reasons),
-                              hint.notes if hint else ())
 
     def _pause(self, now: float, pause: float, reason: str) -> None:
         self._own_throttle().pause(now, pause, reason)
