@@ -309,6 +309,22 @@ def test_recovery_is_additive_and_stays_below_the_ceiling(clock):
     assert max(rates) == pytest.approx(3.9)  # 2.5 % below the ceiling: a window closed at both ends
 
 
+def test_a_success_sent_before_the_last_429_does_not_step_the_rate_up(clock):
+    """SPEC §5: recovery follows successes the site gave after its 429; an answer to a request
+    that left before it (an echo) teaches nothing, with or without rate-limit fields."""
+    b = make(clock, rate=5.0, burst=2, max_concurrency=2)
+    early, late = go(b, clock), go(b, clock)  # both in flight before the 429
+    b.on_response(early.ticket, 429, {"Retry-After": "1"})
+    assert b.rate == pytest.approx(2.5)
+    assert b.on_response(late.ticket, 200, {}).rate == pytest.approx(2.5)  # an echo: no step
+    assert ok(b, clock).rate == pytest.approx(2.55)  # sent after the 429: one step up
+    echo = go(b, clock)
+    throttle(b, clock, "1")
+    lowered = b.rate
+    fields = {"RateLimit-Remaining": "50", "RateLimit-Reset": "1"}
+    assert b.on_response(echo.ticket, 200, fields).rate == pytest.approx(lowered)
+
+
 def test_ceiling_is_forgotten_only_after_ceiling_ttl_quiet(clock):
     b = make(clock, rate=5.0, ceiling_ttl=3600.0)
     throttle(b, clock, "1")
