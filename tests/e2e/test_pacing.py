@@ -326,3 +326,22 @@ def test_observe_mode_never_holds_and_logs_what_it_would_do(start_proxy, fresh):
     line = proxy.audit_for("/page")[-1]
     assert line["would"] == "paused" and "max_hold" in line["would_reason"]
     assert line["waited_s"] == 0
+
+
+def test_a_crawl_delay_spaces_the_sites_own_arrivals_and_no_other_site(shared, make_site):
+    """SPEC §4: robots.txt's Crawl-delay is a rate cap on that site, restated on every request
+    (one restraint object per delay, folded once): the site's own log shows the spacing, and a
+    site without one, through the same proxy, is not held."""
+    delayed, plain = make_site(), make_site()
+    delayed.route("/robots.txt", Answer(200, b"User-agent: *\nCrawl-delay: 0.5\n"))
+    plain.route("/robots.txt", Answer(404))
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        slow = pool.map(lambda i: shared.get(delayed.url(f"/d{i}"), timeout=20).status_code, range(4))
+        quick = pool.map(lambda i: shared.get(plain.url(f"/p{i}"), timeout=20).status_code, range(4))
+        assert list(slow) == [200] * 4 and list(quick) == [200] * 4
+    assert len(page_arrivals(delayed)) == 4 and len(page_arrivals(plain)) == 4
+    assert min(gaps(page_arrivals(delayed))) >= 0.5 - SLACK
+    plain_at = sorted(a.at for a in page_arrivals(plain))
+    assert plain_at[-1] - plain_at[0] < 0.5  # not held behind the other site's delay
+    lines = [r for r in shared.audit() if f":{delayed.port}/d" in r["url"]]
+    assert len(lines) == 4 and {r["crawl_delay"] for r in lines} == {0.5} and {r["rate"] for r in lines} == {2.0}
