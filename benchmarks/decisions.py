@@ -36,7 +36,11 @@ addons' own work on the flow, e.g. reading mitmproxy's Headers, is chain_cost.py
 Each component runs --iterations times (and at most --max-seconds); per-call times come from
 perf_counter_ns. Prints median, p99 and mean per component, then the whole decision (all
 components back to back, per request) and the same calls made 64 at a time per component
-(the same work with each component's code warm: what the interleaving costs on this CPU).
+(the same work with each component's code warm: what the interleaving costs on this CPU),
+how often this vCPU is taken away (holes: a loop that only reads the clock), and each
+component alone again, each call made after a 30 µs pause that touches none of its data, split
+by whether the pause had a hole (after one a component costs 2-3x; their sum is close to the
+whole, which spans about one hole: the interleaving's cost is the machine's holes).
 Target (issue 17): whole decision < 60 µs median.
 
     python benchmarks/decisions.py [--iterations 20000] [--store-urls 10000]
@@ -134,6 +138,62 @@ def measure_batched(fns: list[Callable[[int], object]], iterations: int, max_sec
             break
     times.sort()
     return times
+
+
+PAUSE_NS = 30_000
+HOLE_NS = 700  # two clock reads in a row take ~80 ns: a longer step is time the vCPU was away
+
+
+def measure_after_pause(fn: Callable[[int], object], iterations: int, max_seconds: float,
+                        pause_ns: int = PAUSE_NS) -> tuple[list[float], list[float], list[float]]:
+    """Per-call microseconds of fn(i), each call made after `pause_ns` of a loop that reads the
+    clock and touches none of fn's data; sorted, all calls and then split by whether the pause
+    had a hole (two clock reads more than HOLE_NS apart: the vCPU was taken away meanwhile).
+    On this VM a call after a hole costs 2-3x one after a pause without (benchmarks/README.md
+    "At b98f75c"): the cost a component has in the interleaved whole, which spans about one
+    hole, and in the proxy. Bounded by count and by time."""
+    times: list[float] = []
+    clean: list[float] = []
+    holed: list[float] = []
+    clock = time.perf_counter_ns
+    deadline = time.monotonic() + max_seconds
+    for i in range(iterations):
+        last = clock()
+        until = last + pause_ns
+        hole = False
+        while last < until:
+            now = clock()
+            if now - last > HOLE_NS:
+                hole = True
+            last = now
+        t0 = clock()
+        fn(i)
+        took = (clock() - t0) / 1000
+        times.append(took)
+        (holed if hole else clean).append(took)
+        if not i % 1000 and time.monotonic() > deadline:
+            break
+    for kept in (times, clean, holed):
+        kept.sort()
+    return times, clean, holed
+
+
+def holes(seconds: float = 0.5) -> tuple[float, float, float]:
+    """Holes per second, their median length (µs) and the share of time they took, from a loop
+    that only reads the clock for `seconds` (bounded by time)."""
+    clock = time.perf_counter_ns
+    lengths: list[int] = []
+    last = start = clock()
+    end = start + int(seconds * 1e9)
+    while last < end:
+        now = clock()
+        if now - last > HOLE_NS:
+            lengths.append(now - last)
+        last = now
+    span = (last - start) / 1e9
+    lengths.sort()
+    median = lengths[len(lengths) // 2] / 1000 if lengths else 0.0
+    return len(lengths) / span, median, sum(lengths) / 1e9 / span
 
 
 def report(name: str, times: list[float]) -> float:
@@ -449,6 +509,19 @@ def main() -> int:
         batched = measure_batched(list(built.values()), args.iterations, args.max_seconds * 2)
         print(f"  the same calls, {BATCH} per component in turn (per decision): median "
               f"{percentile(batched, 50):.2f} µs (the interleaved whole / this: {med / percentile(batched, 50):.2f})")
+        rate, length, share = holes()
+        print(f"holes: this vCPU was away {rate:,.0f} times a second, {length:.2f} µs each (median), "
+              f"{share:.1%} of the time (a loop that only reads the clock; two reads > {HOLE_NS} ns apart)")
+        print(f"each component after a {PAUSE_NS // 1000} µs pause that touches none of its data, "
+              "split by whether the pause had a hole:")
+        paused = {}
+        for name, fn in built.items():
+            every, clean, holed = measure_after_pause(fn, min(args.iterations, 5000), args.max_seconds)
+            paused[name] = percentile(every, 50)
+            split = "  ".join(f"{what} {percentile(kept, 50):6.2f} µs ({len(kept)})" if kept else f"{what} -"
+                              for what, kept in (("after a hole", holed), ("without", clean)))
+            print(f"  {name:<10} median {paused[name]:8.2f} µs   {split}")
+        print(f"  (sum of the paused medians {sum(paused.values()):.2f} µs; the interleaved whole {med:.2f})")
         print("variants (not in the whole):")
         report("store-cold", measure(store_component(config, f"{tmp}/store", args.store_urls, cold=True),
                                      args.iterations, args.max_seconds))

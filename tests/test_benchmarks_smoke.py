@@ -20,6 +20,11 @@ def test_decisions_benchmark_runs_at_tiny_size() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "whole decision" in proc.stdout
     assert "per-request core decision" in proc.stdout
+    # the paused measure (benchmarks/README.md "At b98f75c"): every component, and the holes
+    assert "holes: this vCPU was away" in proc.stdout
+    paused = proc.stdout.split("split by whether the pause had a hole:")[1].split("(sum of the paused medians")[0]
+    for component in ("robots", "budget", "store", "runaway", "health", "audit"):
+        assert f"  {component} " in paused
 
 
 def test_signing_benchmark_runs_at_tiny_size() -> None:
