@@ -15,7 +15,8 @@ addons' own work on the flow, e.g. reading mitmproxy's Headers, is chain_cost.py
 - store:   what the revalidation request hook asks (addons/notes.py url_key, addons/revalidation.py
            _before with revisit.enforce off): the site's store.tracking_params, urlkey.normalise,
            the site's RevisitPolicy from its registry, ValidatorStore.get, validators.inject_headers
-           kept per stored entry and request fields (the raw byte fields, as the addon keys it),
+           kept per stored entry and request fields (the raw byte fields, as the addon keys it;
+           as many kept as the addon keeps, addons/revalidation.py INJECTIONS_KEPT),
            and for an entry that gets validators its body (ValidatorStore.body: the 304 is answered
            from it); on a store of --store-urls entries (diskcache in a temp dir; 90 % hits, 10 %
            misses, 4,096 URLs asked in turn, so the store's hot set (revalidation/store.py
@@ -342,6 +343,12 @@ def store_component(config, directory: str, urls: int,  # type: ignore[no-untype
         return decide_old
 
     revisits = SiteRegistry(RevisitPolicy.from_config, limit=4096)  # the addon's PerSite
+    try:  # as many injections kept as the addon keeps
+        from etiquette_addons.revalidation import INJECTIONS_KEPT as kept_limit
+    except ImportError as e:  # only a checkout without the addon layer, or one from before
+        if getattr(e, "name", None) != "etiquette_addons" and "INJECTIONS_KEPT" not in str(e):
+            raise  # a stale venv missing a dependency must not quietly measure another limit
+        kept_limit = 1024  # Recent()'s default before INJECTIONS_KEPT
     raw_fields = tuple((k.encode(), v.encode()) for k, v in REQUEST_HEADERS)  # mitmproxy's Headers.fields
     kept_injections: dict[tuple[int, object], tuple[object, object]] = {}
 
@@ -357,7 +364,7 @@ def store_component(config, directory: str, urls: int,  # type: ignore[no-untype
             injection = kept[1]
         else:
             injection = inject_headers(entry, "GET", REQUEST_HEADERS)
-            if len(kept_injections) >= 1024:
+            if len(kept_injections) >= kept_limit:
                 del kept_injections[next(iter(kept_injections))]
             kept_injections[(id(entry), raw_fields)] = (entry, injection)
         if not injection.inject or injection.entry is None:

@@ -398,3 +398,46 @@ def test_first_field_is_first_value() -> None:
         headers = tuple((rng.choice(names), rng.choice(["gzip", "br", "", "identity"]))
                         for _ in range(rng.randrange(5)))
         assert first_field(headers, "content-encoding") == first_value(headers, "content-encoding")
+
+
+def test_every_entry_the_store_keeps_hot_keeps_its_injection(rt: Runtime, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # A crawl revisiting as many URLs in turn as the store keeps hot (store.py HOT_ENTRIES)
+    # gets, from the second round on, the same entry objects: their validators are taken from
+    # the kept injections, not worked out again (issue 17). With fewer kept than the hot set
+    # (Recent()'s 1,024 before), the second round worked out every one again.
+    from etiquette_proxy.revalidation.store import HOT_ENTRIES
+
+    assert rt.store is not None
+    urls = [f"http://site.test/page/{n}" for n in range(HOT_ENTRIES)]
+    for n, url in enumerate(urls):
+        headers = {"Content-Type": "text/html", "ETag": f'"v{n}"'}
+        assert rt.store.put(StoredEntry.build(url, [], headers, BODY, 1_800_000_000.0), BODY)
+    worked_out: list[str] = []
+    real_inject = reval_module.inject_headers
+
+    def counted(entry, method, headers):  # type: ignore[no-untyped-def]
+        worked_out.append(entry.url)
+        return real_inject(entry, method, headers)
+    monkeypatch.setattr(reval_module, "inject_headers", counted)
+    addon = Revalidation(rt)
+
+    def one_round() -> list[http.HTTPFlow]:
+        flows = []
+        for n in range(HOT_ENTRIES):
+            req = tutils.treq(host="site.test", port=80, method=b"GET", path=f"/page/{n}".encode(),
+                              headers=http.Headers([(b"host", b"site.test")]), content=b"")
+            flows.append(tflow.tflow(req=req))
+
+        async def all_of_them() -> None:
+            for f in flows:
+                await addon.request(f)
+        run(all_of_them())
+        return flows
+
+    first = one_round()
+    assert len(worked_out) == HOT_ENTRIES
+    second = one_round()
+    assert len(worked_out) == HOT_ENTRIES, f"{len(worked_out) - HOT_ENTRIES} injections worked out again"
+    # ...and every request of the second round carries its own page's validator, as the first
+    for flows in (first, second):
+        assert [f.request.headers.get("if-none-match") for f in flows] == [f'"v{n}"' for n in range(HOT_ENTRIES)]
