@@ -9,9 +9,9 @@ addons' own work on the flow, e.g. reading mitmproxy's Headers, is chain_cost.py
            in the whole: the same with Content-Signal / Content-Usage lines and `purposes: [search]`
            declared, and with %-escaped paths (the rules compared as written too);
 - budget:  budget_registry().get(config, site), the restraints folded onto it
-           (fold + SiteBudget.restrain), reserve(); then on_response() with the response's
-           fields keyed in lower case (LowerFields, as addons/pacing.py builds them) and
-           release_due() (the pump); pacing out of the way;
+           (Restraints.folded, as Pacing._restrain asks, + SiteBudget.restrain), reserve();
+           then on_response() with the response's fields keyed in lower case (LowerFields, as
+           addons/pacing.py builds them) and release_due() (the pump); pacing out of the way;
 - store:   what the revalidation request hook asks (addons/notes.py url_key, addons/revalidation.py
            _before with revisit.enforce off): the site's store.tracking_params, urlkey.normalise,
            the site's RevisitPolicy from its registry, ValidatorStore.get, validators.inject_headers
@@ -285,9 +285,13 @@ def budget_component(config) -> Callable[[int], object] | str:  # type: ignore[n
     budgets = budgets_mod.budget_registry(lambda: state)
     restraints = Restraints()  # the table other features write (none here: pacing alone)
 
+    def folded_for(site: str):  # type: ignore[no-untyped-def]
+        return fold(restraints.on(site))  # a core from before Restraints.folded: folded per request
+    folded_for = getattr(restraints, "folded", folded_for)  # Pacing._restrain: folded once per change
+
     def decide(i: int) -> object:
         budget = budgets.get(config, SITE)
-        folded = fold(restraints.on(SITE))  # Pacing._restrain, on every request
+        folded = folded_for(SITE)  # Pacing._restrain, on every request
         budget.restrain(folded.rate_factor, folded.rate_cap, folded.concurrency_factor)
         turn = budget.reserve()
         if turn.action != "go":
