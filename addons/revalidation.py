@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections import OrderedDict
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from etiquette_addons.answers import answer_locally, fail_closed
@@ -160,16 +161,24 @@ class Recent(Generic[K, T]):
 
     def __init__(self, limit: int = 1024):
         self.limit = limit
-        self._items: dict[K, T] = {}
+        # An OrderedDict, not a dict: a dict's oldest key is found by walking past the slots
+        # its deletions left at the front, which grow with the limit until it compacts
+        # (benchmarks/recent_cache.py: 0.39 µs per evicting put at 1,024, 1.24 µs at 4,096);
+        # popitem(last=False) unlinks the oldest at once (0.18 µs at either).
+        self._items: OrderedDict[K, T] = OrderedDict()
 
     def get(self, key: K) -> T | None:
         return self._items.get(key)
 
     def put(self, key: K, value: T) -> T:
+        """Keep `value` for `key`, which get() just missed (so it is not kept yet)."""
         if len(self._items) >= self.limit:
-            del self._items[next(iter(self._items))]  # oldest first
+            self._items.popitem(last=False)  # oldest first
         self._items[key] = value
         return value
+
+    def __len__(self) -> int:
+        return len(self._items)
 
 
 def decoded_for_fingerprint(raw: bytes, encoding: str | None, limit: int) -> bytes | None:

@@ -15,8 +15,8 @@ addons' own work on the flow, e.g. reading mitmproxy's Headers, is chain_cost.py
 - store:   what the revalidation request hook asks (addons/notes.py url_key, addons/revalidation.py
            _before with revisit.enforce off): the site's store.tracking_params, urlkey.normalise,
            the site's RevisitPolicy from its registry, ValidatorStore.get, validators.inject_headers
-           kept per stored entry and request fields (the raw byte fields, as the addon keys it;
-           as many kept as the addon keeps, addons/revalidation.py INJECTIONS_KEPT),
+           kept per stored entry and request fields (the raw byte fields, as the addon keys it,
+           in the addon's own cache: addons/revalidation.py Recent, INJECTIONS_KEPT of them),
            and for an entry that gets validators its body (ValidatorStore.body: the 304 is answered
            from it); on a store of --store-urls entries (diskcache in a temp dir; 90 % hits, 10 %
            misses, 4,096 URLs asked in turn, so the store's hot set (revalidation/store.py
@@ -60,6 +60,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -303,6 +304,34 @@ def budget_component(config) -> Callable[[int], object] | str:  # type: ignore[n
     return decide
 
 
+class _Kept:
+    """A checkout without the addon layer: the addon's cache as it was (1,024, oldest out first)."""
+
+    def __init__(self, limit: int = 1024):
+        self.limit = limit
+        self._items: dict[object, object] = {}
+
+    def get(self, key: object) -> object:
+        return self._items.get(key)
+
+    def put(self, key: object, value: object) -> None:
+        if len(self._items) >= self.limit:
+            del self._items[next(iter(self._items))]
+        self._items[key] = value
+
+
+def kept_injections_cache() -> Any:
+    """The revalidation addon's cache of injections (addons/revalidation.py Recent), as many
+    kept as it keeps (INJECTIONS_KEPT; Recent()'s 1,024 in a tree from before it)."""
+    try:
+        from etiquette_addons import revalidation as addon
+    except ModuleNotFoundError as e:  # only a checkout without the addon layer; any other
+        if e.name != "etiquette_addons":  # missing module (a stale venv) must not quietly
+            raise  # measure another cache
+        return _Kept()
+    return addon.Recent(getattr(addon, "INJECTIONS_KEPT", 1024))
+
+
 def store_component(config, directory: str, urls: int,  # type: ignore[no-untyped-def]
                     cold: bool = False, old: bool = False) -> Callable[[int], object]:
     from etiquette_proxy.revalidation.revisit import RevisitPolicy
@@ -347,14 +376,8 @@ def store_component(config, directory: str, urls: int,  # type: ignore[no-untype
         return decide_old
 
     revisits = SiteRegistry(RevisitPolicy.from_config, limit=4096)  # the addon's PerSite
-    try:  # as many injections kept as the addon keeps
-        from etiquette_addons.revalidation import INJECTIONS_KEPT as kept_limit
-    except ImportError as e:  # only a checkout without the addon layer, or one from before
-        if getattr(e, "name", None) != "etiquette_addons" and "INJECTIONS_KEPT" not in str(e):
-            raise  # a stale venv missing a dependency must not quietly measure another limit
-        kept_limit = 1024  # Recent()'s default before INJECTIONS_KEPT
     raw_fields = tuple((k.encode(), v.encode()) for k, v in REQUEST_HEADERS)  # mitmproxy's Headers.fields
-    kept_injections: dict[tuple[int, object], tuple[object, object]] = {}
+    kept_injections = kept_injections_cache()  # the addon's own, sized as it sizes it
 
     def decide(i: int) -> object:
         key = normalise(targets[i % len(targets)], config.get("store.tracking_params", SITE))
@@ -368,9 +391,7 @@ def store_component(config, directory: str, urls: int,  # type: ignore[no-untype
             injection = kept[1]
         else:
             injection = inject_headers(entry, "GET", REQUEST_HEADERS)
-            if len(kept_injections) >= kept_limit:
-                del kept_injections[next(iter(kept_injections))]
-            kept_injections[(id(entry), raw_fields)] = (entry, injection)
+            kept_injections.put((id(entry), raw_fields), (entry, injection))
         if not injection.inject or injection.entry is None:
             return injection
         if store.body(injection.entry) is None:  # the 304 is answered from it

@@ -27,6 +27,15 @@ def test_decisions_benchmark_runs_at_tiny_size() -> None:
         assert f"  {component} " in paused
 
 
+def test_recent_cache_benchmark_runs_at_tiny_size() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "recent_cache.py"), "--puts", "1000"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "limit   4096: Recent (OrderedDict)" in proc.stdout
+
+
 def test_signing_benchmark_runs_at_tiny_size() -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "signing.py"), "--requests", "10", "--rounds", "1"],

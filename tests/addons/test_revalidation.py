@@ -441,3 +441,14 @@ def test_every_entry_the_store_keeps_hot_keeps_its_injection(rt: Runtime, monkey
     # ...and every request of the second round carries its own page's validator, as the first
     for flows in (first, second):
         assert [f.request.headers.get("if-none-match") for f in flows] == [f'"v{n}"' for n in range(HOT_ENTRIES)]
+
+
+def test_recent_keeps_the_latest_limit_results_oldest_out_first() -> None:
+    kept: reval_module.Recent[int, str] = reval_module.Recent(limit=3)
+    for n in range(5):
+        assert kept.get(n) is None
+        kept.put(n, f"v{n}")
+    assert len(kept) == 3
+    assert [kept.get(n) for n in range(5)] == [None, None, "v2", "v3", "v4"]
+    kept.put(5, "v5")  # a get() does not make an entry younger: the oldest put goes
+    assert [kept.get(n) for n in range(6)] == [None, None, None, "v3", "v4", "v5"]
