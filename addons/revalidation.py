@@ -171,7 +171,8 @@ class Recent(Generic[K, T]):
         return self._items.get(key)
 
     def put(self, key: K, value: T) -> T:
-        """Keep `value` for `key`, which get() just missed (so it is not kept yet)."""
+        """Keep `value` for `key`, after get() gave none usable for it; when full, the oldest
+        kept goes first (a key put again keeps its place: at most one slot stays empty)."""
         if len(self._items) >= self.limit:
             self._items.popitem(last=False)  # oldest first
         self._items[key] = value
