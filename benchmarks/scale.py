@@ -17,8 +17,12 @@ sites   Each size runs in a fresh subprocess (so resident memory is that size's 
         of memory is read back from the state store) for requests spread over random sites,
         with the site key and origin built per request as the proxy builds them (the old
         measure, keys read from the setup's lists, beside it), and the memory floor: one
-        lookup in a plain dict of as many objects. Targets (issue 17): 100,000 sites < 200 MB
-        resident; per-decision cost flat (<= 1.5x) from 1k to 100k.
+        lookup in a plain dict of as many objects. Then the whole per-site path of a request
+        (that decision, then the runaway guard and the site's health as the addons call them),
+        with the state store's reads and writes per decision, and one pass of the health
+        ticker over the sites it holds (the event loop's stall per tick). Targets (issue 17):
+        100,000 sites < 200 MB resident; per-decision cost flat (<= 1.5x) from 1k to 100k.
+        `--max-sites-in-memory N` runs with that bound instead of the config's.
         `--callgrind`: instead of timing, each size under callgrind's cache simulation (LL 4
         MiB, this VM's L2; needs valgrind and gcc): instructions and LL misses per decision.
 store   Builds a ValidatorStore of --store-urls entries (1 KiB bodies) in a temp dir (or
@@ -29,6 +33,7 @@ audit   AuditLog.write of typical records to a temp file: lines/s (with and with
         building the record).
 
     python benchmarks/scale.py [sites|store|audit|all] [--requests 3] [--store-urls 1000000] [--store-dir DIR]
+    python benchmarks/scale.py sites [--max-sites-in-memory N]
     python benchmarks/scale.py sites --callgrind
 """
 
@@ -63,7 +68,8 @@ CRAWL_S = 3600.0  # simulated crawl time over which the sites' health sees its r
 
 # -- sites ----------------------------------------------------------------------------------------
 
-def sites_child(n: int, decisions: int, requests: int, marked: bool = False) -> dict[str, object]:
+def sites_child(n: int, decisions: int, requests: int, marked: bool = False,
+                bound: int | None = None) -> dict[str, object]:
     """Runs in its own process: build state for n sites as the proxy keeps it (the per-site
     registries over a DiskState in a temp dir, bounded by state.max_sites_in_memory), measure
     RSS and decision time."""
@@ -80,7 +86,8 @@ def sites_child(n: int, decisions: int, requests: int, marked: bool = False) -> 
     gc.collect()
     base = rss_mb()
     out["rss_base_mb"] = round(base, 1)
-    config = load_config("", overrides=["pacing.rate=100000", "pacing.burst=100000", "pacing.max_concurrency=1000"])
+    config = load_config("", overrides=["pacing.rate=100000", "pacing.burst=100000", "pacing.max_concurrency=1000"]
+                         + ([] if bound is None else [f"state.max_sites_in_memory={bound}"]))
     out["max_sites_in_memory"] = config.get("state.max_sites_in_memory")
     names = [f"site{i}.example:80" for i in range(n)]
     origins = [f"http://{s}" for s in names]
@@ -235,10 +242,85 @@ def sites_child(n: int, decisions: int, requests: int, marked: bool = False) -> 
     times = decide_fresh(any_picks[1])
     out["fresh_p50_us"] = round(percentile(times, 50), 2)
     out["fresh_p99_us"] = round(percentile(times, 99), 2)
+    out.update(_whole(n, decisions, rng, index, decision, (budgets, guards), book, state, config, page, paths))
+    out["tick_walk_ms"] = round(_tick_walk(book), 1)
     out["floor_p50_us"] = round(_memory_floor(n, decisions), 2)
     state.close()
     tmp.cleanup()
     return out
+
+
+def _whole(n: int, decisions: int, rng: random.Random, index: dict[str, int],
+           decision: Callable[[str, str, str], None], registries: tuple[Any, Any], book: Any, state: Any,
+           config: Any, page: bytes, paths: list[str]) -> dict[str, object]:
+    """The whole per-site path of one request, as the addons take it: the robots.txt entry and
+    verdict, the budget's reserve and answer (`decision`), then for an allowed path the runaway
+    guard's observe_request/observe_answer and the site's health observing a 200 text/html
+    answer. Keys built per request. Counts the state store's reads and writes per decision (a
+    site that left memory is read back; one leaving it may be written). The health clock does
+    not move while it is measured (a window closing is work of its own, which at 1k sites
+    would fall on far more decisions than at 100k: the ratio would flatter the big size)."""
+    io = {"get": 0, "put": 0}
+    get, put = state.get, state.put
+
+    def counted_get(namespace: str, key: str) -> Any:
+        io["get"] += 1
+        return get(namespace, key)
+
+    def counted_put(namespace: str, key: str, value: Any, expire_s: float | None = None) -> None:
+        io["put"] += 1
+        put(namespace, key, value, expire_s)
+
+    state.get, state.put = counted_get, counted_put
+    budgets, guards = registries
+    headers = {"content-type": "text/html"}
+    clock = time.perf_counter_ns
+
+    def run(picks: list[int]) -> tuple[list[float], float, float]:
+        io["get"] = io["put"] = 0
+        times = []
+        deadline = time.monotonic() + 20
+        for k, i in enumerate(picks):
+            site = f"site{i}.example:80"
+            origin = f"http://{site}"
+            path = paths[k % 4]
+            t = clock()
+            decision(origin, site, path)
+            if k % 4 != 1:  # "/private/x" is refused: nothing goes out, nothing comes back
+                guard = guards.get(config, site)
+                guard.observe_request(path)
+                guard.observe_answer(200)
+                book.site(site).observe_response(200, headers, page, len(page), 0.05, route="direct")
+            times.append((clock() - t) / 1000)
+            if not k % 1000 and time.monotonic() > deadline:
+                break
+        times.sort()
+        return times, io["get"] / len(times), io["put"] / len(times)
+
+    out: dict[str, object] = {}
+    # Sites whose budget, guard and health are all in memory now (robots.txt entries rest
+    # beside their compiled rules for every site at these sizes).
+    kept = set(budgets) & set(guards)
+    hot = [index[s] for s in book.scored_sites() if s in kept]
+    times, reads, writes = run([rng.choice(hot) for _ in range(decisions)])
+    out["whole_hot_p50_us"] = round(percentile(times, 50), 2)
+    out["whole_hot_io"] = f"{reads:.2f} reads, {writes:.2f} writes"
+    times, reads, writes = run([rng.randrange(n) for _ in range(decisions)])
+    out["whole_p50_us"] = round(percentile(times, 50), 2)
+    out["whole_p99_us"] = round(percentile(times, 99), 2)
+    out["whole_io"] = f"{reads:.2f} reads, {writes:.2f} writes"
+    state.get, state.put = get, put
+    return out
+
+
+def _tick_walk(book: Any) -> float:
+    """One pass of the health addon's ticker over the sites it holds (addons/health.py
+    HealthWatch.tick: every site's window closed if its time is up), in ms: the event loop
+    answers nothing meanwhile, once per tick (at most every 30 s)."""
+    t = time.perf_counter()
+    for site in book.scored_sites():
+        book.site(site).tick()
+    return (time.perf_counter() - t) * 1000
 
 
 # Decisions counted per kind under callgrind (`sites --callgrind`): each kind warms up on its
@@ -380,20 +462,22 @@ def run_sites_counted(decisions: int, requests: int) -> bool:
     return True
 
 
-def run_sites(decisions: int, requests: int) -> bool:
+def run_sites(decisions: int, requests: int, bound: int | None = None) -> bool:
     print(f"\n-- per-site state: 1k -> 10k -> 100k sites, {requests} requests per site "
           "(one fresh process per size)")
     results = []
     for n in SIZES:
-        cmd = [sys.executable, __file__, "_sites_child", str(n), str(decisions), str(requests)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        cmd = [sys.executable, __file__, "_sites_child", str(n), str(decisions), str(requests),
+               "timed" if bound is None else f"bound={bound}"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if proc.returncode != 0:
             print(f"  {n} sites: FAILED\n{proc.stderr[-2000:]}")
             return False
         r = json.loads(proc.stdout.strip().splitlines()[-1])
         results.append(r)
         parts = ", ".join(f"{k[4:-3]} +{v} MB" for k, v in r.items() if k.startswith("rss_") and k not in ("rss_total_mb", "rss_base_mb"))
-        skipped = "; ".join(f"{k} {v}" for k, v in r.items() if isinstance(v, str) and k != "in_memory")
+        skipped = "; ".join(f"{k} {v}" for k, v in r.items()
+                            if isinstance(v, str) and k != "in_memory" and not k.endswith("_io"))
         print(f"  {n:>7} sites: RSS {r['rss_total_mb']} MB (interpreter + imports {r['rss_base_mb']} MB; {parts})"
               f"{'; ' + skipped if skipped else ''}")
         print(f"          in memory (state.max_sites_in_memory {r['max_sites_in_memory']}): {r['in_memory']}")
@@ -402,6 +486,10 @@ def run_sites(decisions: int, requests: int) -> bool:
               f"memory p50 {r['fresh_hot_p50_us']} µs ({r['hot_sites']} in memory)")
         print(f"          old measure, keys read from the setup's lists: any site p50 {r['decision_p50_us']} µs, "
               f"p99 {r['decision_p99_us']} µs; a site in memory p50 {r['decision_hot_p50_us']} µs")
+        print(f"          whole per-site path (+ runaway guard + health), keys built per request: any site p50 "
+              f"{r['whole_p50_us']} µs, p99 {r['whole_p99_us']} µs, state store {r['whole_io']} per decision; "
+              f"a site in memory p50 {r['whole_hot_p50_us']} µs ({r['whole_hot_io']})")
+        print(f"          health ticker, one pass over the sites it holds: {r['tick_walk_ms']} ms")
         print(f"          memory floor (a plain dict of {n} objects: one lookup + 3 attribute reads): p50 "
               f"{r['floor_p50_us']} µs; robots entries built in {r['robots_build_s']} s")
         sys.stdout.flush()
@@ -419,6 +507,9 @@ def run_sites(decisions: int, requests: int) -> bool:
     for label, key in (("any site", "decision_p50_us"), ("a site in memory", "decision_hot_p50_us")):
         ratio, detail = grown(key)
         print(check(f"same, old measure (keys from the setup's lists), {label}", ratio <= 1.5, detail))
+    for label, key in (("any site", "whole_p50_us"), ("a site in memory", "whole_hot_p50_us")):
+        ratio, detail = grown(key)
+        print(check(f"same, the whole per-site path (+ runaway guard + health), {label}", ratio <= 1.5, detail))
     ratio, detail = grown("floor_p50_us")
     print(f"  memory floor at the same sizes: {detail}")
     return True
@@ -521,8 +612,10 @@ def run_audit(lines: int) -> None:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "_sites_child":
+        mode = sys.argv[5] if len(sys.argv) > 5 else "timed"
         print(json.dumps(sites_child(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]),
-                                     marked=sys.argv[5:6] == ["marked"])))
+                                     marked=mode == "marked",
+                                     bound=int(mode[6:]) if mode.startswith("bound=") else None)))
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", nargs="?", choices=("sites", "store", "audit", "all"), default="all")
@@ -533,6 +626,8 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=3,
                     help="requests per site before measuring (sites: 0 = created, never used)")
     ap.add_argument("--audit-lines", type=int, default=200_000)
+    ap.add_argument("--max-sites-in-memory", type=int, default=None, metavar="N",
+                    help="sites: state.max_sites_in_memory for this run (default: the config's)")
     ap.add_argument("--callgrind", action="store_true",
                     help="sites: count instructions and cache misses per decision under callgrind instead of timing")
     args = ap.parse_args()
@@ -542,7 +637,7 @@ def main() -> int:
     if args.what in ("sites", "all") and args.callgrind:
         run_sites_counted(args.decisions, args.requests)
     elif args.what in ("sites", "all"):
-        run_sites(args.decisions, args.requests)
+        run_sites(args.decisions, args.requests, args.max_sites_in_memory)
     if args.what in ("audit", "all"):
         run_audit(args.audit_lines)
     if args.what in ("store", "all"):
