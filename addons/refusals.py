@@ -7,20 +7,19 @@ bodies stream (MITMPROXY-NOTES: edits in `response` would be too late then).
 from __future__ import annotations
 
 from etiquette_addons.notes import notes_of
-from etiquette_addons.runtime import Runtime
+from etiquette_addons.runtime import PerSite, Runtime
 from mitmproxy import http
 
 from etiquette_proxy.refusals import RefusalPolicy
-from etiquette_proxy.sites import SiteRegistry
 
 
 class RefusalTrimmer:
     def __init__(self, runtime: Runtime):
         self.rt = runtime
-        self._policies: SiteRegistry[RefusalPolicy] = SiteRegistry(RefusalPolicy.from_config)
+        self._policies: PerSite[RefusalPolicy] = PerSite(runtime, RefusalPolicy.from_config)
 
     def _policy(self, site: str) -> RefusalPolicy:
-        return self._policies.get(self.rt.config, site)
+        return self._policies.get(site)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         response = flow.response

@@ -23,7 +23,6 @@ from etiquette_proxy.events import Broadcast
 from etiquette_proxy.pacing.rates import Rates
 from etiquette_proxy.revalidation.store import ValidatorStore
 from etiquette_proxy.site_key import SiteKeys
-from etiquette_proxy.sites import SiteRegistry
 from etiquette_proxy.state.interface import StateStore
 from etiquette_proxy.state.memory import MemoryState
 from etiquette_proxy.state.redis_store import RedisShared
@@ -94,11 +93,24 @@ def expand_dir(path: str) -> str:
 
 
 class PerSite(Generic[T]):
-    """A feature's per-site policies under the runtime's current config (a SiteRegistry)."""
+    """A feature's per-site policies under the runtime's current config.
 
-    def __init__(self, runtime: Runtime, build: Callable[[Any, str], T]):
+    `build(config, site)` is a policy's `from_config`, which shares one value among every site
+    without a `sites:` override (sites.py site_settings): asked per request, no per-site table
+    here. A table bounded below the number of sites crawled rebuilt the policy from the config
+    on nearly every request of a crawl spread over more sites (15-25 µs of config reads each,
+    benchmarks/README.md), and held a slot per site besides."""
+
+    def __init__(self, runtime: Runtime, build: Callable[[Any, str | None], T]):
         self.rt = runtime
-        self._registry = SiteRegistry(build, limit=4096)
+        self._build = build
+        self._config: object = None
+        self._plain: T | None = None  # every site's value, under a config without `sites:`
 
     def get(self, site: str) -> T:
-        return self._registry.get(self.rt.config, site)
+        config = self.rt.config
+        if config is not self._config:  # a reload is a new config object
+            self._config = config
+            self._plain = None if getattr(config, "sites", True) else self._build(config, None)
+        plain = self._plain
+        return plain if plain is not None else self._build(config, site)

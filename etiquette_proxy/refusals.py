@@ -19,6 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from etiquette_proxy.sites import site_settings
+
 # A header field as mitmproxy gives it: `response.headers.fields` (bytes) or `.items()` (str).
 Field = tuple[str | bytes, str | bytes]
 
@@ -158,7 +160,11 @@ class RefusalPolicy:
 
     @classmethod
     def from_config(cls, config: Any, site: str | None = None) -> RefusalPolicy:
-        """The policy for `site` from a loaded Config."""
+        """The policy for `site` from a loaded Config (shared, sites.py site_settings)."""
+        return site_settings(config, site, cls._read)
+
+    @classmethod
+    def _read(cls, config: Any, site: str | None) -> RefusalPolicy:
         return cls(
             strip=frozenset(config.get("refusals.strip", site)),
             max_header_bytes=int(config.get("refusals.max_header_bytes", site)),

@@ -14,6 +14,8 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from etiquette_proxy.sites import site_settings
+
 _MONTH = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
 _DAY = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)"
 
@@ -134,15 +136,28 @@ class Fingerprinter:
     """Hashes bodies after stripping the built-in and configured volatile patterns."""
 
     def __init__(self, volatile_patterns: Iterable[str] = ()):
+        self.patterns = tuple(volatile_patterns)
         try:
             # Configured patterns are text regexes (they may name non-ASCII characters).
-            self._custom = [re.compile(p) for p in volatile_patterns]
+            self._custom = [re.compile(p) for p in self.patterns]
         except (re.error, TypeError) as e:
             raise ValueError(f"volatile pattern is not a regular expression: {e}") from None
 
+    # Equal by the patterns it strips (what it does is a function of them alone): sites with
+    # the same patterns share one Fingerprinter (sites.py site_settings).
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Fingerprinter) and other.patterns == self.patterns
+
+    def __hash__(self) -> int:
+        return hash(self.patterns)
+
     @classmethod
     def from_config(cls, config: object, site: str | None = None) -> Fingerprinter:
-        """Built from revisit.volatile_patterns for `site`."""
+        """Built from revisit.volatile_patterns for `site` (shared, sites.py site_settings)."""
+        return site_settings(config, site, cls._read)
+
+    @classmethod
+    def _read(cls, config: object, site: str | None) -> Fingerprinter:
         return cls(config.get("revisit.volatile_patterns", site))  # type: ignore[attr-defined]
 
     def fingerprint(self, body: bytes) -> Fingerprint:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from etiquette_proxy.pacing.retry_after import parse_http_date
+from etiquette_proxy.sites import site_settings
 
 NAMESPACE = "gone"
 _METHODS = frozenset({"GET", "HEAD"})
@@ -86,7 +87,11 @@ class GonePolicy:
 
     @classmethod
     def from_config(cls, config: Any, site: str | None = None) -> GonePolicy:
-        """Built from gone.ttl_410 and gone.ttl_404 for `site`."""
+        """Built from gone.ttl_410 and gone.ttl_404 for `site` (shared, sites.py site_settings)."""
+        return site_settings(config, site, cls._read)
+
+    @classmethod
+    def _read(cls, config: Any, site: str | None) -> GonePolicy:
         return cls(ttl_410=config.get("gone.ttl_410", site), ttl_404=config.get("gone.ttl_404", site))
 
     def ttl(self, status: int) -> float:

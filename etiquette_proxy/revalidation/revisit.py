@@ -18,6 +18,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from etiquette_proxy.sites import site_settings
+
 NAMESPACE = "revisit"
 INITIAL_INTERVAL_S = 86400.0
 CHANGE_FACTOR = 0.5
@@ -136,7 +138,12 @@ class RevisitPolicy:
 
     @classmethod
     def from_config(cls, config: Any, site: str | None = None) -> RevisitPolicy:
-        """Built from revisit.min_interval, revisit.max_interval and revisit.enforce."""
+        """Built from revisit.min_interval, revisit.max_interval and revisit.enforce (shared:
+        one value for every site without a `sites:` override, sites.py site_settings)."""
+        return site_settings(config, site, cls._read)
+
+    @classmethod
+    def _read(cls, config: Any, site: str | None) -> RevisitPolicy:
         return cls(
             min_interval=config.get("revisit.min_interval", site),
             max_interval=config.get("revisit.max_interval", site),
