@@ -999,9 +999,8 @@ class RobotsPolicy:
         if mine is None:
             return False
         if theirs is None:
-            try:
-                theirs = self._stored_text(kept)
-            except StoredTextLost:
+            theirs = self._read_back(kept)
+            if theirs is None:
                 return False  # forgotten
         return mine is theirs or bool(mine == theirs)
 
@@ -1037,10 +1036,9 @@ class RobotsPolicy:
             return
         text = says[_TEXT]
         if text is None:
-            try:
-                text = self._stored_text(entry)
-            except StoredTextLost:
-                return  # forgotten
+            text = self._read_back(entry)
+            if text is None:
+                return  # forgotten (the newer entry another process saved already, say)
         _SET_SAYS(entry, _rehomed(says, text, None))
         self._parsed_bytes -= RESTING_BYTES
 
@@ -1067,6 +1065,15 @@ class RobotsPolicy:
         """The text of `entry`, resting here without it: read back from the state store, where
         it was saved with the entry (entry_registry: saved on change). StoredTextLost when the
         store holds another entry for the origin, or none: `entry` is then forgotten here."""
+        text = self._read_back(entry)
+        if text is None:
+            log.warning("robots.txt of %s: the state store no longer holds the entry kept in memory "
+                        "(another process's fetch, or a save that failed): read again", entry.origin)
+            raise StoredTextLost(entry.origin)
+        return text
+
+    def _read_back(self, entry: RobotsEntry) -> str | None:
+        """`_stored_text`, or None (and `entry` forgotten here) when the store lost it."""
         stored = None
         try:
             raw = self._read(entry.origin) if self._read is not None else None
@@ -1076,10 +1083,8 @@ class RobotsPolicy:
         if (stored is not None and stored._without_text() == entry._without_text()
                 and stored._says[_CHECK] == entry._says[_CHECK]):
             return stored._says[_TEXT]  # type: ignore[no-any-return]
-        log.warning("robots.txt of %s: the state store no longer holds the entry in memory: "
-                    "forgotten here, read again", entry.origin)
         self._drop(entry)
-        raise StoredTextLost(entry.origin)
+        return None
 
     def read_text_from(self, read: Callable[[str], Any]) -> None:
         """Where an entry resting here finds its text: `read(origin)` gives the origin's stored

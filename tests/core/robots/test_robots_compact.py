@@ -13,6 +13,7 @@ fields.
 from __future__ import annotations
 
 import json
+import logging
 import random
 from typing import Any
 
@@ -244,3 +245,23 @@ def test_what_entries_say_alike_is_shared_and_odd_rows_keep_their_own() -> None:
     assert [type(odd.to_state()[k]) for k in ("failures", "stale", "fetched_at", "checked_at")] == [
         bool, int, int, float]
     assert str(odd.expires_at) == "-0.0"
+
+
+def test_a_resting_entry_replaced_after_another_process_saved_the_newer_one_goes_quietly(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Workers on one state dir take the same shared entry (SPEC §10): the newer row may be
+    saved by another before this one's put. The entry resting here then just goes."""
+    world = World(compact, 1)
+    origin = ORIGINS[0]
+    world.run(("fetch", origin, FetchResult(200, b"User-agent: *\nDisallow: /old/\n")))
+    world.run(("request", origin, None, "bot", ["/old/x"], ()))
+    assert world.entries.find(world.config, origin) is not None and origin not in world.entries  # resting
+    world.clock.advance(60)
+    newer = world.policy.after_fetch(origin, FetchResult(200, b"User-agent: *\nDisallow: /new/\n"), None, S)
+    world.state.put(NAMESPACE, origin, newer.to_state())  # the other worker saved it first
+    with caplog.at_level(logging.WARNING):
+        world.entries.put(world.config, origin, newer)
+        world.entries.save(origin)
+    assert caplog.records == [] and world.policy._parsed == {}  # noqa: SLF001
+    found = world.entries.find(world.config, origin)
+    assert found is newer and not world.policy.verdict(found, "/new/x", "bot").allowed
