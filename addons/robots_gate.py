@@ -30,6 +30,7 @@ from etiquette_proxy.robots.policy import (
     RobotsEntry,
     RobotsPolicy,
     RobotsSettings,
+    StoredTextLost,
     entry_registry,
     product_token,
 )
@@ -99,6 +100,19 @@ class RobotsGate:
         entry = await self.entry_for(notes.origin, notes.site, client_ua, settings)
         if not flow.live or flow.response is not None:
             return
+        try:
+            self._decide(flow, entry, settings, client_ua)
+        except StoredTextLost:
+            # The entry rested without its text, which the state store no longer holds (the
+            # policy forgot it, as an eviction would): decide on what the store holds now.
+            entry = await self.entry_for(notes.origin, notes.site, client_ua, settings)
+            if flow.live and flow.response is None:
+                self._decide(flow, entry, settings, client_ua)
+
+    def _decide(self, flow: http.HTTPFlow, entry: RobotsEntry, settings: RobotsSettings,
+                client_ua: str | None) -> None:
+        notes = notes_of(flow)
+        request = flow.request
         notes.extra["robots"] = entry.kind
         notes.facts["robots_status"] = entry.status
 
@@ -178,10 +192,17 @@ class RobotsGate:
         # pacing.group_by domain|address one site spans several origins.
         origin = f"{parts.scheme.lower()}://{host_site(*url_authority(url))}"
         settings = RobotsSettings.from_config(self.rt.config, site)
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        try:
+            return await self._allows(origin, path, site, client_ua, settings, last_copy)
+        except StoredTextLost:  # forgotten by the policy, as an eviction would: asked again
+            return await self._allows(origin, path, site, client_ua, settings, last_copy)
+
+    async def _allows(self, origin: str, path: str, site: str, client_ua: str, settings: RobotsSettings,
+                      last_copy: bool) -> bool:
         entry = self.entries.find(self.rt.config, origin) if last_copy else None
         if entry is None:
             entry = await self.entry_for(origin, site, client_ua, settings)
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         return bool(self.policy.verdict(entry, path, product_token(settings.user_agent or client_ua)).allowed)
 
     async def entry_for(self, origin: str, site: str, client_ua: str | None, settings: RobotsSettings) -> RobotsEntry:
@@ -220,7 +241,13 @@ class RobotsGate:
         except Exception as e:  # noqa: BLE001 - any failure means "unreachable", never a crash
             log.exception("robots.txt fetch for %s failed unexpectedly", origin)
             result = FetchResult(None, error=f"{type(e).__name__}")
-        entry = self.policy.after_fetch(origin, result, previous, settings)
+        try:
+            entry = self.policy.after_fetch(origin, result, previous, settings)
+        except StoredTextLost:
+            # The good copy kept while unreachable rested without its text, which the state
+            # store no longer holds: the copy the store holds now stands in for it.
+            previous = self.entries.find(self.rt.config, origin)
+            entry = self.policy.after_fetch(origin, result, previous, settings)
         self._keep(origin, entry)
         if shared is not None:
             try:

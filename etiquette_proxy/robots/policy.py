@@ -7,10 +7,11 @@ good for, and whether a URL may be requested. No I/O, time through an injected c
 from __future__ import annotations
 
 import logging
+import math
 import re
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import FrozenInstanceError, dataclass, replace
 from typing import Any, Literal
 from urllib.parse import quote, urlsplit
 
@@ -87,37 +88,217 @@ class FetchResult:
     truncated: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+# What an entry says beside its origin and expiry, as one tuple shared by every entry that says
+# the same (most origins once their rules are compiled: ("rules", 200, 0, "robots.txt 200",
+# False, (), None, 86400.0, None, their policy)): kind, status, failures, note, stale, signals;
+# checked_at when it is not fetched_at (None: the same time, as every fetch gives it); how long
+# before expires_at it was fetched, when that gives fetched_at back exactly (None: the entry
+# keeps fetched_at); a byte of its text's hash, which the text read back must have (the stored
+# entry must be the very one: another fetch at the same instant would not do); its text, None
+# once it rests in a policy (RobotsPolicy.rest) that keeps it in the state store; and that policy.
+_KIND, _STATUS, _FAILURES, _NOTE, _STALE, _SIGNALS, _CHECKED, _AHEAD, _CHECK, _TEXT, _HOME = range(11)
+_SAYS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+_SAYS_LIMIT = 4096
+_FIELDS = ("origin", "kind", "status", "text", "fetched_at", "checked_at", "expires_at", "failures",
+           "note", "stale", "signals")
+
+
+def _shared_says(says: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`says` (the _KIND.._HOME tuple), as the one tuple shared by every entry saying the same."""
+    kind, status, failures, note, stale, signals, checked, _, _, text, _ = says
+    # Shared only where equal means identical: a tuple compares 0 equal to False and 200 to
+    # 200.0, which would store another value (an odd stored row keeps its own tuple). A time or
+    # a text of its own: nothing to share.
+    if (checked is not None or not (text is None or text == "") or type(kind) is not str
+            or type(note) is not str or type(failures) is not int or type(stale) is not bool
+            or type(signals) is not tuple or not (status is None or type(status) is int)):
+        return says
+    kept = _SAYS.get(says)
+    if kept is None:
+        if len(_SAYS) >= _SAYS_LIMIT:  # the shapes are few; past the bound, afresh
+            _SAYS.clear()
+        kept = _SAYS[says] = says
+    return kept
+
+
+def _rehomed(says: tuple[Any, ...], text: str | None, home: RobotsPolicy | None) -> tuple[Any, ...]:
+    """`says` with another text in memory (None: in the state store) and policy to rest in."""
+    return _shared_says((*says[:_TEXT], text, home))
+
+
+def _ahead(fetched: Any, expires: Any) -> float | None:
+    """`expires - fetched` when `expires` less it is `fetched` exactly (the same float: stored
+    and shown the same), else None. Positive only: then equal floats are the same bits."""
+    if type(fetched) is not float or type(expires) is not float:
+        return None
+    ahead = expires - fetched
+    return ahead if 0.0 < ahead < math.inf and expires - ahead == fetched else None
+
+
+def _same_time(checked: Any, fetched: Any) -> bool:
+    """Whether `checked` may be given back as `fetched` (stored and shown the same)."""
+    if checked is fetched:
+        return True
+    if type(checked) is not type(fetched) or type(checked) not in (float, int):
+        return False
+    # -0.0 == 0.0, but they are written differently
+    return bool(checked == fetched
+                and (type(checked) is int or math.copysign(1.0, checked) == math.copysign(1.0, fetched)))
+
+
 class RobotsEntry:
-    """The cached state of one origin's robots.txt. JSON-able through to_state()."""
+    """The cached state of one origin's robots.txt. JSON-able through to_state(); immutable.
+
+    Compact, for 100,000 origins in memory: what most entries say alike is one shared tuple
+    (`_says`), and the entry carries its rules compiled for the first product token asked
+    (`_patterns`, and `_compiled`: a shared `_Group`), kept and bounded by its RobotsPolicy. Once
+    those rules are compiled and the entry rests in its policy (out of the entry registry's
+    first tier, RobotsPolicy.rest), its text leaves memory: every entry is in the state store
+    from the moment it is fetched (entry_registry: saved on change), and `text` reads it back
+    there (a second product token, the stale copy kept while the site is unreachable, a
+    client's own robots.txt request, a save).
+    """
+
+    __slots__ = ("origin", "expires_at", "_fetched", "_says", "_compiled", "_patterns")
 
     origin: str
-    kind: Kind
-    status: int | None
-    text: str  # the rules in force ("" for allow_all / unreachable without a good copy)
-    fetched_at: float  # when the rules in force were fetched
-    checked_at: float  # when this state was reached (last fetch attempt)
     expires_at: float  # when to fetch again
-    failures: int = 0  # consecutive 5xx / network failures, for the backoff
-    note: str = ""  # why this state, for logs and the dashboard
-    stale: bool = False  # rules from an earlier good copy kept while unreachable
-    # Content-Signal / Content-Usage lines as the dashboard shows them ("* content-signal ...")
-    signals: tuple[str, ...] = ()
+    _fetched: float | None  # fetched_at, or None: expires_at less _says[_AHEAD]
+    _says: tuple[Any, ...]
+    # Its rules compiled for the first product token asked (RobotsPolicy._group), or None
+    _compiled: _Group | None
+    _patterns: tuple[str, ...] | None  # the compiled group's patterns, in protego's order
+
+    def __init__(self, origin: str, kind: Kind, status: int | None, text: str, fetched_at: float,
+                 checked_at: float, expires_at: float, failures: int = 0, note: str = "",
+                 stale: bool = False, signals: tuple[str, ...] = ()):
+        _SET_ORIGIN(self, origin)
+        _SET_EXPIRES_AT(self, expires_at)
+        ahead = _ahead(fetched_at, expires_at)
+        _SET_FETCHED(self, fetched_at if ahead is None else None)
+        checked = None if _same_time(checked_at, fetched_at) else checked_at
+        check = hash(text) & 0xFF if type(text) is str else None
+        _SET_SAYS(self, _shared_says((kind, status, failures, note, stale, signals, checked, ahead, check, text, None)))
+        _SET_COMPILED(self, None)
+        _SET_PATTERNS(self, None)
+
+    @property
+    def kind(self) -> Kind:
+        """rules, allow_all or unreachable."""
+        return self._says[_KIND]  # type: ignore[no-any-return]
+
+    @property
+    def status(self) -> int | None:
+        """The final HTTP status fetched; None when no answer came."""
+        return self._says[_STATUS]  # type: ignore[no-any-return]
+
+    @property
+    def failures(self) -> int:
+        """Consecutive 5xx / network failures, for the backoff."""
+        return self._says[_FAILURES]  # type: ignore[no-any-return]
+
+    @property
+    def note(self) -> str:
+        """Why this state, for logs and the dashboard."""
+        return self._says[_NOTE]  # type: ignore[no-any-return]
+
+    @property
+    def stale(self) -> bool:
+        """Rules from an earlier good copy kept while unreachable."""
+        return self._says[_STALE]  # type: ignore[no-any-return]
+
+    @property
+    def signals(self) -> tuple[str, ...]:
+        """Content-Signal / Content-Usage lines as the dashboard shows them ("* content-signal ...")."""
+        return self._says[_SIGNALS]  # type: ignore[no-any-return]
+
+    @property
+    def fetched_at(self) -> float:
+        """When the rules in force were fetched."""
+        fetched = self._fetched
+        return self.expires_at - self._says[_AHEAD] if fetched is None else fetched
+
+    @property
+    def checked_at(self) -> float:
+        """When this state was reached (last fetch attempt)."""
+        checked = self._says[_CHECKED]
+        return self.fetched_at if checked is None else checked
+
+    @property
+    def text(self) -> str:
+        """The rules in force ("" for allow_all / unreachable without a good copy); read back
+        from the state store when the entry rests without it (StoredTextLost when the store no
+        longer holds it)."""
+        says = self._says
+        text = says[_TEXT]
+        if text is not None or says[_HOME] is None:
+            return text  # type: ignore[no-any-return]
+        return says[_HOME]._stored_text(self)  # type: ignore[no-any-return]
+
+    @property
+    def resting(self) -> RobotsEntry | None:
+        """This entry when it rests beside its compiled rules in its policy, else None."""
+        home = self._says[_HOME]  # the policy it rests in: its rules cache holds it
+        return self if home is not None and home._parsed.get(self.origin) is self else None
+
+    def _values(self) -> tuple[Any, ...]:
+        says = self._says
+        return (self.origin, says[_KIND], says[_STATUS], self.text, self.fetched_at, self.checked_at,
+                self.expires_at, says[_FAILURES], says[_NOTE], says[_STALE], says[_SIGNALS])
+
+    def _without_text(self) -> tuple[Any, ...]:
+        return (self.origin, self._says[:_CHECKED], self.fetched_at, self.checked_at, self.expires_at)
 
     def to_state(self) -> dict[str, Any]:
-        return asdict(self)
+        return dict(zip(_FIELDS, self._values(), strict=True))
+
+    def replace(self, **changes: Any) -> RobotsEntry:
+        """A copy with `changes` (field=value), as dataclasses.replace gives it."""
+        unknown = changes.keys() - set(_FIELDS)
+        if unknown:
+            raise TypeError(f"RobotsEntry has no field(s) {', '.join(sorted(unknown))}")
+        values = {name: changes[name] if name in changes else getattr(self, name) for name in _FIELDS}
+        return RobotsEntry(**values)
+
+    __replace__ = replace
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        if self is other:
+            return True
+        assert isinstance(other, RobotsEntry)
+        # Everything but the text first: two entries that differ there need no text read back.
+        return self._without_text() == other._without_text() and self.text == other.text
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={value!r}" for name, value in zip(_FIELDS, self._values(), strict=True))
+        return f"RobotsEntry({fields})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return RobotsEntry, self._values()
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
 
     def describe(self, now: float) -> dict[str, Any]:
         """Status, note and age of this entry, as the dashboard shows it."""
+        says = self._says
         return {
             "origin": self.origin,
-            "status": self.kind,
-            "http_status": self.status,
-            "note": self.note,
+            "status": says[_KIND],
+            "http_status": says[_STATUS],
+            "note": says[_NOTE],
             "age_s": round(max(0.0, now - self.fetched_at), 1),
             "expires_in_s": round(self.expires_at - now, 1),
-            "stale": self.stale,
-            "signals": list(self.signals),
+            "stale": says[_STALE],
+            "signals": list(says[_SIGNALS]),
         }
 
     @classmethod
@@ -127,7 +308,7 @@ class RobotsEntry:
             entry = cls(**state)
             if not isinstance(entry.signals, (list, tuple)):
                 raise ValueError("signals")
-            entry = replace(entry, signals=tuple(str(s) for s in entry.signals))
+            entry = entry.replace(signals=tuple(str(s) for s in entry.signals))
             if entry.kind not in ("rules", "allow_all", "unreachable"):
                 raise ValueError(entry.kind)
             float(entry.expires_at) + float(entry.fetched_at) + float(entry.checked_at)
@@ -136,6 +317,21 @@ class RobotsEntry:
             return entry
         except (TypeError, ValueError) as e:
             raise ValueError(f"not a robots.txt entry: {e}") from None
+
+
+# The slots written by the entry and its policy (its own __setattr__ refuses every write).
+_SET_ORIGIN = RobotsEntry.__dict__["origin"].__set__
+_SET_EXPIRES_AT = RobotsEntry.__dict__["expires_at"].__set__
+_SET_FETCHED = RobotsEntry.__dict__["_fetched"].__set__
+_SET_SAYS = RobotsEntry.__dict__["_says"].__set__
+_SET_COMPILED = RobotsEntry.__dict__["_compiled"].__set__
+_SET_PATTERNS = RobotsEntry.__dict__["_patterns"].__set__
+
+
+class StoredTextLost(LookupError):
+    """The text of an entry resting without it is no longer in the state store (a save that
+    failed, or another process's newer fetch of the origin on a shared state dir): the entry
+    is forgotten as an eviction would forget it; ask the entry registry again."""
 
 
 @dataclass(frozen=True)
@@ -362,100 +558,137 @@ def _asked_delay(crawl_delay: float | None, request_rate: RequestRate | None) ->
     return max(delays) if delays else None
 
 
-class _Rules:
-    """One origin's robots.txt as it applies to one product token, compiled for matching.
+class _Group:
+    """What one origin's robots.txt says to one product token besides the group's patterns
+    (which the entry keeps, `RobotsEntry._patterns`): shared by every origin whose group says
+    the same, as most do (the patterns differ; `*`, no delay, no signals, no %-escapes).
 
-    Built from protego's own parse of the prepared text (so parsing, rule order and pattern
+    Compiled from protego's own parse of the prepared text (so parsing, rule order and pattern
     quoting are protego's; group selection is Google's: the group whose name equals the token,
-    else `*`), it keeps only what `can_fetch`, `crawl_delay` and `request_rate` need: the
-    group's quoted patterns in protego's priority order. Matching mirrors protego 0.7's
-    `_RuleSet.can_fetch` and `_URLPattern.match`; tests/core/robots/test_robots_compiled.py compares
-    the two on thousands of generated rule sets and paths. Beside them, where a rule or a path
-    carries %-escapes, the rules as Google compares them (`literal`): a request either reading
-    disallows is refused. ~0.2 KB for a short file, where a whole Protego object is ~2.6 KB.
+    else `*`), it keeps only what `can_fetch`, `crawl_delay` and `request_rate` need. Matching
+    (`_first_match`) mirrors protego 0.7's `_RuleSet.can_fetch` and `_URLPattern.match`;
+    tests/core/robots/test_robots_compiled.py compares the two on thousands of generated rule
+    sets and paths. Beside them, where a rule or a path carries %-escapes, the rules as Google
+    compares them (`literal`): a request either reading disallows is refused.
     """
 
-    __slots__ = ("text", "token", "agent", "patterns", "disallows", "prefixes", "special",
-                 "asked_delay", "more", "literal", "said", "resting")
+    __slots__ = ("token", "agent", "disallows", "prefixes", "special", "asked_delay", "literal", "said")
 
-    def __init__(self, text: str, token: str, prepared: Prepared):
-        self.text = text    # what was compiled: the entry's own string, until a new fetch
-        self.token = token  # the first token asked: usually the only one
-        self.more: dict[str, _Rules] | None = None  # further tokens (several crawlers)
-        # The origin's entry while it is out of the entry registry (RobotsPolicy.rest)
-        self.resting: RobotsEntry | None = None
-        parser = Protego.parse(prepared.text)
-        rule_set = parser._user_agents.get(token) if token != "*" else None
-        # Signals follow the same group as the rules: the crawler's own group if it has one
-        # (its signals, maybe none), else `*`'s; lines before any group apply to all.
-        groups = prepared.said
-        said = groups.get(token, ()) if rule_set is not None else groups.get("*", ())
-        self.said: tuple[Said, ...] = groups.get("", ()) + said
-        if rule_set is None:
-            rule_set = parser._user_agents.get("*")
-        self.literal: tuple[tuple[str, ...], int] | None = None
-        if rule_set is None:  # no group applies: everything allowed, no delay
-            self.agent: str | None = None
-            self.patterns: tuple[str, ...] = ()
-            self.disallows = 0
-            self.prefixes: tuple[str, ...] = ()
-            self.special: tuple[int, ...] | None = None
-            self.asked_delay: float | None = None
-            return
-        self.agent = sys.intern(str(rule_set.user_agent))
-        # sys.intern: common patterns (/wp-admin/, /cgi-bin/) are one string for every site.
-        self.patterns = tuple(sys.intern(rule.value._pattern) for rule in rule_set._rules)
-        self.disallows = sum(1 << i for i, rule in enumerate(rule_set._rules)
-                             if rule.field == "disallow")
+    def __init__(self, token: str, agent: str | None, disallows: int, prefixes: tuple[str, ...] | None,
+                 special: tuple[int, ...] | None, asked_delay: float | None,
+                 literal: tuple[tuple[str, ...], int] | None, said: tuple[Said, ...]):
+        self.token = token  # the product token these rules apply to
+        self.agent = agent  # the group's name ("*", "foobot"), None: no group applies
+        self.disallows = disallows  # bit i set: pattern i is a Disallow
         # A pattern without * or a trailing $ can only match as a prefix: one startswith over
-        # all of them rules them all out at once (protego's index, built here once).
-        special = tuple(i for i, p in enumerate(self.patterns) if "*" in p or p.endswith("$"))
-        self.special = special or None
-        self.prefixes = self.patterns if not special else tuple(
-            p for i, p in enumerate(self.patterns) if i not in special)
-        self.asked_delay = _asked_delay(rule_set.crawl_delay, rule_set.request_rate)
-        # The rules as written (protego keeps each value's pattern under it), as Google compares
-        # them: longest first, Allow first on a tie (RFC 9309 §2.2.2). Kept only where some
-        # differs from protego's reading.
-        written = {id(p): value for value, p in parser._url_patterns.items() if p is not None}
-        rules = [(literal(written.get(id(r.value), r.value._pattern)), r.field == "disallow")
-                 for r in rule_set._rules]
-        if any(p != q for (p, _), q in zip(rules, self.patterns, strict=True)):
-            rules.sort(key=lambda r: (-len(r[0]), r[1]))
-            self.literal = (tuple(sys.intern(p) for p, _ in rules),
-                            sum(1 << i for i, (_, d) in enumerate(rules) if d))
+        # all of them rules them all out at once (protego's index, built here once). None: every
+        # pattern is such a prefix (the patterns themselves are the prefixes).
+        self.prefixes = prefixes
+        self.special = special  # indices of the patterns with * or a trailing $, or None
+        self.asked_delay = asked_delay
+        self.literal = literal  # (patterns, disallows) as Google compares them, where they differ
+        self.said = said  # the group's Content-Signal / Content-Usage lines
 
-    def first_match(self, path: str) -> int:
-        """Index of the first (highest-priority) pattern matching the quoted `path`; -1: none."""
-        patterns = self.patterns
-        if path.startswith(self.prefixes):
-            for i, pattern in enumerate(patterns):
-                if _matches(pattern, path):
-                    return i
-            return -1
-        for i in self.special or ():
-            if _matches(patterns[i], path):
-                return i
-        return -1
-
-    def literal_refusal(self, path: str) -> str | None:
-        """The pattern refusing `path` (as sent) when compared as Google does; None: allowed."""
-        patterns, disallows = self.literal or (self.patterns, self.disallows)
-        path = literal(path)
-        for i, pattern in enumerate(patterns):
-            if _matches(pattern, path):
-                return pattern if disallows >> i & 1 else None
-        return None
-
-    def size(self) -> int:
-        """Rough bytes held, for the cache's budget (the text is the RobotsEntry's)."""
-        own = 250 + sum(90 + len(p) for p in self.patterns)
+    def size(self, patterns: tuple[str, ...]) -> int:
+        """Rough bytes held with `patterns`, for the rules cache's budget."""
+        own = 250 + sum(90 + len(p) for p in patterns)
         if self.literal is not None:
             own += 60 + sum(60 + len(p) for p in self.literal[0])
-        own += sum(s.size() for s in self.said)
-        if self.resting is not None:
-            own += RESTING_BYTES
-        return own + sum(50 + r.size() for r in (self.more or {}).values())
+        return own + sum(s.size() for s in self.said)
+
+
+# Patterns seen lately, each one string for every origin that has it. Not sys.intern: its table
+# keeps a slot for every pattern while it lives, the many a single site has alone too (48
+# bytes each); this one forgets them all at its bound, and the common ones come straight back.
+_PATTERNS: dict[str, str] = {}
+_PATTERNS_LIMIT = 8192
+
+
+def _shared_pattern(pattern: str) -> str:
+    kept = _PATTERNS.get(pattern)
+    if kept is None:
+        if len(_PATTERNS) >= _PATTERNS_LIMIT:
+            _PATTERNS.clear()
+        kept = _PATTERNS[pattern] = pattern
+    return kept
+
+
+# Groups that say the same are one object: (token, agent, disallows, asked_delay, said) -> it,
+# for the groups whose every pattern is a plain prefix (the others hold per-origin tuples).
+_GROUPS: dict[tuple[Any, ...], _Group] = {}
+_GROUPS_LIMIT = 4096
+
+
+def _shared_group(group: _Group) -> _Group:
+    if group.prefixes is not None or group.literal is not None or len(group.said) > 4:
+        return group
+    key = (group.token, group.agent, group.disallows, group.asked_delay, group.said)
+    kept = _GROUPS.get(key)
+    if kept is None:
+        if len(_GROUPS) >= _GROUPS_LIMIT:  # past the bound, afresh
+            _GROUPS.clear()
+        kept = _GROUPS[key] = group
+    return kept
+
+
+def _compile(text: str, token: str) -> tuple[tuple[str, ...], _Group]:
+    """`text`'s rules as they apply to `token`: the group's patterns, in protego's priority
+    order, and the rest of what the group says."""
+    prepared = prepare(text)
+    parser = Protego.parse(prepared.text)
+    rule_set = parser._user_agents.get(token) if token != "*" else None
+    # Signals follow the same group as the rules: the crawler's own group if it has one
+    # (its signals, maybe none), else `*`'s; lines before any group apply to all.
+    groups = prepared.said
+    said = groups.get("", ()) + (groups.get(token, ()) if rule_set is not None else groups.get("*", ()))
+    if rule_set is None:
+        rule_set = parser._user_agents.get("*")
+    if rule_set is None:  # no group applies: everything allowed, no delay
+        return (), _shared_group(_Group(token, None, 0, None, None, None, None, said))
+    # Common patterns (/wp-admin/, /cgi-bin/) are one string for every site (_shared_pattern).
+    # A tuple of a list: one of a generator keeps the room it first took.
+    patterns = tuple([_shared_pattern(rule.value._pattern) for rule in rule_set._rules])
+    disallows = sum(1 << i for i, rule in enumerate(rule_set._rules) if rule.field == "disallow")
+    special = tuple([i for i, p in enumerate(patterns) if "*" in p or p.endswith("$")])
+    prefixes = tuple([p for i, p in enumerate(patterns) if i not in special]) if special else None
+    # The rules as written (protego keeps each value's pattern under it), as Google compares
+    # them: longest first, Allow first on a tie (RFC 9309 §2.2.2). Kept only where some
+    # differs from protego's reading.
+    written = {id(p): value for value, p in parser._url_patterns.items() if p is not None}
+    rules = [(literal(written.get(id(r.value), r.value._pattern)), r.field == "disallow")
+             for r in rule_set._rules]
+    literal_rules: tuple[tuple[str, ...], int] | None = None
+    if any(p != q for (p, _), q in zip(rules, patterns, strict=True)):
+        rules.sort(key=lambda r: (-len(r[0]), r[1]))
+        literal_rules = (tuple([_shared_pattern(p) for p, _ in rules]),
+                         sum(1 << i for i, (_, d) in enumerate(rules) if d))
+    group = _Group(token, sys.intern(str(rule_set.user_agent)), disallows, prefixes, special or None,
+                   _asked_delay(rule_set.crawl_delay, rule_set.request_rate), literal_rules, said)
+    return patterns, _shared_group(group)
+
+
+def _first_match(patterns: tuple[str, ...], group: _Group, path: str) -> int:
+    """Index of the first (highest-priority) pattern matching the quoted `path`; -1: none."""
+    prefixes = group.prefixes
+    if path.startswith(patterns if prefixes is None else prefixes):
+        for i, pattern in enumerate(patterns):
+            if _matches(pattern, path):
+                return i
+        return -1
+    for i in group.special or ():
+        if _matches(patterns[i], path):
+            return i
+    return -1
+
+
+def _literal_refusal(patterns: tuple[str, ...], group: _Group, path: str) -> str | None:
+    """The pattern refusing `path` (as sent) when compared as Google does; None: allowed."""
+    patterns, disallows = group.literal or (patterns, group.disallows)
+    path = literal(path)
+    for i, pattern in enumerate(patterns):
+        if _matches(pattern, path):
+            return pattern if disallows >> i & 1 else None
+    return None
 
 
 def _path_of(url: str) -> str:
@@ -526,12 +759,17 @@ class RobotsPolicy:
         # Keyed by each entry's own origin string. A plain dict, not sites.py's hashed_dict:
         # at 100,000 origins that layout cost 5.6 MB of resident memory for no gain measured
         # (benchmarks/README.md, section flat).
-        self._parsed: dict[str, _Rules] = {}
+        # The values are the entries themselves, which carry their compiled rules.
+        self._parsed: dict[str, RobotsEntry] = {}
+        # origin -> product token -> its compiled rules, for tokens other than the first.
+        self._more: dict[str, dict[str, tuple[tuple[str, ...], _Group]]] = {}
         self._parsed_bytes = 0
         self._moved = 0
-        # The rules `recall` just gave an entry back from (moved then): the verdict on the
-        # same request takes them without a second lookup.
-        self._recalled: _Rules | None = None
+        # The entry `recall` just gave back (moved then): the verdict on the same request
+        # takes its rules without a second lookup.
+        self._recalled: RobotsEntry | None = None
+        # Reads an origin's stored entry (read_text_from): where a resting entry's text is.
+        self._read: Callable[[str], Any] | None = None
 
     def is_fresh(self, entry: RobotsEntry | None) -> bool:
         """Whether the entry may be used without fetching again."""
@@ -555,8 +793,9 @@ class RobotsPolicy:
             if prepared is not None and prepared.problems:
                 # Malformed signal lines refuse nothing; said once per fetch, not per request.
                 notes.append(f"{prepared.bad} malformed signal(s) ignored, first: {prepared.problems[0]}")
-            # interned: "robots.txt 200" is one string for every origin, not one each
-            note = sys.intern(f"robots.txt {status}" + (f" ({'; '.join(notes)})" if notes else ""))
+            # "robots.txt 200" is one string for every origin, not one each: the entry shares
+            # what it says with every entry that says the same (_says)
+            note = f"robots.txt {status}" + (f" ({'; '.join(notes)})" if notes else "")
             if notes:
                 log.warning("robots.txt of %s: %s", origin, "; ".join(notes))
             return RobotsEntry(origin, "rules", status, text, now, now, now + settings.ttl, note=note,
@@ -577,9 +816,11 @@ class RobotsPolicy:
         good = previous if previous is not None and previous.kind == "rules" else None
         if good is not None and now - good.fetched_at < settings.keep_good_copy:
             # RFC 9309 §2.4 allows a cached copy while unreachable; keep it up to 30 days.
-            log.warning("robots.txt of %s unreachable (%s): keeping the copy fetched %.0fs ago", origin, what, now - good.fetched_at)
-            return replace(good, checked_at=now, expires_at=now + backoff, failures=failures, stale=True,
-                           note=f"robots.txt unreachable ({what}); using the copy from {now - good.fetched_at:.0f}s ago")
+            age = now - good.fetched_at
+            log.warning("robots.txt of %s unreachable (%s): keeping the copy fetched %.0fs ago", origin, what, age)
+            # (its text read back from the state store when it rests without it)
+            return good.replace(checked_at=now, expires_at=now + backoff, failures=failures, stale=True,
+                                note=f"robots.txt unreachable ({what}); using the copy from {age:.0f}s ago")
         log.warning("robots.txt of %s unreachable (%s): everything disallowed, retry in %.0fs", origin, what, backoff)
         return RobotsEntry(origin, "unreachable", status, "", now, now, now + backoff, failures=failures,
                            note=f"robots.txt unreachable ({what})")
@@ -589,28 +830,33 @@ class RobotsPolicy:
         """Whether `url` (path and query, or absolute) may be requested by `token` for
         `purposes` (the crawler's declared uses; none: signals refuse nothing). `full_url`:
         the URL a response header's no was remembered under."""
-        if entry.kind == "unreachable":
+        kind = entry._says[_KIND]
+        if kind == "unreachable":
             wait = max(1.0, entry.expires_at - self.clock())
             return RobotsVerdict(False, entry.note, status=503, retry_after_s=wait)
-        if entry.kind == "allow_all":
+        if kind == "allow_all":
             return RobotsVerdict(True, entry.note)
         # /robots.txt itself is matched like any path (Google's matcher; the gate answers a
-        # client's own robots.txt request from the cache before asking).
-        group = self._group(entry, token)
+        # client's own robots.txt request from the cache before asking). `_group`, its common
+        # case inline: the rules of the entry just recalled, for the token they were compiled for.
+        group: _Group = entry._compiled  # type: ignore[assignment]  # (None: not the recalled entry)
+        if entry is self._recalled and group.token == token:
+            patterns: tuple[str, ...] = entry._patterns  # type: ignore[assignment]
+        else:
+            patterns, group = self._group(entry, token)
         if not url.isascii():
             # RFC 9309 §2.2.2: octets outside ASCII are %-encoded before comparison (this also
             # keeps raw non-UTF-8 bytes, decoded as surrogates, from reaching protego's quote)
             url = literal(url)
         quoted = _quote_path(url)
-        found = group.first_match(quoted)
+        found = _first_match(patterns, group, quoted)
         if found >= 0 and group.disallows >> found & 1:
             # The first match decides (protego sorts by length, Allow first on a tie): it is the rule.
-            return RobotsVerdict(False, f"Disallow: {group.patterns[found]} (group {group.agent})",
-                                 status=403)
+            return RobotsVerdict(False, f"Disallow: {patterns[found]} (group {group.agent})", status=403)
         if group.literal is not None or "%" in url:
             # RFC 9309 §2.2.2 / Google: %-escapes compared as written. Either reading refusing
             # refuses (fail closed): `Allow: /%62az` does not open /baz.
-            refused = group.literal_refusal(_path_of(url))
+            refused = _literal_refusal(patterns, group, _path_of(url))
             if refused is not None:
                 return RobotsVerdict(False, f"Disallow: {refused} (group {group.agent})", status=403)
         if purposes and group.said:
@@ -638,13 +884,16 @@ class RobotsPolicy:
 
     def signals(self, entry: RobotsEntry, token: str) -> tuple[Said, ...]:
         """The Content-Signal / Content-Usage lines that apply to `token` on this origin."""
-        return self._group(entry, token).said if entry.kind == "rules" else ()
+        return self._group(entry, token)[1].said if entry._says[_KIND] == "rules" else ()
 
     def crawl_delay(self, entry: RobotsEntry, token: str, settings: RobotsSettings) -> float | None:
         """Seconds between requests the site asks for (Crawl-delay or Request-rate), capped."""
-        if entry.kind != "rules":
+        if entry._says[_KIND] != "rules":
             return None
-        asked = self._group(entry, token).asked_delay
+        group = entry._compiled
+        if entry is not self._recalled or group.token != token:  # type: ignore[union-attr]
+            group = self._group(entry, token)[1]  # (the common case above: `verdict`'s)
+        asked = group.asked_delay  # type: ignore[union-attr]
         if asked is None:
             return None  # most groups ask for neither
         return min(asked, settings.max_crawl_delay)
@@ -664,101 +913,239 @@ class RobotsPolicy:
                 verdict = replace(resolved, reason=f"{resolved.reason}; {target[:200]!r} resolves to {form[:200]!r}")
         return verdict
 
-    def _group(self, entry: RobotsEntry, token: str) -> _Rules:
-        """`entry`'s rules as they apply to `token`, compiled (robots.txt parsed at most once)."""
+    def _group(self, entry: RobotsEntry, token: str) -> tuple[tuple[str, ...], _Group]:
+        """`entry`'s rules as they apply to `token`, compiled (robots.txt parsed at most once):
+        the group's patterns and the rest of what it says."""
+        # recalled for this entry just now, and moved then
+        holder = entry if entry is self._recalled else self._use(entry, token)
+        group: _Group = holder._compiled  # type: ignore[assignment]
+        if group.token == token:
+            return holder._patterns, group  # type: ignore[return-value]
+        return self._other_token(holder, token)
+
+    def _use(self, entry: RobotsEntry, token: str) -> RobotsEntry:
+        """A use of `entry`'s compiled rules (to the most recently used end), compiled for
+        `token` first when they are not: the entry holding them (`entry`, or the entry of the
+        same text resting beside the rules compiled for it)."""
+        origin = entry.origin
         parsed = self._parsed
-        rules = self._recalled
-        if rules is not None and rules.resting is entry:
-            pass  # recalled for this entry just now, and moved then
-        else:
-            rules = parsed.get(entry.origin)
-            # `is` first: the entry's text is the very string compiled, until a new fetch replaces it.
-            if rules is not None and (rules.text is entry.text or rules.text == entry.text):
-                del parsed[entry.origin]
-                parsed[entry.origin] = rules  # most recently used last
-                self._moved += 1
+        kept = parsed.get(origin)
+        holder = None
+        if kept is entry:
+            holder = entry
+        elif kept is not None and entry._compiled is None and self._same_text(kept, entry):
+            if kept._says[_HOME] is self:
+                holder = kept  # they stay beside the entry resting with them
             else:
-                rules = None
-        if rules is not None:
-            if rules.token == token:
-                return rules
-            more = rules.more
-            found = more.get(token) if more is not None else None
-            if found is not None:
-                return found
-            if more is None or len(more) >= 8:  # a few crawlers at most; past that, the latest
-                self._parsed_bytes -= rules.size()
-                more = rules.more = {}
-                self._parsed_bytes += rules.size()
-            found = more[token] = _Rules(entry.text, token, prepare(entry.text))
-            self._parsed_bytes += 50 + found.size()
-            self._evict()
-            return found
-        rules = parsed.get(entry.origin)
-        if rules is not None:  # compiled from an older text
-            self._parsed_bytes -= rules.size()
-            del parsed[entry.origin]
+                self._take_over(kept, entry)
+                holder = entry
+        if holder is not None:
+            del parsed[origin]
+            parsed[origin] = holder  # most recently used last
             self._moved += 1
-        rules = parsed[entry.origin] = _Rules(entry.text, token, prepare(entry.text))
-        self._parsed_bytes += rules.size()
+            return holder
+        if entry._compiled is not None:
+            return entry  # compiled by another policy: its own rules, used as they are
+        kept = parsed.get(origin)  # (_same_text may have forgotten it)
+        if kept is not None:  # compiled from an older text
+            self._drop(kept)
+        text = entry.text
+        if entry._says[_HOME] is not None:
+            # An entry held while its compiled rules were evicted, its text read back from the
+            # state store: compiled again, it rests nowhere (as a newly fetched entry).
+            _SET_SAYS(entry, _rehomed(entry._says, text, None))
+        patterns, group = _compile(text, token)
+        _SET_COMPILED(entry, group)
+        _SET_PATTERNS(entry, patterns)
+        parsed[origin] = entry
+        self._parsed_bytes += self._size(entry)
         self._evict()
-        return rules
+        return entry
+
+    def _other_token(self, entry: RobotsEntry, token: str) -> tuple[tuple[str, ...], _Group]:
+        """`entry`'s rules for a product token other than the one they were compiled for first
+        (a few crawlers at most through one proxy)."""
+        origin = entry.origin
+        if self._parsed.get(origin) is not entry:
+            return _compile(entry.text, token)  # compiled by another policy: not kept here
+        more = self._more.get(origin)
+        found = more.get(token) if more is not None else None
+        if found is not None:
+            return found
+        text = entry.text  # read back when the entry rests without it
+        if more is None or len(more) >= 8:  # past a few, the latest
+            if more:
+                self._parsed_bytes -= sum(50 + g.size(p) for p, g in more.values())
+            more = self._more[origin] = {}
+        found = more[token] = _compile(text, token)
+        self._parsed_bytes += 50 + found[1].size(found[0])
+        self._evict()
+        return found
+
+    def _size(self, entry: RobotsEntry) -> int:
+        """Rough bytes `entry`'s compiled rules hold, for the cache's budget."""
+        size = entry._compiled.size(entry._patterns)  # type: ignore[union-attr, arg-type]
+        if entry._says[_HOME] is self:
+            size += RESTING_BYTES
+        more = self._more.get(entry.origin)
+        if more:
+            size += sum(50 + g.size(p) for p, g in more.values())
+        return size
+
+    def _same_text(self, kept: RobotsEntry, entry: RobotsEntry) -> bool:
+        """Whether `entry` (its text in memory) has the text `kept`'s rules were compiled from
+        (read back when `kept` rests without it; False when the state store lost it)."""
+        mine, theirs = entry._says[_TEXT], kept._says[_TEXT]
+        if mine is None:
+            return False
+        if theirs is None:
+            theirs = self._read_back(kept)
+            if theirs is None:
+                return False  # forgotten
+        return mine is theirs or bool(mine == theirs)
+
+    def _take_over(self, kept: RobotsEntry, entry: RobotsEntry) -> None:
+        """`entry` takes the rules compiled for `kept` (same origin, same text), in its place."""
+        if kept._says[_HOME] is self:
+            self._parsed_bytes -= RESTING_BYTES
+        _SET_COMPILED(entry, kept._compiled)
+        _SET_PATTERNS(entry, kept._patterns)
+        self._parsed[entry.origin] = entry  # in its place
+        _SET_COMPILED(kept, None)
+        _SET_PATTERNS(kept, None)
+        if kept._says[_TEXT] is not None:
+            _SET_SAYS(kept, _rehomed(kept._says, kept._says[_TEXT], None))
+        if self._recalled is kept:
+            self._recalled = None
+
+    def _rest(self, entry: RobotsEntry) -> None:
+        """`entry`, compiled here, rests beside its rules: its text leaves memory (the state
+        store holds it) unless there is no state store to read it back from."""
+        says = entry._says
+        if says[_HOME] is not self:
+            self._parsed_bytes += RESTING_BYTES
+        if says[_HOME] is not self or (self._read is not None and says[_TEXT] is not None):
+            _SET_SAYS(entry, _rehomed(says, None if self._read is not None else says[_TEXT], self))
+
+    def _unrest(self, entry: RobotsEntry) -> None:
+        """`entry` rests here no more (a newer entry is in the registry, or none): its rules stay
+        compiled, with its text read back (the state store still holds it: a newer entry is
+        saved after it is put), for a newer entry of the same text to take them."""
+        says = entry._says
+        if says[_HOME] is not self:
+            return
+        text = says[_TEXT]
+        if text is None:
+            text = self._read_back(entry)
+            if text is None:
+                return  # forgotten (the newer entry another process saved already, say)
+        _SET_SAYS(entry, _rehomed(says, text, None))
+        self._parsed_bytes -= RESTING_BYTES
+
+    def _drop(self, entry: RobotsEntry) -> None:
+        """Forget `entry`'s compiled rules (it leaves the cache)."""
+        if self._parsed.get(entry.origin) is entry:
+            self._parsed_bytes -= self._size(entry)
+            del self._parsed[entry.origin]
+            self._moved += 1
+        self._clear(entry)
+
+    def _clear(self, entry: RobotsEntry) -> None:
+        says = entry._says
+        if says[_TEXT] is not None and says[_HOME] is not None:
+            _SET_SAYS(entry, _rehomed(says, says[_TEXT], None))
+        # (without its text in memory it keeps its home: its text is read back if ever asked)
+        _SET_COMPILED(entry, None)
+        _SET_PATTERNS(entry, None)
+        self._more.pop(entry.origin, None)
+        if self._recalled is entry:
+            self._recalled = None
+
+    def _stored_text(self, entry: RobotsEntry) -> str:
+        """The text of `entry`, resting here without it: read back from the state store, where
+        it was saved with the entry (entry_registry: saved on change). StoredTextLost when the
+        store holds another entry for the origin, or none: `entry` is then forgotten here."""
+        text = self._read_back(entry)
+        if text is None:
+            log.warning("robots.txt of %s: the state store no longer holds the entry kept in memory "
+                        "(another process's fetch, or a save that failed): read again", entry.origin)
+            raise StoredTextLost(entry.origin)
+        return text
+
+    def _read_back(self, entry: RobotsEntry) -> str | None:
+        """`_stored_text`, or None (and `entry` forgotten here) when the store lost it."""
+        stored = None
+        try:
+            raw = self._read(entry.origin) if self._read is not None else None
+            stored = RobotsEntry.from_state(raw) if raw is not None else None
+        except Exception:  # noqa: BLE001 - a failing store: nothing to read back
+            log.exception("robots.txt of %s: could not read its text back from the state store", entry.origin)
+        if (stored is not None and stored._without_text() == entry._without_text()
+                and stored._says[_CHECK] == entry._says[_CHECK]):
+            return stored._says[_TEXT]  # type: ignore[no-any-return]
+        self._drop(entry)
+        return None
+
+    def read_text_from(self, read: Callable[[str], Any]) -> None:
+        """Where an entry resting here finds its text: `read(origin)` gives the origin's stored
+        entry (to_state()), saved whenever the entry changed (entry_registry)."""
+        self._read = read
 
     def rest(self, origin: str, entry: RobotsEntry | None) -> bool:
-        """Keep `entry`, which left the entry registry, beside its compiled rules (the text is
-        theirs: one copy); None, or an entry these rules were not compiled from, forgets what
-        is kept. True when kept. The registry recalls it instead of reading the state store."""
-        rules = self._parsed.get(origin)
-        if rules is None:
+        """Keep `entry`, which left the entry registry, beside its compiled rules (its text in
+        the state store); None, or an entry these rules were not compiled for, forgets what is
+        kept. True when kept. The registry recalls it instead of reading the state store."""
+        kept = self._parsed.get(origin)
+        if kept is None:
             return False
-        if (entry is None or entry.kind != "rules" or entry.origin != origin
-                or not (rules.text is entry.text or rules.text == entry.text)):
-            if rules.resting is not None:
-                rules.resting = None
-                self._parsed_bytes -= RESTING_BYTES
-            return False
-        if entry.text is not rules.text:
-            entry = replace(entry, text=rules.text)
-        if rules.resting is None:
-            self._parsed_bytes += RESTING_BYTES
-        rules.resting = entry
-        return True
+        if entry is not None and entry._says[_KIND] == "rules" and entry.origin == origin:
+            if entry is not kept and entry._compiled is None and self._same_text(kept, entry):
+                self._take_over(kept, entry)
+                kept = entry
+            if entry is kept:
+                self._rest(entry)
+                return True
+            kept = self._parsed.get(origin)  # (_same_text may have forgotten it)
+        if kept is not None:
+            self._unrest(kept)
+        return False
 
     def settle(self, origin: str, entry: RobotsEntry) -> bool:
         """`rest` for an entry the registry found in its first tier, once its rules are
         compiled (a use: the rules move to the recent end, and the verdict on this request
         takes them without a lookup): from then on the origin is found beside its rules."""
-        if entry.kind != "rules" or entry.origin != origin:
+        if entry._says[_KIND] != "rules" or entry.origin != origin:
             return False  # nothing compiled to rest beside (no rules), or not its own origin
         parsed = self._parsed
-        rules = parsed.get(origin)
-        if rules is None or not (rules.text is entry.text or rules.text == entry.text):
+        kept = parsed.get(origin)
+        if kept is None:
             return False  # not compiled yet: the first verdict compiles it
-        if rules.resting is None:
-            self._parsed_bytes += RESTING_BYTES
-        rules.resting = entry if entry.text is rules.text else replace(entry, text=rules.text)
+        if kept is not entry:
+            if entry._compiled is not None or not self._same_text(kept, entry):
+                return False
+            self._take_over(kept, entry)
+        self._rest(entry)
         del parsed[origin]
-        parsed[entry.origin] = rules  # the entry's own string stays the key
+        parsed[entry.origin] = entry  # the entry's own string stays the key
         self._moved += 1
-        self._recalled = rules
+        self._recalled = entry
         return True
 
     def resting_entries(self) -> list[RobotsEntry]:
         """Every entry resting beside its compiled rules (for status pages; O(origins))."""
-        return [rules.resting for rules in list(self._parsed.values()) if rules.resting is not None]
+        return [entry for entry in list(self._parsed.values()) if entry._says[_HOME] is self]
 
     def recall(self, origin: str) -> RobotsEntry | None:
         """The entry kept by `rest` for `origin` (its compiled rules still held), or None: a
         use of those rules (moved to the most recent end, as a verdict moves them)."""
         parsed = self._parsed
-        rules = parsed.get(origin)
-        if rules is None or rules.resting is None:
+        entry = parsed.get(origin)
+        if entry is None or entry._says[_HOME] is not self:
             return None
-        entry = rules.resting
         del parsed[origin]
-        parsed[entry.origin] = rules  # the entry's own string stays the key
+        parsed[entry.origin] = entry  # the entry's own string stays the key
         self._moved += 1
-        self._recalled = rules
+        self._recalled = entry
         return entry
 
     def _evict(self) -> None:
@@ -772,10 +1159,9 @@ class RobotsPolicy:
         parsed = self._parsed
         while len(parsed) > 1 and (len(parsed) > PARSED_LIMIT or self._parsed_bytes > PARSED_BUDGET):
             evicted = parsed.pop(next(iter(parsed)))
-            self._parsed_bytes -= evicted.size()
+            self._parsed_bytes -= self._size(evicted)
             self._moved += 1
-            if evicted is self._recalled:
-                self._recalled = None
+            self._clear(evicted)
 
 
 _ALLOWED_VERDICT = RobotsVerdict(True, _ALLOWED)  # frozen: one for every allowed URL
@@ -788,12 +1174,14 @@ def entry_registry(state: Callable[[], StateStore],
     """origin -> robots.txt entry in the per-site registry (sites.py), bounded by
     `state.max_sites_in_memory`. Entries come from fetches (`put` then `save`: every entry is in
     the state store from the moment it is fetched). One that leaves memory, or is found once its
-    rules are compiled (`RobotsPolicy.settle`), stays beside its compiled rules in `policy`
-    (`RobotsPolicy.rest`: ~170 bytes, its text shared with the rules) and is found there with
-    `find` on the origin's next requests (one lookup: not in the first tier, then beside its
-    rules, which the verdict then takes without a lookup of its own); without compiled rules
-    (no `policy`, evicted from its cache, or an entry without rules) it is read back from the
-    state store."""
+    rules are compiled (`RobotsPolicy.settle`), rests in `policy` with its compiled rules
+    (`RobotsPolicy.rest`), its text left to the state store (read back where it is needed), and
+    is found there with `find` on the origin's next requests (one lookup: not in the first
+    tier, then in the policy, whose verdict then takes its rules without a lookup of its own);
+    without compiled rules (no `policy`, evicted from its cache, or an entry without rules) it is
+    read back from the state store."""
+    if policy is not None:
+        policy.read_text_from(lambda origin: state().get(NAMESPACE, origin))
     return SiteRegistry(
         _no_build, limit_key="state.max_sites_in_memory",
         persisted=Persisted(NAMESPACE, "robots.txt entry", _load_entry, RobotsEntry.to_state,

@@ -109,11 +109,13 @@ def test_a_robots_entry_rests_beside_its_rules_and_comes_back_without_a_read() -
     for origin in origins:
         back = entries.find(CONFIG, origin)
         assert back is not None
+        assert [policy.verdict_for_target(back, t, "bot") for t in TARGETS] == before[origin][1]
+        assert state.reads == 0
+        # Its text rests in the state store: read back for the comparisons (2 reads), the same.
         assert back.to_state() == before[origin][0]
         assert back == RobotsEntry.from_state(state.get(ROBOTS, origin))
-        state.reads -= 1  # the comparison's own read
-        assert [policy.verdict_for_target(back, t, "bot") for t in TARGETS] == before[origin][1]
-    assert state.reads == 0
+        assert state.reads == 3
+        state.reads = 0
 
 
 def test_a_newer_entry_is_never_shadowed_by_the_one_resting() -> None:
@@ -187,7 +189,8 @@ def test_the_recalled_rules_shortcut_decides_and_orders_as_the_lookup_it_skips()
     """Random fetches, finds and verdicts over more origins than the registry keeps: the same
     entries, verdicts, crawl delays, state reads and compiled-rules order as a policy looking
     its rules up each time; and as one whose compiled entries stay in the first tier, but for
-    the reads."""
+    the reads and the rules kept (an entry resting without its text takes its rules with it
+    when a newer entry comes: nothing could tell that its text is the newer one's)."""
     import random
 
     from etiquette_proxy.clock import FakeClock
@@ -198,8 +201,11 @@ def test_the_recalled_rules_shortcut_decides_and_orders_as_the_lookup_it_skips()
         state = ReadCountingState()
         policy = cls(clock=FakeClock())
         entries = entry_registry(lambda: state, policy)  # noqa: B023 - used within the iteration
+        texts: list[str] = []  # texts read back (a second token's rules), apart from the entries read
+        policy.read_text_from(lambda origin: (texts.append(origin),  # noqa: B023
+                                              CountingState.get(state, ROBOTS, origin))[1])  # noqa: B023
         origins = [f"http://s{i}.example:80" for i in range(12)]
-        seen: list[object] = []
+        seen: list[tuple[Any, ...]] = []
         for _ in range(2000):
             origin = rng.choice(origins)
             op = rng.random()
@@ -212,13 +218,16 @@ def test_the_recalled_rules_shortcut_decides_and_orders_as_the_lookup_it_skips()
             entry = entries.find(CONFIG, origin)
             assert entry is not None
             token = rng.choice(["bot", "bot", "otherbot"])
-            seen.append((origin, entry.to_state(), [policy.verdict_for_target(entry, t, token) for t in TARGETS],
-                         policy.crawl_delay(entry, token, RobotsSettings()), list(policy._parsed)))  # noqa: SLF001
-        runs.append((seen, state.reads))
+            verdicts = [policy.verdict_for_target(entry, t, token) for t in TARGETS]
+            delay = policy.crawl_delay(entry, token, RobotsSettings())
+            read = len(texts)
+            seen.append((origin, entry.to_state(), verdicts, delay, list(policy._parsed)))  # noqa: SLF001
+            del texts[read:]  # the comparison's own
+        runs.append((seen, state.reads, len(texts)))
     assert runs[0] == runs[1]
     # Compiled entries kept out of the first tier leave it more room for the others (those
     # without rules, read back from the state store once evicted): the same decisions, fewer reads.
-    assert runs[2][0] == runs[0][0] and runs[2][1] > runs[0][1]
+    assert [s[:4] for s in runs[2][0]] == [s[:4] for s in runs[0][0]] and runs[2][1] > runs[0][1]
 
 
 def test_an_entry_found_with_compiled_rules_rests_beside_them_and_a_newer_one_replaces_it() -> None:
@@ -234,9 +243,13 @@ def test_an_entry_found_with_compiled_rules_rests_beside_them_and_a_newer_one_re
     assert entries.find(CONFIG, origin) is entry
     assert origin not in entries and entries.peek(origin) is None and entries.resting(origin) is entry
     assert entries.find(CONFIG, origin) is entry and not policy.verdict(entry, "/private/y", "bot").allowed
+    assert state.reads == 0
     gone = _fetched(policy, origin, b"", 404)  # a newer fetch: never shadowed by the one resting
     entries.put(CONFIG, origin, gone)
+    # The text of the one resting, read back as it stops resting (its rules stay compiled for a
+    # newer entry of the same text), before the newer one is saved.
+    assert state.reads == 1
     entries.save(origin)
     assert entries.find(CONFIG, origin) is gone and policy.verdict(gone, "/private/x", "bot").allowed
     assert entries.find(CONFIG, origin) is gone and origin in entries  # no rules: stays in the first tier
-    assert state.reads == 0
+    assert state.reads == 1

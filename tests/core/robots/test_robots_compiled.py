@@ -185,7 +185,7 @@ def test_the_cache_keeps_to_its_byte_budget(clock, monkeypatch):
         entry = policy.after_fetch(f"http://s{i}.example", FetchResult(200, body), None, S)
         assert not policy.verdict(entry, f"/a-{i}/x", "bot").allowed
     assert 0 < policy._parsed_bytes <= 20_000
-    assert policy._parsed_bytes == sum(r.size() for r in policy._parsed.values())
+    assert policy._parsed_bytes == sum(policy._size(e) for e in policy._parsed.values())  # noqa: SLF001
     assert 10 < len(policy._parsed) < 200
 
 
