@@ -3,6 +3,7 @@ site looked up and ticked, as benchmarks/scale.py's `_tick_walk`) against Health
 
     .venv/bin/python benchmarks/health_tick.py [sizes...]              # default 1000 10000 100000
     .venv/bin/python benchmarks/health_tick.py --callgrind [sizes...]  # instructions, not time
+    .venv/bin/python benchmarks/health_tick.py --addon [sites]         # the addon's per-site dicts
 
 Two books hold the same sites (default `health.*` settings: 15-minute windows, all aligned to
 the wall clock), every site counted into once in the first window. Then, on a fake clock:
@@ -181,7 +182,68 @@ def counted(sizes: list[int]) -> None:
         print(json.dumps(row), flush=True)
 
 
+def addon(n: int) -> None:
+    """HealthWatch (addons/health.py) after `n` sites (https on 443) answered once each: the bytes
+    per site its per-site dicts hold (with what only they hold: ints, origin strings), and the
+    rows the ticks write over four windows without traffic after it. Runs against whichever
+    checkout is imported (a `git worktree` of an older commit, with its own venv, for before)."""
+    import gc
+
+    from etiquette_addons.health import HealthWatch
+    from etiquette_addons.notes import notes_of
+    from etiquette_addons.runtime import Runtime
+    from mitmproxy.test import tflow, tutils
+
+    from etiquette_proxy.config import load_config
+    from etiquette_proxy.state.memory import MemoryState
+
+    rt = Runtime(config=load_config("", "<probe>", [f"state.max_sites_in_memory={2 * n}"]))
+    rt.state = MemoryState()
+    writes: list[str] = []
+    put = rt.state.put
+    rt.state.put = lambda ns, key, value, expire_s=None: (writes.append(key), put(ns, key, value, expire_s))  # type: ignore[method-assign]
+    clock = FakeClock(T0 + 1)
+    watch = HealthWatch(rt, clock=clock)
+    body = b"<html>" + b"x" * 500
+    for i in range(n):
+        flow = tflow.tflow()
+        flow.request.host, flow.request.port, flow.request.scheme = f"site{i}.example", 443, "https"
+        watch.request(flow)
+        flow.response = tutils.tresp(status_code=200, content=body)
+        flow.response.headers["content-type"] = "text/html"
+        flow.response.timestamp_start = notes_of(flow).facts["health_sent_at"] + 0.05
+        watch.response(flow)
+    gc.collect()
+
+    def size(o: Any) -> int:
+        total = sys.getsizeof(o)
+        if isinstance(o, dict):
+            for v in o.values():
+                if isinstance(v, dict):
+                    total += size(v)
+                elif isinstance(v, (int, str)) and not isinstance(v, bool) and not -5 <= hash(v) <= 256:
+                    total += sys.getsizeof(v)
+        return total
+
+    held = {name: getattr(watch, name) for name in ("_saved_window", "_origins", "_unseen", "_reports")
+            if hasattr(watch, name)}
+    if hasattr(watch.book, "_due"):
+        held["book._due"] = watch.book._due
+    row: dict[str, Any] = {"sites": n, "bytes per site": {k: round(size(v) / n, 1) for k, v in held.items()}}
+    writes.clear()
+    for k in range(4):
+        clock.advance(W)
+        watch.tick()
+        clock.advance(30)
+        watch.tick()
+        row[f"rows written by window {k + 1}"] = len(writes)
+    print(json.dumps(row), flush=True)
+
+
 def main(argv: list[str]) -> None:
+    if argv[:1] == ["--addon"]:
+        addon(int(argv[1]) if argv[1:] else 20_000)
+        return
     if argv[:1] == ["_child"]:
         counted_child(argv[1], int(argv[2]), argv[3])
         return
