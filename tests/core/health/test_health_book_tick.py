@@ -227,7 +227,7 @@ def test_a_site_read_back_with_its_window_long_over_waits_for_the_next_tick():
     clock.advance(5)
     assert list(book.tick()) == []
     assert back.assessment().window_start == book._rolled[60.0][0]
-    assert book.stored("back.test:443")._history.windows[-1].start == 1_800_000_000.0  # type: ignore[union-attr]
+    assert book.stored("back.test:443").history()[-1][0] == 1_800_000_000.0  # type: ignore[union-attr]
 
 
 def test_a_band_change_closed_by_the_tick_is_returned_once():
