@@ -791,6 +791,16 @@ def _judged_from_state(s: Any) -> _Judged | None:
     return _Judged(float(start), n, raw, tuple(reasons), tuple(signals), route, baseline)
 
 
+def _window_end(h: SiteHealth) -> float:
+    """When `h`'s open window ends: the first tick at or after it closes the window."""
+    return h._open.start + h.settings.window_s
+
+
+def _idle(h: SiteHealth) -> bool:
+    """True while nothing is counted in `h`'s open window."""
+    return h._open.empty()
+
+
 class HealthBook:
     """Health and parser health for every site seen, with per-site settings from the config.
 
@@ -810,10 +820,12 @@ class HealthBook:
       open is t's, the history retired as of t: retiring is cumulative). So a site with an
       empty window is brought up to date when it is next looked at (`site`, `peek`, `stored`,
       the row it is stored as): rolled at the first tick of the latest window a tick ran in
-      (`_rolled`), when that window began after its own ended.
+      (`_rolled`), when its own had ended by then.
     - A site that came into memory after that tick with a window already over (read back from
       the state store; or while the wall clock is behind the latest tick) did not see it: it is
-      visited by every tick (`_late`), as the walk visited it, until that rule holds for it.
+      visited by every tick (`_late`), as the walk visited it, until that rule holds for it; so
+      is one read back with a window of another length (stored under another `health.window`),
+      which ends between window boundaries, until a tick rolls it.
 
     With shared windows (SPEC §10) every window closed, even an empty one, is handed to the
     other instances' counts: there every tick walks every site, as before.
@@ -850,7 +862,7 @@ class HealthBook:
         self._late: dict[str, None] = {}  # sites every tick visits (see the class docstring)
         # window_s -> (the latest window a tick ran in, the time of the first tick in it)
         self._rolled: dict[float, tuple[float, float]] = {}
-        self._horizon = -math.inf  # the latest of those windows, any window_s
+        self._horizon = -math.inf  # the latest of those first ticks, any window_s
         self._windows: dict[float, int] = {}  # window_s -> sites in memory with it
         self._leaving: SiteHealth | None = None  # the site being stored as it leaves memory
 
@@ -863,7 +875,7 @@ class HealthBook:
         """The SiteHealth for `site` (host:port), created on first use (or read back from the
         state store when it left memory). After counting into it, call `counted()`."""
         h = self._sites.get(self._settings, site)
-        if h._open.start + h.settings.window_s <= self._horizon:  # a tick ran since it ended
+        if _window_end(h) <= self._horizon:  # a tick may have rolled it
             self._catch_up(h)
         return h
 
@@ -891,18 +903,17 @@ class HealthBook:
         """Note a count (response, error, canary) into `h`, the health `site()` gave: its window
         is closed by the first tick after it ends. True when the count closed a window with
         counts that no tick had closed yet: the caller stores the site, as a tick would."""
-        o = h._open
-        end = o.start + h.settings.window_s
+        end = _window_end(h)
         bucket = self._due.get(end)
         if bucket is not None and site in bucket:
             return False  # counted into before: most counts
-        if self.shared or o.empty() or self._sites.peek(site) is not h:
+        if self.shared or _idle(h) or self._sites.peek(site) is not h:
             return False  # shared: every tick walks every site; not in memory: no tick sees it
         closed = False
         for key, sites in self._due.items():
-            # Due before this window began and not visited: a window with counts, closed
-            # since by a count (a tick would have taken the whole schedule up to its end).
-            if key <= o.start and sites.pop(site, 0) is None:
+            # Due before this window and not visited: a window with counts, closed since by a
+            # count (a tick would have taken the whole schedule up to its end).
+            if key < end and sites.pop(site, 0) is None:
                 closed = True
         self._schedule(site, end)
         return closed
@@ -922,8 +933,8 @@ class HealthBook:
             rec = self._rolled.get(w)
             if rec is None or start > rec[0]:
                 self._rolled[w] = (start, now)
-                if start > self._horizon:
-                    self._horizon = start
+                if now > self._horizon:
+                    self._horizon = now
         for site in list(self._late):
             if (closed := self._visit(site)) is not None:
                 yield closed
@@ -958,41 +969,44 @@ class HealthBook:
             return None
         closed = None
         try:
-            closing = h._open
-            if closing.empty():
+            if _idle(h):
                 self._catch_up(h)
                 h.tick()  # an empty window: no change
+                end = _window_end(h)
             else:
+                was = _window_end(h)
                 change = h.tick()
-                if h._open is not closing:
+                end = _window_end(h)
+                if end != was:  # rolled
                     closed = (site, h, change)
-            if h._open.start + h.settings.window_s <= self._horizon:
+            if self._late and site in self._late or end <= self._horizon:
                 self._check_late(site, h)
-            elif self._late:
-                self._late.pop(site, None)
         except Exception:  # noqa: BLE001 - one site's trouble must not stop the others
             log.exception("health: tick failed for %s", site)
         return closed
 
     def _catch_up(self, h: SiteHealth) -> SiteHealth:
         """`h` as the ticks so far would have left it: its empty window rolled at the first tick
-        of the latest window a tick ran in, when that began after its own ended."""
-        o = h._open
-        w = h.settings.window_s
-        if o.start + w <= self._horizon:
-            rec = self._rolled.get(w)
-            if (rec is not None and o.start + w <= rec[0] and o.empty()
+        of the latest window a tick ran in, when its own had ended by then (as that tick saw)."""
+        end = _window_end(h)
+        if end <= self._horizon:
+            rec = self._rolled.get(h.settings.window_s)
+            if (rec is not None and end <= rec[1] and _idle(h)
                     and not (self._late and h.site in self._late)):
                 h._roll(rec[1])
         return h
 
     def _check_late(self, site: str, h: SiteHealth) -> None:
-        o = h._open
-        w = h.settings.window_s
-        rec = self._rolled.get(w)
-        if o.empty() and rec is not None and o.start + w <= rec[0]:
-            self._late[site] = None  # catching up would roll it at a tick it did not see
-        elif self._late:
+        if _idle(h):
+            end, w = _window_end(h), h.settings.window_s
+            rec = self._rolled.get(w)
+            # Catching up would roll it at a tick it did not see; or it was stored under
+            # another window length and ends between window boundaries, where the walk rolled
+            # it at the first tick after, not at a window's first tick.
+            if (rec is not None and end <= rec[1]) or end != math.floor(end / w) * w:
+                self._late[site] = None
+                return
+        if self._late:
             self._late.pop(site, None)
 
     def _schedule(self, site: str, end: float) -> None:
@@ -1007,8 +1021,8 @@ class HealthBook:
         self._windows[w] = self._windows.get(w, 0) + 1
         if self.shared:
             return
-        if not h._open.empty():
-            self._schedule(site, h._open.start + w)
+        if not _idle(h):
+            self._schedule(site, _window_end(h))
         else:
             self._check_late(site, h)
 
@@ -1034,7 +1048,7 @@ class HealthBook:
     def _at_rest(self, h: SiteHealth) -> bool:
         # Healthy with nothing in the open window: closing it later changes nothing, so the
         # site read back from state decides exactly as the one in memory would have.
-        return h.band is Band.HEALTHY and h._open.empty() and h.site not in self._parsers
+        return h.band is Band.HEALTHY and _idle(h) and h.site not in self._parsers
 
     def _dump(self, h: SiteHealth) -> dict[str, Any]:
         self._leaving = h

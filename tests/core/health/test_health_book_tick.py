@@ -8,6 +8,7 @@ and every row stored; each tick, on the windows with counts closed and the band 
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from collections.abc import Iterator
@@ -62,11 +63,14 @@ def rows(state: MemoryState) -> list[tuple[str, Any]]:
 class Side:
     """One book, its state store and clock; `scheduled`: driven by tick()/counted(), else by the walk."""
 
-    def __init__(self, scheduled: bool, start: float):
+    def __init__(self, scheduled: bool, start: float, settings: Any = settings_of,
+                 rows: list[tuple[str, Any]] = ()):  # type: ignore[assignment]
         self.scheduled = scheduled
         self.clock = FakeClock(start)
         self.state = MemoryState()
-        self.book = HealthBook(settings_of, self.clock, state=lambda: self.state)
+        for site, row in rows:
+            self.state.put(NAMESPACE, site, copy.deepcopy(row))
+        self.book = HealthBook(settings, self.clock, state=lambda: self.state)
         self.book.set_limit(3)
 
     def count(self, site: str, h: SiteHealth) -> bool | None:
@@ -149,6 +153,81 @@ def test_the_schedule_closes_what_the_walk_closed_and_leaves_what_it_left(seed):
         assert a == b, f"seed {seed}, step {a[0]}"
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_windows_stored_under_another_length_close_as_the_walk_closed_them(seed):
+    """Rows stored while `health.window` was 60 s, read back under 90 s: their open windows
+    start off the 90 s boundaries, and end between them."""
+    rng = random.Random(seed)
+    clock = FakeClock(1_800_000_000.0 + 7.0)
+    state = MemoryState()
+    first = HealthBook(SHORT, clock, state=lambda: state)
+    for _ in range(300):
+        name = rng.choice(NAMES)
+        if rng.random() < 0.6:
+            h = first.site(name)
+            h.observe_response(200, {"content-type": "text/html"}, b"<html>", 6, 0.1)
+            first.counted(name, h)
+        else:
+            clock.advance(rng.uniform(1, 40))
+            list(first.tick())
+    for name in first.scored_sites():
+        first.save(name)
+    rows = sorted(state.items(NAMESPACE))
+    start = clock() + rng.uniform(0, 30)  # their windows mostly still open, ending off the boundaries
+    walked = Side(False, start, LONG, rows)
+    scheduled = Side(True, start, LONG, rows)
+    for a, b in zip(trace(walked, seed), trace(scheduled, seed), strict=True):
+        if isinstance(a[1], list) and len(a[1]) == 3 and a[1][2] is None and isinstance(a[1][1], bool):
+            assert b[1][2] == b[1][1], b[0]
+            a = [a[0], a[1][:2], *a[2:]]
+            b = [b[0], b[1][:2], *b[2:]]
+        assert a == b, f"seed {seed}, step {a[0]}"
+
+
+def test_a_window_stored_under_another_length_is_rolled_at_the_first_tick_after_its_end():
+    """Stored at 60 s from 1_800_000_060, read back at 90 s: it ends at 1_800_000_150, inside
+    the window [1_800_000_090, 1_800_000_180) whose first tick came before: the walk rolled it
+    at the tick after its end, not at the next window's first tick."""
+    clock, state = FakeClock(1_800_000_070.0), MemoryState()
+    first = HealthBook(SHORT, clock, state=lambda: state)
+    first.site("moved.test:443")
+    first.save("moved.test:443")
+    rows = sorted(state.items(NAMESPACE))
+    looks = []
+    for scheduled in (False, True):
+        side = Side(scheduled, 1_800_000_100.0, LONG, rows)
+        side.book.site("moved.test:443")
+        side.tick()  # the window's first tick, before its end
+        side.clock.now = 1_800_000_155.0
+        side.tick()
+        side.clock.now = 1_800_000_160.0
+        looks.append(look(side.book.stored("moved.test:443")))
+    assert looks[1] == looks[0] and looks[0][2].window_start == 1_800_000_090.0
+
+
+def test_a_window_opened_while_the_clock_was_behind_is_not_caught_up_to_a_tick_it_did_not_see():
+    """The wall clock steps back past the latest tick's window: a window closed by a tick then
+    leaves the site's new one ending before that tick, which the walk never made."""
+    looks = []
+    for scheduled in (False, True):
+        side = Side(scheduled, 1_800_000_000.0, SHORT)
+        book, clock = side.book, side.clock
+        book.site("a.test:443")
+        clock.advance(61)
+        side.tick()  # the latest tick: 1_800_000_061
+        clock.advance(-150)  # back to 1_799_999_911
+        h = book.site("b.test:443")
+        h.observe_response(200, {"content-type": "text/html"}, b"<html>", 6, 0.1)
+        side.count("b.test:443", h)
+        clock.advance(70)  # 1_799_999_981: b's window (from 1_799_999_880) is over
+        side.tick()  # closes it: b's next window ends at 1_800_000_000, before the latest tick
+        clock.advance(30)
+        looks.append([look(book.stored(s)) for s in ("a.test:443", "b.test:443")])
+        side.tick()
+        looks.append([look(book.stored(s)) for s in ("a.test:443", "b.test:443")])
+    assert looks[2:] == looks[:2]
+
+
 def test_shared_windows_keep_the_walk():
     """SPEC §10: every window closed, even an empty one, goes to the shared counts."""
     clock = FakeClock()
@@ -224,8 +303,10 @@ def test_a_site_read_back_with_its_window_long_over_waits_for_the_next_tick():
     clock.advance(5)
     back = book.site("back.test:443")
     assert back.assessment().window_start == 1_800_000_060.0  # as it was stored
+    assert "back.test:443" in book._late  # visited by the next tick, not caught up
     clock.advance(5)
     assert list(book.tick()) == []
+    assert "back.test:443" not in book._late  # and then left alone
     assert back.assessment().window_start == book._rolled[60.0][0]
     assert book.stored("back.test:443").history()[-1][0] == 1_800_000_000.0  # type: ignore[union-attr]
 
