@@ -11,8 +11,10 @@ acts on what it returns:
   and concurrency, hostile pauses it (pacing answers locally 503 `paused` with the reason),
   healthy lifts the restraint. Entering hostile also writes an alert event line to the audit
   log and runs `health.alert_command`, if any;
-- state is persisted per site in the state store (namespace "health") when a window closes and
-  on shutdown, so scores, baselines and months of history survive restarts.
+- state is persisted per site in the state store (namespace "health") when a window with
+  something counted in it closes, on a band change and on shutdown (extraction reports: when
+  the window they came in is over), so scores, baselines and months of history survive
+  restarts.
 
 With `state.backend: redis` (SPEC §10) a site's windows are counted by every instance and
 judged on the sum: when a window closes here, this instance adds its counters to the window's
@@ -164,6 +166,11 @@ def canaries_of(config: Any, keys: SiteKeys | None = None) -> list[tuple[str, st
     return out
 
 
+def implied_origin(site: str) -> str:
+    """The origin a site key implies: https for port 443, else http (`scheme://host:port`)."""
+    return ("https://" if site.endswith(":443") else "http://") + site
+
+
 def _tick_s(window_s: float) -> float:
     """How often windows are closed without traffic: a quarter window, within [0.05, 30] s."""
     return min(30.0, max(0.05, window_s / 4))
@@ -192,8 +199,15 @@ class HealthWatch:
         self.book = HealthBook(lambda site: self._settings.get(self.rt.config, site), clock,
                                state=lambda: self.rt.state, on_evict=self._evicted)
         self._loaded = False
-        self._saved_window: dict[str, int] = {}
+        # The last origin seen per site in memory, for its alert line; not kept when it is the
+        # one the site's port implies (`implied_origin`): most sites, no memory.
         self._origins: dict[str, str] = {}
+        # Sites brought into memory by a look or an action, not a count: no origin seen yet
+        # (their alert line names http://site, as when no origin was kept for them).
+        self._unseen: set[str] = set()
+        # Sites with extraction reports not stored yet -> when they are stored (the end of the
+        # window they came in). Bounded by the sites with parser health.
+        self._reports: dict[str, float] = {}
         self._pending: dict[str, list[BandChange]] = {}  # changes no request line has carried yet
         self._tasks: set[asyncio.Task[Any]] = set()
         self._tick_every = math.inf  # the ticker's current interval
@@ -248,8 +262,9 @@ class HealthWatch:
         for site in dropped:
             if site != "*":
                 self.rt.state.forget(NAMESPACE, site)
+        self._unseen.update(self.book.scored_sites())
         for site in self.book.sites():
-            h = self.book.site(site)
+            h = self._health(site)
             if h.band is not Band.HEALTHY:
                 a = h.assessment()
                 change = BandChange(site, Band.HEALTHY, h.band, a.score, a.reasons,
@@ -258,26 +273,55 @@ class HealthWatch:
                 self._restrain(site, change)
 
     def _evicted(self, site: str) -> None:
-        self._saved_window.pop(site, None)
         self._origins.pop(site, None)
+        self._unseen.discard(site)
 
-    def save(self, site: str) -> None:
-        value = {"health": self.book.site(site).to_state(), "parser": None}
+    def _health(self, site: str) -> SiteHealth:
+        """The site's health for a look or an action, not a count (read back or made when it
+        is not in memory, and then the most recently used, as `HealthBook.site` does)."""
+        known = self.book.knows(site)
+        h = self.book.site(site)
+        if not known:
+            self._unseen.add(site)
+        return h
+
+    def save(self, site: str, h: SiteHealth | None = None) -> None:
+        """Store the site's health and parser health. `h`: the health the caller has, stored
+        only if it is still the one in memory; without it, the site's (`_health`)."""
+        if h is None:
+            h = self._health(site)
+        elif self.book.peek(site) is not h:
+            return  # left memory meanwhile: what it holds is not the site's any more
+        self._store(site, h.to_state())
+
+    def _store(self, site: str, health: Any) -> None:
+        value = {"health": health, "parser": None}
         if self.book.knows_parser(site):  # only persist parsers that exist
             value["parser"] = self.book.parser(site).to_state()
+        if self._reports:
+            self._reports.pop(site, None)
         save(self.rt.state, NAMESPACE, site, value, "health")
 
     def save_all(self) -> None:
         for site in self.book.sites():
             self.save(site)
 
-    def _maybe_save(self, site: str, h: SiteHealth) -> None:
-        """Save once per window: when the window the site is in has moved on since the last save."""
-        index = math.floor(self._clock() / h.settings.window_s)
-        if self._saved_window.get(site) != index:
-            if site in self._saved_window:  # not on first sight: nothing closed yet
-                self.save(site)
-            self._saved_window[site] = index
+    def _save_reports(self) -> None:
+        """Store the extraction reports whose window is over, beside the site's health as it is
+        (in memory, else the row's as stored: nothing is brought into memory)."""
+        now = self._clock()
+        for site, due in list(self._reports.items()):
+            if now < due:
+                continue
+            try:
+                h = self.book.peek(site)
+                if h is not None:
+                    self._store(site, h.to_state())
+                else:
+                    row = self.rt.state.get(NAMESPACE, site)
+                    self._store(site, row.get("health") if isinstance(row, dict) else None)
+            except Exception:  # noqa: BLE001 - a failing store must not stop the ticker
+                log.exception("health: could not store the extraction reports of %s", site)
 
     # -- flows ------------------------------------------------------------------------------
 
@@ -298,7 +342,8 @@ class HealthWatch:
                 return
             headers = _headers(flow.response)
             head, size = body_head(flow.response, headers)
-            h = self._site(notes.site, notes.origin)
+            site = notes.site
+            h = self._site(site, notes.origin)
             response = flow.response
             observed = h.observe_response(
                 response.status_code, headers, head, size,
@@ -306,7 +351,7 @@ class HealthWatch:
             )
             if observed.signal.signal is not _OK:
                 notes.extra["health_signal"] = observed.signal.signal.value
-            self._after(notes.site, h, observed.change, notes)
+            self._after(site, h, observed.change, notes, closed=self.book.counted(site, h))
         except Exception:  # noqa: BLE001 - health is advisory: never take a response down
             log.exception("health: could not observe %s", flow.request.url)
 
@@ -323,7 +368,7 @@ class HealthWatch:
             observed = h.observe_error(msg, latency, route=self._route())
             if observed.signal.signal is not _OK:
                 notes.extra["health_signal"] = observed.signal.signal.value
-            self._after(notes.site, h, observed.change, notes)
+            self._after(notes.site, h, observed.change, notes, closed=self.book.counted(notes.site, h))
         except Exception:  # noqa: BLE001
             log.exception("health: could not observe the error of %s", flow.request.url)
 
@@ -344,11 +389,17 @@ class HealthWatch:
         return self._route_label
 
     def _site(self, site: str, origin: str | None = None) -> SiteHealth:
+        """The site's health, to count a response, error or canary into (from `origin`)."""
         if not self._loaded:
             self.restore()
-        if origin:
-            self._origins[site] = origin
         h = self.book.site(site)
+        if origin:
+            if origin != implied_origin(site):
+                self._origins[site] = origin
+            elif self._origins:
+                self._origins.pop(site, None)
+        if self._unseen:
+            self._unseen.discard(site)
         # Windows close within one tick of their end (shared windows count on it, SPEC §10).
         window = h.settings.window_s
         tick = self._ticks.get(window)
@@ -362,20 +413,26 @@ class HealthWatch:
         return h
 
     def _after(self, site: str, h: SiteHealth, changes: Iterable[BandChange | None] | BandChange | None,
-               notes: FlowNotes | None) -> None:
-        """Act on the band changes (one, or several: a canary's), then save and annotate."""
+               notes: FlowNotes | None, *, closed: bool = False, ticked: bool = False) -> None:
+        """Act on the band changes (one, or several: a canary's), hand closed shared windows
+        on, save when a window with counts `closed` (or a band changed), annotate. `ticked`: by
+        the ticker, which leaves the order in which sites were last used as it is."""
+        acted = False
         if changes is None:
             pass  # nothing changed: most responses
         elif isinstance(changes, BandChange):
-            self._act(changes, notes)
+            self._act(changes, notes, h if ticked else None)
+            acted = True
         else:
             for change in changes:
                 if change is not None:
-                    self._act(change, notes)
+                    self._act(change, notes, h if ticked else None)
+                    acted = True
         if h.shared:
             for start, counts, wrong in h.take_closed():
                 self._spawn(self._judge_shared(site, h, start, counts, wrong))
-        self._maybe_save(site, h)
+        if closed and not acted:
+            self.save(site, h)
         if notes is not None:
             self._annotate(site, notes, h)
 
@@ -412,13 +469,15 @@ class HealthWatch:
             pass
         try:
             change = h.close_shared(start, counts, wrong)
-            self._after(site, h, change, None)
+            self._after(site, h, change, None, closed=bool(counts or wrong))
         except Exception:  # noqa: BLE001 - health is advisory
             log.exception("health: could not judge the shared window of %s", site)
 
     # -- band changes -----------------------------------------------------------------------
 
-    def _act(self, change: BandChange, notes: FlowNotes | None) -> None:
+    def _act(self, change: BandChange, notes: FlowNotes | None, h: SiteHealth | None = None) -> None:
+        """Restrain the site as its band says, carry or keep the change for its line, save,
+        alert (`h`: the site's health, from the ticker: saved where it is, not looked up)."""
         site = change.site
         log.warning("health %s: %s -> %s (%s): %s", site, change.from_band, change.to_band,
                     change.action, change.why)
@@ -427,7 +486,7 @@ class HealthWatch:
             notes.extra["band_change"] = change_record(change)
         else:
             self._pending.setdefault(site, []).append(change)
-        self.save(site)
+        self.save(site, h)
         if change.alert:
             if notes is not None:
                 notes.extra["alert"] = True
@@ -444,7 +503,10 @@ class HealthWatch:
         """SPEC §8: below 50, an alert event line and the optional alert command."""
         site = change.site
         if self.rt.audit is not None:
-            origin = self._origins.get(site, f"http://{site}")
+            origin = self._origins.get(site)
+            if origin is None:  # the one its port implies, if a count named it
+                seen = self.book.knows(site) and site not in self._unseen
+                origin = implied_origin(site) if seen else f"http://{site}"
             try:
                 self.rt.record(audit_record(
                     ts=wall(), outcome="paused", method="-", url=f"{origin}/", site=site,
@@ -461,11 +523,18 @@ class HealthWatch:
 
     # -- background: windows without traffic, canaries -------------------------------------
 
+    def _tick_interval(self) -> float:
+        """The ticker's interval: `_tick_s` of the shortest window, the configured one or that
+        of a site in memory."""
+        window = float(self.rt.config.get("health.window"))
+        shortest = self.book.shortest_window()
+        if shortest is not None and shortest < window:
+            window = shortest
+        return _tick_s(window)
+
     async def _ticker(self) -> None:
         while True:
-            windows = [self.book.site(s).settings.window_s for s in self.book.scored_sites()]
-            windows.append(float(self.rt.config.get("health.window")))
-            self._tick_every = _tick_s(min(windows))
+            self._tick_every = self._tick_interval()
             try:  # a site with a shorter window (a per-site health.window) wakes it early
                 await asyncio.wait_for(self._tick_sooner.wait(), self._tick_every)
             except TimeoutError:
@@ -474,13 +543,15 @@ class HealthWatch:
             self.tick()
 
     def tick(self) -> None:
-        """Close windows whose time is up on every site (no traffic, no close otherwise)."""
-        for site in self.book.scored_sites():
+        """Close windows whose time is up (no traffic, no close otherwise): the sites whose
+        window is due (HealthBook.tick), acted on and stored; then due extraction reports."""
+        for site, h, change in self.book.tick():
             try:
-                h = self.book.site(site)
-                self._after(site, h, h.tick(), None)
+                self._after(site, h, change, None, closed=not h.shared, ticked=True)
             except Exception:  # noqa: BLE001
                 log.exception("health: tick failed for %s", site)
+        if self._reports:
+            self._save_reports()
 
     async def _canary_loop(self, site: str, url: str, marker: str) -> None:
         while True:
@@ -504,7 +575,7 @@ class HealthWatch:
                 return
             if not allowed:
                 self._canary_line(url, site, ua, "disallowed", None, "canary disallowed by robots.txt",
-                                  None, self.book.site(site))
+                                  None, self._health(site))
                 return
         h = self._site(site, f"{urlsplit(url).scheme.lower()}://{site}")
         route = route_label(self.rt)
@@ -533,7 +604,7 @@ class HealthWatch:
 
     def _canary_notes(self, site: str, h: SiteHealth, changes: list[BandChange | None]) -> FlowNotes:
         notes = FlowNotes(site=site, origin=self._origins.get(site, ""))
-        self._after(site, h, changes, notes)
+        self._after(site, h, changes, notes, closed=self.book.counted(site, h))
         return notes
 
     async def _robots_allows(self, site: str, url: str, ua: str) -> bool:
@@ -541,7 +612,7 @@ class HealthWatch:
         # Refreshing robots.txt takes a turn of the site's budget, which a health pause
         # refuses; while paused the canary is checked against the last copy instead, or a
         # pause longer than the robots cache would turn every canary away for good.
-        return await self.robots_allows(url, site, ua, self.book.site(site).is_paused())
+        return await self.robots_allows(url, site, ua, self._health(site).is_paused())
 
     def _canary_line(self, url: str, site: str, ua: str, outcome: str, status: int | None,
                      reason: str, found: bool | None, h: SiteHealth,
@@ -590,7 +661,7 @@ class HealthWatch:
 
     def resume(self, site: str, why: str = "resumed by operator") -> bool:
         """Operator's way out of a pause (SPEC §8: no escalation, a human decides)."""
-        change = self.book.site(site).resume(why)
+        change = self._health(site).resume(why)
         if change is None:
             return False
         self._act(change, None)
@@ -601,7 +672,7 @@ class HealthWatch:
         self.restore()
         forgotten = self.book.forget(site)
         self.restraints.release(site, SOURCE)
-        self._saved_window.pop(site, None)
+        self._reports.pop(site, None)
         self._pending.pop(site, None)
         self.rt.state.forget(NAMESPACE, site)
         return forgotten
@@ -647,7 +718,10 @@ class HealthWatch:
             return 429, {"error": f"extraction reports are kept for at most {MAX_REPORTED_SITES} "
                                   f"sites; {site} is not one of them"}
         self.book.parser(site).record(report["url"], report["ok"], report["reason"])
-        self._saved_window.setdefault(site, -1)  # saved with the site's next window close
+        if site not in self._reports:  # stored when the window it came in is over
+            h = self.book.peek(site)
+            window = (h.settings if h is not None else self._settings.get(self.rt.config, site)).window_s
+            self._reports[site] = (math.floor(self._clock() / window) + 1) * window
         return 202, {"recorded": True, "site": site, **{
             k: v for k, v in self.status(site).items() if k in ("score", "band", "reasons", "parser")}}
 

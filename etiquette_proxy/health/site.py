@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -791,8 +791,45 @@ def _judged_from_state(s: Any) -> _Judged | None:
     return _Judged(float(start), n, raw, tuple(reasons), tuple(signals), route, baseline)
 
 
+def _window_end(h: SiteHealth) -> float:
+    """When `h`'s open window ends: the first tick at or after it closes the window."""
+    return h._open.start + h.settings.window_s
+
+
+def _idle(h: SiteHealth) -> bool:
+    """True while nothing is counted in `h`'s open window."""
+    return h._open.empty()
+
+
 class HealthBook:
-    """Health and parser health for every site seen, with per-site settings from the config."""
+    """Health and parser health for every site seen, with per-site settings from the config.
+
+    `tick()`, called periodically (the addon's ticker), closes the open windows whose time is up
+    as a walk over every site in memory calling `SiteHealth.tick()` would, visiting only the
+    sites it must:
+
+    - Closing a window with something counted in it judges it (score, band change, history), so
+      a site whose open window has counts waits in a schedule under that window's end (put
+      there by `counted()` after each count, or when it comes into memory with one), and the
+      first tick at or after that end closes it: the same tick the walk would have.
+    - Closing an empty window decides nothing, but it moves the site's bookkeeping on (`_roll`:
+      the open window becomes the current one, the history retires old windows into days), and
+      `assessment()`, `baseline()`, `history()`, `daily_history()` and the stored state show
+      it. The walk rolled an empty window at the first tick of each window after it ended, and
+      rolling one at time t leaves the same state whatever rolls came before it (the window
+      open is t's, the history retired as of t: retiring is cumulative). So a site with an
+      empty window is brought up to date when it is next looked at (`site`, `peek`, `stored`,
+      the row it is stored as): rolled at the first tick of the latest window a tick ran in
+      (`_rolled`), when its own had ended by then.
+    - A site that came into memory after that tick with a window already over (read back from
+      the state store; or while the wall clock is behind the latest tick) did not see it: it is
+      visited by every tick (`_late`), as the walk visited it, until that rule holds for it; so
+      is one read back with a window of another length (stored under another `health.window`),
+      which ends between window boundaries, until a tick rolls it.
+
+    With shared windows (SPEC §10) every window closed, even an empty one, is handed to the
+    other instances' counts: there every tick walks every site, as before.
+    """
 
     def __init__(
         self,
@@ -815,9 +852,19 @@ class HealthBook:
             lambda _, site: self._fresh(site), limit,
             persisted=None if state is None else Persisted(
                 NAMESPACE, "health", self._load, self._dump, at_rest=self._at_rest),
-            state=state, on_evict=on_evict)
+            state=state, on_load=self._entered, on_evict=self._left)
+        self._on_evict = on_evict
         self._parsers: dict[str, ParserHealth] = {}
         self.shared = False  # windows judged on every instance's counts (SPEC §10)
+        # tick()'s schedule: window end -> the sites whose open window ends then and has counts
+        # (in the order they were first counted into it).
+        self._due: dict[float, dict[str, None]] = {}
+        self._late: dict[str, None] = {}  # sites every tick visits (see the class docstring)
+        # window_s -> (the latest window a tick ran in, the time of the first tick in it)
+        self._rolled: dict[float, tuple[float, float]] = {}
+        self._horizon = -math.inf  # the latest of those first ticks, any window_s
+        self._windows: dict[float, int] = {}  # window_s -> sites in memory with it
+        self._leaving: SiteHealth | None = None  # the site being stored as it leaves memory
 
     @classmethod
     def from_config(cls, config: Any, clock: Clock = wall) -> HealthBook:
@@ -826,12 +873,21 @@ class HealthBook:
 
     def site(self, site: str) -> SiteHealth:
         """The SiteHealth for `site` (host:port), created on first use (or read back from the
-        state store when it left memory)."""
-        return self._sites.get(self._settings, site)
+        state store when it left memory). After counting into it, call `counted()`."""
+        h = self._sites.get(self._settings, site)
+        if _window_end(h) <= self._horizon:  # a tick may have rolled it
+            self._catch_up(h)
+        return h
+
+    def peek(self, site: str) -> SiteHealth | None:
+        """The SiteHealth in memory, or None (never creates, reads back or reorders)."""
+        h = self._sites.peek(site)
+        return None if h is None else self._catch_up(h)
 
     def stored(self, site: str) -> SiteHealth | None:
         """The SiteHealth in memory, else the one stored (read apart, not kept), else None."""
-        return self._sites.view(self._settings, site)
+        h = self.peek(site)
+        return h if h is not None else self._sites.view(self._settings, site)
 
     def set_limit(self, limit: int) -> None:
         """At most `limit` sites in memory (`state.max_sites_in_memory`)."""
@@ -841,14 +897,162 @@ class HealthBook:
         """Store the site's health (and parser health) now."""
         self._sites.save(site)
 
+    # -- windows closed without traffic --------------------------------------------------------
+
+    def counted(self, site: str, h: SiteHealth) -> bool:
+        """Note a count (response, error, canary) into `h`, the health `site()` gave: its window
+        is closed by the first tick after it ends. True when the count closed a window with
+        counts that no tick had closed yet: the caller stores the site, as a tick would."""
+        end = _window_end(h)
+        bucket = self._due.get(end)
+        if bucket is not None and site in bucket:
+            return False  # counted into before: most counts
+        if self.shared or _idle(h) or self._sites.peek(site) is not h:
+            return False  # shared: every tick walks every site; not in memory: no tick sees it
+        closed = False
+        for key, sites in self._due.items():
+            # Due before this window and not visited: a window with counts, closed since by a
+            # count (a tick would have taken the whole schedule up to its end).
+            if key < end and sites.pop(site, 0) is None:
+                closed = True
+        self._schedule(site, end)
+        return closed
+
+    def tick(self) -> Iterator[tuple[str, SiteHealth, BandChange | None]]:
+        """Close every window whose time is up, as calling `SiteHealth.tick()` on every site in
+        memory would (the class docstring says how), site by site as it is iterated: yields
+        (site, its health, the band change) for each window with counts closed, to act on and
+        store before the next (as the walk acted); with shared windows, for every site (each
+        window closed is handed to the shared counts). Iterate it to the end."""
+        if self.shared:
+            yield from self._walk()
+            return
+        now = self._clock()
+        for w in self._windows:
+            start = math.floor(now / w) * w
+            rec = self._rolled.get(w)
+            if rec is None or start > rec[0]:
+                self._rolled[w] = (start, now)
+                if now > self._horizon:
+                    self._horizon = now
+        for site in list(self._late):
+            if (closed := self._visit(site)) is not None:
+                yield closed
+        for end in sorted(e for e in self._due if e <= now):
+            for site in list(self._due[end]):
+                if (closed := self._visit(site)) is not None:  # (visited twice: closes nothing)
+                    yield closed
+            self._due.pop(end, None)
+
+    def shortest_window(self) -> float | None:
+        """The shortest `health.window` of the sites in memory (None: none in memory)."""
+        return min(self._windows) if self._windows else None
+
+    def _walk(self) -> Iterator[tuple[str, SiteHealth, BandChange | None]]:
+        for site in list(self._sites):
+            h = self._sites.peek(site)
+            if h is None:
+                continue
+            try:
+                change = h.tick()
+            except Exception:  # noqa: BLE001 - one site's trouble must not stop the others
+                log.exception("health: tick failed for %s", site)
+                continue
+            yield site, h, change
+
+    def _visit(self, site: str) -> tuple[str, SiteHealth, BandChange | None] | None:
+        """What the walk did to `site` at this tick: the window with counts it closed, if any."""
+        h = self._sites.peek(site)
+        if h is None:  # left memory (forgotten) since it was scheduled
+            if self._late:
+                self._late.pop(site, None)
+            return None
+        closed = None
+        try:
+            if _idle(h):
+                self._catch_up(h)
+                h.tick()  # an empty window: no change
+                end = _window_end(h)
+            else:
+                was = _window_end(h)
+                change = h.tick()
+                end = _window_end(h)
+                if end != was:  # rolled
+                    closed = (site, h, change)
+            if self._late and site in self._late or end <= self._horizon:
+                self._check_late(site, h)
+        except Exception:  # noqa: BLE001 - one site's trouble must not stop the others
+            log.exception("health: tick failed for %s", site)
+        return closed
+
+    def _catch_up(self, h: SiteHealth) -> SiteHealth:
+        """`h` as the ticks so far would have left it: its empty window rolled at the first tick
+        of the latest window a tick ran in, when its own had ended by then (as that tick saw)."""
+        end = _window_end(h)
+        if end <= self._horizon:
+            rec = self._rolled.get(h.settings.window_s)
+            if (rec is not None and end <= rec[1] and _idle(h)
+                    and not (self._late and h.site in self._late)):
+                h._roll(rec[1])
+        return h
+
+    def _check_late(self, site: str, h: SiteHealth) -> None:
+        if _idle(h):
+            end, w = _window_end(h), h.settings.window_s
+            rec = self._rolled.get(w)
+            # Catching up would roll it at a tick it did not see; or it was stored under
+            # another window length and ends between window boundaries, where the walk rolled
+            # it at the first tick after, not at a window's first tick.
+            if (rec is not None and end <= rec[1]) or end != math.floor(end / w) * w:
+                self._late[site] = None
+                return
+        if self._late:
+            self._late.pop(site, None)
+
+    def _schedule(self, site: str, end: float) -> None:
+        bucket = self._due.get(end)
+        if bucket is None:
+            bucket = self._due[end] = {}
+        bucket[site] = None
+
+    def _entered(self, site: str, h: SiteHealth) -> None:
+        """`h` came into memory (made, or read back)."""
+        w = h.settings.window_s
+        self._windows[w] = self._windows.get(w, 0) + 1
+        if self.shared:
+            return
+        if not _idle(h):
+            self._schedule(site, _window_end(h))
+        else:
+            self._check_late(site, h)
+
+    def _left(self, site: str) -> None:
+        """`site` left memory (evicted at rest)."""
+        # The registry stores a site's row just before it leaves memory: the last one dumped.
+        h, self._leaving = self._leaving, None
+        self._uncount(h.settings.window_s if h is not None and h.site == site
+                      else self._settings(site).window_s)
+        self._late.pop(site, None)
+        if self._on_evict is not None:
+            self._on_evict(site)
+
+    def _uncount(self, w: float) -> None:
+        left = self._windows.get(w, 0) - 1
+        if left > 0:
+            self._windows[w] = left
+        else:
+            self._windows.pop(w, None)
+
     # -- persistence through the registry: one row per site, {"health": ..., "parser": ...} ---
 
     def _at_rest(self, h: SiteHealth) -> bool:
         # Healthy with nothing in the open window: closing it later changes nothing, so the
         # site read back from state decides exactly as the one in memory would have.
-        return h.band is Band.HEALTHY and h._open.empty() and h.site not in self._parsers
+        return h.band is Band.HEALTHY and _idle(h) and h.site not in self._parsers
 
     def _dump(self, h: SiteHealth) -> dict[str, Any]:
+        self._leaving = h
+        self._catch_up(h)
         parser = self._parsers.get(h.site)
         return {"health": h.to_state(), "parser": None if parser is None else parser.to_state()}
 
@@ -889,8 +1093,18 @@ class HealthBook:
 
     def forget(self, site: str) -> bool:
         """Drop everything learned about `site` (operator `sites forget`); True if anything was."""
+        self._dropping(site)
         known = self._sites.drop(site)
         return self._parsers.pop(site, None) is not None or known
+
+    def _dropping(self, site: str) -> None:
+        """`site` leaves memory without being stored (forgotten, or replaced)."""
+        h = self._sites.peek(site)
+        if h is not None:
+            self._uncount(h.settings.window_s)
+        self._late.pop(site, None)
+        for sites in self._due.values():
+            sites.pop(site, None)
 
     def parser_count(self) -> int:
         """How many sites have parser health (a bound on what clients' reports may create)."""
@@ -917,7 +1131,9 @@ class HealthBook:
                     if kind is SiteHealth:
                         h = SiteHealth.from_state(name, site_state, self._settings(name), self._clock)
                         h.shared = self.shared
+                        self._dropping(name)
                         self._sites.put(self._settings, name, h)
+                        self._entered(name, h)
                     else:
                         self._parsers[name] = ParserHealth.from_state(
                             site_state, self._settings(name).window_s, self._clock
