@@ -19,8 +19,8 @@ sites   Each size runs in a fresh subprocess (so resident memory is that size's 
         measure, keys read from the setup's lists, beside it), and the memory floor: one
         lookup in a plain dict of as many objects. Then the whole per-site path of a request
         (that decision, then the runaway guard and the site's health as the addons call them),
-        with the state store's reads and writes per decision, and one pass of the health
-        ticker over the sites it holds (the event loop's stall per tick). Targets (issue 17):
+        with the state store's reads and writes per decision, and the health ticker's pass
+        mid-window and at a window's end (the event loop's stall per tick). Targets (issue 17):
         100,000 sites < 200 MB resident; per-decision cost flat (<= 1.5x) from 1k to 100k.
         `--max-sites-in-memory N` runs with that bound instead of the config's.
         `--callgrind`: instead of timing, each size under callgrind's cache simulation (LL 4
@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import random
 import shutil
 import subprocess
@@ -150,12 +151,14 @@ def sites_child(n: int, decisions: int, requests: int, marked: bool = False,
             for s in names[start:start + 2000]:
                 for k in range(requests):
                     fake.advance(step)
-                    book.site(s).observe_response(200, {"content-type": "text/html"}, page, 5000 + k,
-                                                  0.05 + k / 100, route="direct")
+                    h = book.site(s)
+                    h.observe_response(200, {"content-type": "text/html"}, page, 5000 + k,
+                                       0.05 + k / 100, route="direct")
+                    book.counted(s, h)  # as the addon does after every count
                 if fake() >= next_tick:  # HealthWatch's ticker: windows without traffic close
                     next_tick = fake() + 30
-                    for t in book.scored_sites():
-                        book.site(t).tick()
+                    for _ in book.tick():
+                        pass
     gc.collect()
     out["rss_health_mb"] = round(rss_mb() - before, 1)
     out["rss_total_mb"] = round(rss_mb(), 1)
@@ -243,7 +246,7 @@ def sites_child(n: int, decisions: int, requests: int, marked: bool = False,
     out["fresh_p50_us"] = round(percentile(times, 50), 2)
     out["fresh_p99_us"] = round(percentile(times, 99), 2)
     out.update(_whole(n, decisions, rng, index, decision, (budgets, guards), book, state, config, page, paths))
-    out["tick_walk_ms"] = round(_tick_walk(book), 1)
+    out.update(_ticks(book, fake))
     out["floor_p50_us"] = round(_memory_floor(n, decisions), 2)
     state.close()
     tmp.cleanup()
@@ -290,7 +293,9 @@ def _whole(n: int, decisions: int, rng: random.Random, index: dict[str, int],
                 guard = guards.get(config, site)
                 guard.observe_request(path)
                 guard.observe_answer(200)
-                book.site(site).observe_response(200, headers, page, len(page), 0.05, route="direct")
+                h = book.site(site)
+                h.observe_response(200, headers, page, len(page), 0.05, route="direct")
+                book.counted(site, h)
             times.append((clock() - t) / 1000)
             if not k % 1000 and time.monotonic() > deadline:
                 break
@@ -313,14 +318,21 @@ def _whole(n: int, decisions: int, rng: random.Random, index: dict[str, int],
     return out
 
 
-def _tick_walk(book: Any) -> float:
-    """One pass of the health addon's ticker over the sites it holds (addons/health.py
-    HealthWatch.tick: every site's window closed if its time is up), in ms: the event loop
-    answers nothing meanwhile, once per tick (at most every 30 s)."""
-    t = time.perf_counter()
-    for site in book.scored_sites():
-        book.site(site).tick()
-    return (time.perf_counter() - t) * 1000
+def _ticks(book: Any, fake: Any) -> dict[str, object]:
+    """The health addon's ticker (addons/health.py: it iterates HealthBook.tick(), at most every
+    30 s) in ms, the event loop answering nothing meanwhile: at the end of the open window,
+    where every site counted into since the last boundary (the whole path's sites, the setup's
+    last ones) has its window closed and judged, then in the middle of the next (nothing due)."""
+    window = float(book.site(next(iter(book.scored_sites()))).settings.window_s)
+    out: dict[str, object] = {}
+    boundary = (math.floor(fake() / window) + 1) * window
+    for label, step in (("boundary", boundary - fake()), ("mid", window / 2)):
+        fake.advance(step)
+        t = time.perf_counter()
+        closed = sum(1 for _ in book.tick())
+        out[f"tick_{label}_ms"] = round((time.perf_counter() - t) * 1000, 1)
+        out[f"tick_{label}_closed"] = closed
+    return out
 
 
 # Decisions counted per kind under callgrind (`sites --callgrind`): each kind warms up on its
@@ -489,7 +501,8 @@ def run_sites(decisions: int, requests: int, bound: int | None = None) -> bool:
         print(f"          whole per-site path (+ runaway guard + health), keys built per request: any site p50 "
               f"{r['whole_p50_us']} µs, p99 {r['whole_p99_us']} µs, state store {r['whole_io']} per decision; "
               f"a site in memory p50 {r['whole_hot_p50_us']} µs ({r['whole_hot_io']})")
-        print(f"          health ticker, one pass over the sites it holds: {r['tick_walk_ms']} ms")
+        print(f"          health ticker: at a window's end {r['tick_boundary_ms']} ms ({r['tick_boundary_closed']} windows "
+              f"closed), mid-window {r['tick_mid_ms']} ms ({r['tick_mid_closed']} closed)")
         print(f"          memory floor (a plain dict of {n} objects: one lookup + 3 attribute reads): p50 "
               f"{r['floor_p50_us']} µs; robots entries built in {r['robots_build_s']} s")
         sys.stdout.flush()
