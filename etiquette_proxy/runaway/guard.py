@@ -226,6 +226,7 @@ class _CalmRetired(RetiredDetector):
     other answer (RunawayGuard.observe_answer); everything else reads it as the detector it is."""
 
     __slots__ = ("_next",)
+    _next: RetiredDetector  # the shared detector with one live answer more (itself at a full window)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise TypeError(f"a shared retired detector is read-only (set {name!r} on its own copy)")

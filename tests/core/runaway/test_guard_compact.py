@@ -55,7 +55,8 @@ def test_a_shared_detector_answers_as_a_detector_of_the_sites_own(seed: int, win
             status = rng.choice(STATUSES if bad or step > 3 * window else STATUSES[:13])
             assert compact[site].observe_answer(status) == reference[site].observe_answer(status), step
         assert _look(compact[site]) == _look(reference[site]), step
-    assert (calm.answers, calm.gone, calm.retired, calm.to_state()) == (0, 0, False, {"v": 1, "retired": False, "recent": ""})
+    untouched = (0, 0, False, {"v": 1, "retired": False, "recent": ""})
+    assert (calm.answers, calm.gone, calm.retired, calm.to_state()) == untouched
 
 
 def test_ordinary_sites_share_their_detector_until_their_first_other_answer() -> None:
