@@ -32,7 +32,7 @@ class ListSendsBudget(SiteBudget):
         super().__init__(*args, **kwargs)
         self.sent: list[list[float]] = []
 
-    def _record_send(self, now: float, rate: float) -> None:
+    def _record_send(self, now: float, rate: float, bucket_at: float | None = None) -> None:
         sent = self.sent
         if sent and sent[-1][1] == rate:
             sent[-1][0] = now
