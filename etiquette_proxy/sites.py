@@ -60,6 +60,7 @@ _NOT_STR = object()
 # A registry's table is copied afresh (SiteRegistry._compact) only from this many sites, and
 # only when the copy leaves room for at least a quarter as many uses again.
 _COMPACT_MIN = 1024
+_LAP = 256  # see SiteRegistry._room
 
 
 def hashed_dict() -> dict[Any, Any]:
@@ -158,8 +159,11 @@ class SiteRegistry(Generic[T]):
         # rewrites the links of the nodes beside it: cold memory once many sites are kept).
         self._built: dict[str, T] = hashed_dict()
         # Insertions into `_built` before its table is full (see _compact): a move takes a new
-        # slot each time, and a full table grows to twice the size a copy of it needs.
+        # slot each time, and a full table grows to twice the size a copy of it needs. Counted
+        # down in laps of at most _LAP (`_room`, `_laps` more), so the count on every use is a
+        # small int CPython keeps (no int made and freed per use).
         self._room = 0
+        self._laps = 0
         # The next sites to evict: the oldest of `_built`, in order, oldest last (popitem),
         # taken from its front in one walk of _OLDEST. A site used or removed meanwhile leaves
         # it, so it stays the front of `_built`. Not next(iter(_built)) per eviction: that walks
@@ -183,8 +187,9 @@ class SiteRegistry(Generic[T]):
             built[site] = value  # most recently used now
             if self._oldest:
                 self._oldest.pop(site, None)
-            self._room -= 1
-            if self._room <= 0:
+            room = self._room - 1
+            self._room = room
+            if room <= 0:
                 self._compact()
             return value
         found = self._load(config, site) if self.persisted is not None else None
@@ -205,8 +210,9 @@ class SiteRegistry(Generic[T]):
                 self._oldest.pop(site, None)
             if p is None or p.settle is None or not p.settle(site, value):
                 built[site] = value  # most recently used now
-                self._room -= 1
-                if self._room <= 0:
+                room = self._room - 1
+                self._room = room
+                if room <= 0:
                     self._compact()
             return value
         if p is None:
@@ -284,7 +290,7 @@ class SiteRegistry(Generic[T]):
         if self._limit_key is not None:
             self.limit = max(1, int(config.get(self._limit_key)))
         self._built = hashed_dict()  # not clear(): that would give back the layout without hashes
-        self._room = 0
+        self._room = self._laps = 0
         self._oldest = {}
         self._saved_at.clear()
         self._stored.clear()
@@ -412,6 +418,10 @@ class SiteRegistry(Generic[T]):
         many uses again; else the table grows as a dict does (a table filled by new sites
         alone is never copied: its copy would be as large, and full). The order, hence which
         site leaves first, is the same."""
+        if self._laps > 0:  # not full yet: the next lap
+            self._laps -= 1
+            self._room += _LAP
+            return
         built = self._built
         n = len(built)
         room = _copy_room(n)
@@ -419,9 +429,12 @@ class SiteRegistry(Generic[T]):
             copy = hashed_dict()
             copy.update(built)
             self._built = copy
-            self._room = room
         else:  # it grows at the next insertion; a small table is looked at less often
-            self._room = max(_grown_room(n), 0 if n >= _COMPACT_MIN else _COMPACT_MIN)
+            room = max(_grown_room(n), 0 if n >= _COMPACT_MIN else _COMPACT_MIN)
+        self._laps, self._room = divmod(room, _LAP)
+        if self._room <= 0 and self._laps > 0:
+            self._laps -= 1
+            self._room += _LAP
 
     def _next_oldest(self) -> str:
         """The least recently used site (taken out of `_oldest`; refilled from the front)."""
