@@ -440,6 +440,11 @@ class SiteBudget:
 
     # -- persistence -------------------------------------------------------------------------
 
+    def taught_nothing(self) -> bool:
+        """True while the site has taught nothing: its 429 contract is the shared calm one, so
+        nothing of it is stored or to store (the budget's state is its contract)."""
+        return is_shared(self.throttle)
+
     def remembers_anything(self) -> bool:
         """True when there is state worth persisting (a pause, ceiling, lowered rate …)."""
         return self.throttle.remembers_anything(self._ctx.clock())
