@@ -31,6 +31,8 @@ import json
 import logging
 import math
 import time
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from etiquette_addons.answers import answer_locally, fail_closed
@@ -69,6 +71,7 @@ PAUSED_RETRY_S = 60  # Retry-After for a feature's pause (a restraint has no end
 _Ask = tuple[float, "connection.Client | None", SiteBudget]
 # What a parked request is woken with when its turn never comes.
 GONE = "gone"          # its client went away: dropped, never sent
+_NOBODY: Mapping[int, asyncio.Future[Turn | str]] = MappingProxyType({})  # a site with nobody parked
 STOPPING = "stopping"  # the proxy stops: answered locally 503 `paused`
 
 
@@ -98,9 +101,14 @@ class Pacing:
     def budget(self, site: str) -> SiteBudget:
         """The site's budget, restored from the state store the first time the site is seen
         (and again after it left memory at rest: sites.py)."""
+        return self._budget(site.lower())
+
+    def _budget(self, site: str) -> SiteBudget:
+        """`budget(site)` for a site as a flow's notes name it, lower case already (site_key.py):
+        the registry keeps that string, not a lower-cased copy of it for every site."""
         if self._config is not self.rt.config:
             self._reset()
-        return self.budgets.get(self._config, site.lower())
+        return self.budgets.get(self._config, site)
 
     @staticmethod
     def _loaded(site: str, budget: SiteBudget) -> None:
@@ -171,14 +179,17 @@ class Pacing:
 
     # -- waiting -------------------------------------------------------------------------------
 
-    def _pump(self, site: str) -> None:
+    def _pump(self, site: str, budget: SiteBudget | None = None) -> None:
         """Wake exactly the held requests whose turn the site's line decides now; set its timer.
 
         SPEC §5: releasing one wakes one. Called when the line's time comes (the site's one
-        timer) and whenever a slot may have freed (a response, a failure, a cancel).
+        timer) and whenever a slot may have freed (a response, a failure, a cancel). `budget`:
+        the site's budget as the caller just took it from the registry, with no await since
+        (else it is taken again: a config change meanwhile replaces every budget).
         """
-        budget = self.budget(site)
-        parked = self._parked.get(site, {})
+        if budget is None:
+            budget = self._budget(site)
+        parked = self._parked.get(site, _NOBODY)
         try:
             if budget.held():
                 paused = self._restrain(site, budget)  # a feature may pause or slow the site meanwhile
@@ -227,7 +238,7 @@ class Pacing:
         if not self.rt.stopping.is_set():
             outcome = GONE
             if client is None or _connected(client):
-                future = self._park(site, turn.ticket, client)
+                future = self._park(site, turn.ticket, client, budget)
                 try:
                     outcome = await future
                 finally:
@@ -237,11 +248,11 @@ class Pacing:
                         self._pump(site)
                 return outcome
         budget.cancel(turn.ticket)
-        self._pump(site)
+        self._pump(site, budget)
         return outcome
 
-    def _park(self, site: str, ticket: int,
-              client: connection.Client | None) -> asyncio.Future[Turn | str]:
+    def _park(self, site: str, ticket: int, client: connection.Client | None,
+              budget: SiteBudget) -> asyncio.Future[Turn | str]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Turn | str] = loop.create_future()
         self._parked.setdefault(site, {})[ticket] = future
@@ -249,7 +260,7 @@ class Pacing:
             self._by_client.setdefault(id(client), []).append(future)
         if self._stop_watch is None or self._stop_watch.done() or self._stop_watch.get_loop() is not loop:
             self._stop_watch = loop.create_task(self._release_on_stop())
-        self._pump(site)
+        self._pump(site, budget)
         return future
 
     def _unpark(self, site: str, ticket: int, client: connection.Client | None,
@@ -294,7 +305,7 @@ class Pacing:
 
     async def _hold(self, flow: http.HTTPFlow, notes: FlowNotes) -> None:
         site = notes.site
-        budget = self.budget(site)
+        budget = self._budget(site)
         paused = self._restrain(site, budget)
         if paused is not None and not self.rt.observe:
             answer_locally(flow, 503, "paused", paused, PAUSED_RETRY_S)
@@ -502,8 +513,9 @@ class Pacing:
             self._give_back_ticket(notes.site, ticket)
 
     def _give_back_ticket(self, site: str, ticket: int) -> None:
-        self.budget(site).release(ticket)
-        self._pump(site)
+        budget = self._budget(site)
+        budget.release(ticket)
+        self._pump(site, budget)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         notes = notes_of(flow)
@@ -515,7 +527,7 @@ class Pacing:
             self._give_back_ticket(notes.site, ticket)
             return
         site = notes.site
-        budget = self.budget(site)
+        budget = self._budget(site)
         try:
             response = flow.response
             # One pass over the raw fields: last value wins, except that a repeated
@@ -527,16 +539,16 @@ class Pacing:
         except Exception:  # noqa: BLE001 - learning must never take the response down
             log.exception("%s: pacing could not read the response", site)
             budget.release(ticket)
-            self._pump(site)
+            self._pump(site, budget)
             return
-        self._pump(site)
+        self._pump(site, budget)
         self._record(notes, decision)
         if decision.throttled and self.rt.shared is not None:
             notes.facts[PUBLISH] = (site, decision.pause_s, decision.reason,
                                     json.dumps(budget.to_state(), separators=(",", ":")))
         if decision.throttled:
             self.budgets.save(site)
-        else:
+        elif not budget.taught_nothing():  # a calm site has nothing stored and nothing to store
             self.budgets.save_due(site)
 
     def _record(self, notes: FlowNotes, decision: ThrottleDecision) -> None:

@@ -57,6 +57,10 @@ _EVICT_SCAN = 8
 # looks the site up there too; a table of this size stays in cache.
 _OLDEST = 4096
 _NOT_STR = object()
+# A registry's table is copied afresh (SiteRegistry._compact) only from this many sites, and
+# only when the copy leaves room for at least a quarter as many uses again.
+_COMPACT_MIN = 1024
+_LAP = 256  # see SiteRegistry._room
 
 
 def hashed_dict() -> dict[Any, Any]:
@@ -71,6 +75,26 @@ def hashed_dict() -> dict[Any, Any]:
     table: dict[Any, Any] = {_NOT_STR: None}
     del table[_NOT_STR]
     return table
+
+
+def _copy_size(n: int) -> int:
+    """The slots of a fresh copy of a table of `n` keys (CPython's dict: a copy into an empty
+    dict is sized for 1.5 n, a power of two; two thirds of its slots take keys)."""
+    size = 8
+    while size < (3 * n + 1) // 2:
+        size *= 2
+    return size
+
+
+def _copy_room(n: int) -> int:
+    """Insertions a fresh copy of a table of `n` keys takes before it is full."""
+    return 2 * _copy_size(n) // 3 - n
+
+
+def _grown_room(n: int) -> int:
+    """Insertions a full table of `n` keys takes after it grows (to 3 n, a power of two) before
+    it is full again."""
+    return 2 * _copy_size(2 * n) // 3 - n
 
 
 def _always_at_rest(value: object) -> bool:
@@ -134,6 +158,12 @@ class SiteRegistry(Generic[T]):
         # which rewrites only the slots its lookup just read; an OrderedDict's move also
         # rewrites the links of the nodes beside it: cold memory once many sites are kept).
         self._built: dict[str, T] = hashed_dict()
+        # Insertions into `_built` before its table is full (see _compact): a move takes a new
+        # slot each time, and a full table grows to twice the size a copy of it needs. Counted
+        # down in laps of at most _LAP (`_room`, `_laps` more), so the count on every use is a
+        # small int CPython keeps (no int made and freed per use).
+        self._room = 0
+        self._laps = 0
         # The next sites to evict: the oldest of `_built`, in order, oldest last (popitem),
         # taken from its front in one walk of _OLDEST. A site used or removed meanwhile leaves
         # it, so it stays the front of `_built`. Not next(iter(_built)) per eviction: that walks
@@ -157,6 +187,10 @@ class SiteRegistry(Generic[T]):
             built[site] = value  # most recently used now
             if self._oldest:
                 self._oldest.pop(site, None)
+            room = self._room - 1
+            self._room = room
+            if room <= 0:
+                self._compact()
             return value
         found = self._load(config, site) if self.persisted is not None else None
         value = self.build(config, site) if found is None else found
@@ -176,6 +210,10 @@ class SiteRegistry(Generic[T]):
                 self._oldest.pop(site, None)
             if p is None or p.settle is None or not p.settle(site, value):
                 built[site] = value  # most recently used now
+                room = self._room - 1
+                self._room = room
+                if room <= 0:
+                    self._compact()
             return value
         if p is None:
             return None
@@ -203,8 +241,11 @@ class SiteRegistry(Generic[T]):
         built[site] = value  # most recently used
         if self._oldest:
             self._oldest.pop(site, None)
+        self._room -= 1
         if len(built) > self.limit:
             self._evict_some()
+        if self._room <= 0:
+            self._compact()
 
     def peek(self, site: str) -> T | None:
         """The value in memory for `site`, or None (never builds, loads or reorders)."""
@@ -249,6 +290,7 @@ class SiteRegistry(Generic[T]):
         if self._limit_key is not None:
             self.limit = max(1, int(config.get(self._limit_key)))
         self._built = hashed_dict()  # not clear(): that would give back the layout without hashes
+        self._room = self._laps = 0
         self._oldest = {}
         self._saved_at.clear()
         self._stored.clear()
@@ -331,10 +373,13 @@ class SiteRegistry(Generic[T]):
 
     def _keep(self, site: str, value: T) -> None:
         self._built[site] = value
+        self._room -= 1
         if self._on_load is not None:
             self._on_load(site, value)
         if len(self._built) > self.limit:
             self._evict_some()
+        if self._room <= 0:
+            self._compact()
 
     def _load(self, config: Any, site: str) -> T | None:
         p = self.persisted
@@ -361,6 +406,35 @@ class SiteRegistry(Generic[T]):
             oldest = self._next_oldest()
             if not self.evict(oldest):
                 built[oldest] = built.pop(oldest)  # busy: to the recent end, looked at later
+                self._room -= 1
+
+    def _compact(self) -> None:
+        """`_built`'s table is full: copy it afresh when the copy is worth it.
+
+        A dict keeps every key it had in order, each use (taken out, put back) taking a new
+        slot; a full table grows to the next power of two of 3 x the keys, a copy needs one of
+        1.5 x: half the size (100,000 sites: 5.2 MB, not 10.5 MB). The copy takes O(sites),
+        as the table's own growth does, and is made only when it leaves room for a quarter as
+        many uses again; else the table grows as a dict does (a table filled by new sites
+        alone is never copied: its copy would be as large, and full). The order, hence which
+        site leaves first, is the same."""
+        if self._laps > 0:  # not full yet: the next lap
+            self._laps -= 1
+            self._room += _LAP
+            return
+        built = self._built
+        n = len(built)
+        room = _copy_room(n)
+        if n >= _COMPACT_MIN and room >= n // 4:
+            copy = hashed_dict()
+            copy.update(built)
+            self._built = copy
+        else:  # it grows at the next insertion; a small table is looked at less often
+            room = max(_grown_room(n), 0 if n >= _COMPACT_MIN else _COMPACT_MIN)
+        self._laps, self._room = divmod(room, _LAP)
+        if self._room <= 0 and self._laps > 0:
+            self._laps -= 1
+            self._room += _LAP
 
     def _next_oldest(self) -> str:
         """The least recently used site (taken out of `_oldest`; refilled from the front)."""

@@ -54,7 +54,7 @@ from etiquette_proxy.headers import LowerFields
 from etiquette_proxy.pacing.ratelimit_fields import RateHint, read_rate_hint_lowered
 from etiquette_proxy.pacing.retry_after import RetryAfter, parse_retry_after
 from etiquette_proxy.pacing.settings import PacingSettings
-from etiquette_proxy.pacing.throttle import NEVER, ThrottleDecision, ThrottleState, calm_throttle, is_shared
+from etiquette_proxy.pacing.throttle import ThrottleDecision, ThrottleState, calm_throttle, is_shared
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,67 @@ _NO_TICKETS = cast(dict[int, float], MappingProxyType({}))
 _NO_SENDS = cast(list[list[float]], ())
 # (rate, ceiling) -> the decision of an answer that taught nothing (SiteBudget._decision).
 _CALM: dict[tuple[float, float | None], ThrottleDecision] = {}
+_ONE = 1.0  # a bucket of one token, full
+
+
+class _Line(dict[int, float]):
+    """The waiting line: ticket -> arrival, in arrival order, with the first ticket in line
+    (tickets count arrivals: FIFO by number) and whether the schedule slowed while requests
+    were held (SiteBudget._slowed). Only a site with requests held has one."""
+
+    __slots__ = ("head", "recheck")
+
+    def __init__(self, head: int = 1, recheck: bool = False) -> None:
+        super().__init__()
+        self.head = head
+        self.recheck = recheck
+
+
+class _Sends:
+    """The rates a site sent at lately when its budget's one field cannot say them (see
+    SiteBudget._sends): the newest rate and its last start, and older records as
+    [last start, rate], oldest first."""
+
+    __slots__ = ("at", "older", "rate")
+
+    def __init__(self, rate: float, at: float, older: list[list[float]]) -> None:
+        self.rate = rate
+        self.at = at
+        self.older = older
+
+
+class _Context:
+    """What a budget shares with every budget of equal settings, clock and restraint: one
+    object per (settings, clock, restraint), not three fields in each of 100,000 budgets."""
+
+    __slots__ = ("burst", "burst_less_one", "clock", "restraint", "settings")
+
+    def __init__(self, settings: PacingSettings, clock: Clock, restraint: tuple[float, float, float]):
+        self.settings = settings
+        self.clock = clock
+        self.restraint = restraint  # other features' say: rate factor, cap, concurrency
+        # A full bucket's tokens, before and after a start: one number for every such site.
+        self.burst = float(settings.burst)
+        self.burst_less_one = self.burst - 1.0
+
+
+# (id(settings), id(clock), restraint) -> (settings, clock, the shared context): by identity
+# (settings are interned; hashing one reads its twelve fields).
+_CONTEXTS: dict[tuple[int, int, tuple[float, float, float]], tuple[PacingSettings, Clock, _Context]] = {}
+
+
+def _context(settings: PacingSettings, clock: Clock, restraint: tuple[float, float, float]) -> _Context:
+    """The shared context of `settings`, `clock` and `restraint` (bounded: settings and
+    restraints are few; a test's clocks are not)."""
+    key = (id(settings), id(clock), restraint)
+    kept = _CONTEXTS.get(key)
+    if kept is not None and kept[0] is settings and kept[1] is clock:
+        return kept[2]
+    if len(_CONTEXTS) >= 4096:
+        _CONTEXTS.clear()
+    ctx = _Context(settings, clock, restraint)
+    _CONTEXTS[key] = (settings, clock, ctx)
+    return ctx
 
 
 # -- decisions -------------------------------------------------------------------------------
@@ -96,36 +157,37 @@ class Turn(NamedTuple):
 class SiteBudget:
     """Token bucket + concurrency cap + waiting line for one site, obeying its `throttle`."""
 
-    # Slots, shared constants and no empty deques: one of these per site seen, so at 100,000
-    # sites every byte here is 100 KB.
-    __slots__ = ("site", "settings", "throttle", "_clock", "_restraint", "_tokens", "_tokens_at",
-                 "_queue", "_in_flight", "_next_ticket", "_sent_rate", "_sent_at", "_sent_older",
-                 "_head_ticket", "_recheck")
+    # Slots, shared values and no empty containers: one of these per site seen, so at 100,000
+    # sites every 8 bytes here are 0.8 MB. What equal sites share (settings, clock, restraint)
+    # is one context; the line's head and re-check flag live on the line.
+    __slots__ = ("throttle", "_ctx", "_tokens", "_tokens_at", "_queue", "_in_flight", "_next_ticket",
+                 "_sends")
 
     def __init__(self, site: str, settings: PacingSettings | None = None, clock: Clock = wall,
                  random: Callable[[], float] = _random.random):
-        self.site = site
-        self.settings = settings or PacingSettings()
-        self._clock = clock
+        # `site` names the budget's site for its callers; the budget itself never reads it.
+        settings = settings or PacingSettings()
+        self._ctx = _context(settings, clock, _NO_RESTRAINT)
         # persisted and shared: the 429 contract (wall-clock times). A site that has taught
         # nothing shares one read-only contract with every such site; its first write takes
         # its own (_own_throttle).
-        self.throttle = calm_throttle(self.settings, random)
-        s = self.settings
+        self.throttle = calm_throttle(settings, random)
         # in-process only
-        self._restraint = _NO_RESTRAINT  # other features' say: rate factor, cap, concurrency
-        self._tokens = float(s.burst)
+        self._tokens = self._ctx.burst
         self._tokens_at = clock()
-        self._queue = _NO_TICKETS      # ticket -> arrival, in arrival order (own dict when used)
+        self._queue: dict[int, float] = _NO_TICKETS  # a _Line when requests are held
         self._in_flight = _NO_TICKETS  # ticket -> start
         self._next_ticket = 1
-        # The rates recently sent at (a 429 halves the slowest of them): the newest as two
-        # fields (the last start at that rate), older ones as [last start, rate], oldest first.
-        self._sent_rate: float | None = None
-        self._sent_at = NEVER
-        self._sent_older = _NO_SENDS
-        self._head_ticket = 1     # first ticket in line (tickets count arrivals: FIFO by number)
-        self._recheck = False     # the schedule slowed while requests were held
+        # The rates recently sent at (a 429 halves the slowest of them). Nearly always one
+        # record whose last start is the bucket's (`_tokens_at`): then this is that rate alone;
+        # None when there is none; else a _Sends (the bucket moved without a start, the rate
+        # changed, or the clock stepped back).
+        self._sends: float | _Sends | None = None
+
+    @property
+    def settings(self) -> PacingSettings:
+        """The numbers the budget runs on (`pacing.*`, `throttle.*` for its site)."""
+        return self._ctx.settings
 
     @classmethod
     def from_config(cls, config: Any, site: str, clock: Clock = wall,
@@ -138,30 +200,30 @@ class SiteBudget:
     @property
     def rate(self) -> float:
         """Requests per second the site gets now (after robots, throttles and RateLimit hints)."""
-        return self._effective_rate(self._clock())
+        return self._effective_rate(self._ctx.clock())
 
     @property
     def ceiling(self) -> float | None:
         """The ceiling set by the last 429, until `throttle.ceiling_ttl` passes without one."""
-        self.throttle.forget_ceiling(self._clock())
+        self.throttle.forget_ceiling(self._ctx.clock())
         return self.throttle.ceiling
 
     def paused_for_s(self) -> float:
         """Seconds left in the pause (or open breaker) the site asked for; 0 when none."""
-        now = self._clock()
+        now = self._ctx.clock()
         return max(0.0, max(self.throttle.paused_until, self.throttle.breaker_until) - now)
 
     def pause_reason(self) -> str:
         """Why the site is paused (the Retry-After, backoff or breaker that set it); "" if not."""
-        return self.throttle.reason_paused(self._clock())
+        return self.throttle.reason_paused(self._ctx.clock())
 
     def breaker_for_s(self) -> float:
         """Seconds left before the breaker closes; 0 when it is closed."""
-        return max(0.0, self.throttle.breaker_until - self._clock())
+        return max(0.0, self.throttle.breaker_until - self._ctx.clock())
 
     def is_breaker_open(self) -> bool:
         """True while the breaker leaves the site alone (SPEC §5: 5 x 429 in 60 s)."""
-        return self._clock() < self.throttle.breaker_until
+        return self._ctx.clock() < self.throttle.breaker_until
 
     def held(self) -> int:
         """Requests waiting for their turn."""
@@ -173,7 +235,8 @@ class SiteBudget:
 
     def max_concurrency(self) -> int:
         """Requests allowed in flight at once now (`pacing.max_concurrency`, restrained)."""
-        return max(1, math.floor(self.settings.max_concurrency * self._restraint[2] + _EPS))
+        ctx = self._ctx
+        return max(1, math.floor(ctx.settings.max_concurrency * ctx.restraint[2] + _EPS))
 
     # -- other features' restraints ----------------------------------------------------------
 
@@ -189,8 +252,8 @@ class SiteBudget:
         """
         if (type(rate_factor) is float and type(concurrency_factor) is float
                 and (rate_cap is None or (type(rate_cap) is float and rate_cap < math.inf))
-                and self._restraint == (rate_factor, math.inf if rate_cap is None else rate_cap,
-                                        concurrency_factor)):
+                and self._ctx.restraint == (rate_factor, math.inf if rate_cap is None else rate_cap,
+                                            concurrency_factor)):
             return False  # restated as in force (every request): valid when it was set
         for name, value in (("rate_factor", rate_factor), ("concurrency_factor", concurrency_factor)):
             if not (_finite(value) and 0 < value <= 1):
@@ -199,15 +262,16 @@ class SiteBudget:
             raise ValueError(f"rate_cap ({rate_cap!r}) must be a finite number > 0")
         restraint = (float(rate_factor), math.inf if rate_cap is None else float(rate_cap),
                      float(concurrency_factor))
-        if restraint == self._restraint:
+        ctx = self._ctx
+        if restraint == ctx.restraint:
             return False
         if restraint == _NO_RESTRAINT:
             restraint = _NO_RESTRAINT  # lifted: the calm paths (at_rest) know it by identity
-        now = self._clock()
+        now = ctx.clock()
         self._settle(now)
         self._bank(now)  # tokens earned at the old rate stay earned
-        self._restraint = restraint
-        self._tokens = min(self._tokens, float(self._burst()))
+        self._ctx = _context(ctx.settings, ctx.clock, restraint)
+        self._tokens = min(self._tokens, self._burst_f())
         self._slowed()
         return True
 
@@ -219,7 +283,7 @@ class SiteBudget:
         SPEC §5 max_hold is decided here, from the request's place in line and the site's rate
         and concurrency now (its expected start), not after it has waited.
         """
-        now = self._clock()
+        now = self._ctx.clock()
         turn = self._start_at_once(now)
         if turn is not None:
             return turn
@@ -235,10 +299,12 @@ class SiteBudget:
         if start - now > self.settings.max_hold + _EPS:
             return self._refusal(ticket, now, now, start - now,
                                  self._hold_text(place, start, now, now))
-        if self._queue is _NO_TICKETS:
-            self._queue = {}
-            self._head_ticket = ticket
-        self._queue[ticket] = now
+        queue = self._queue
+        if type(queue) is not _Line:
+            queue = self._queue = _Line()
+        if not queue:
+            queue.head = ticket
+        queue[ticket] = now
         return self._wait(ticket, now, now, self._wait_s(place, start, now, now))
 
     def _start_at_once(self, now: float) -> Turn | None:
@@ -250,25 +316,26 @@ class SiteBudget:
                 or now < throttle.breaker_until or now < self._tokens_at):
             return None
         throttle.forget_ceiling(now)
-        factor, cap, concurrency = self._restraint
+        ctx = self._ctx
+        factor, cap, concurrency = ctx.restraint
         # `rate * 1.0` is `rate`: without the product the site's rate stays the shared object
         rate = min(throttle.rate * factor if factor != 1.0 else throttle.rate, cap)
         k = self._tokens
         if now > self._tokens_at:  # _tokens_after without a hint
-            k = min(float(self._burst()), k + (now - self._tokens_at) * rate)
+            k = min(self._burst_f(), k + (now - self._tokens_at) * rate)
         if k < 1.0 - _EPS or len(self._in_flight) >= max(
-                1, math.floor(self.settings.max_concurrency * concurrency + _EPS)):
+                1, math.floor(ctx.settings.max_concurrency * concurrency + _EPS)):
             return None
         ticket = self._next_ticket
         self._next_ticket += 1
-        self._tokens, self._tokens_at = max(0.0, k - 1.0), now
+        if self._sends != rate:  # else: the one record's last start is the bucket's, now
+            self._record_send(now, rate, now)
+        # a full bucket's remainder is the shared number (one float less per site)
+        self._tokens = ctx.burst_less_one if k == ctx.burst else max(0.0, k - 1.0)
+        self._tokens_at = now
         if self._in_flight is _NO_TICKETS:
             self._in_flight = {}
         self._in_flight[ticket] = now
-        if self._sent_rate == rate:
-            self._sent_at = now
-        else:
-            self._record_send(now, rate)
         return Turn("go", ticket, rate)
 
     def release_due(self) -> list[Turn]:
@@ -277,7 +344,7 @@ class SiteBudget:
         SPEC §5: releasing one wakes one. The work is O(1) per request started or refused, plus
         one pass over the line after the schedule slowed down (see `_recheck_line`).
         """
-        now = self._clock()
+        now = self._ctx.clock()
         self._settle(now)
         decided: list[Turn] = []
         if not self._queue:
@@ -286,7 +353,7 @@ class SiteBudget:
             for ticket, arrival in list(self._queue.items()):
                 decided.append(self._breaker_refusal(ticket, arrival, now))
             return decided
-        if self._recheck:
+        if self._queue.recheck:  # type: ignore[attr-defined]  # a _Line: not empty
             self._recheck_line(now, decided)
         cap = self.max_concurrency()
         while (head := self._head()) is not None:
@@ -310,8 +377,8 @@ class SiteBudget:
         head = self._head()
         if head is None:
             return None
-        now = self._clock()
-        if now < self.throttle.breaker_until or self._recheck:
+        now = self._ctx.clock()
+        if now < self.throttle.breaker_until or self._queue.recheck:  # type: ignore[attr-defined]
             return now
         arrival = self._queue[head]
         deadline = arrival + self.settings.max_hold
@@ -326,7 +393,7 @@ class SiteBudget:
         `force` starts it at once whatever the line says (observe mode: the site gets it anyway,
         so the bucket still tracks what the site really received).
         """
-        now = self._clock()
+        now = self._ctx.clock()
         self._settle(now)
         if ticket in self._in_flight:
             return Turn("go", ticket, self._effective_rate(now))
@@ -357,7 +424,7 @@ class SiteBudget:
     def on_response(self, ticket: int | None, status: int,
                     headers: Mapping[str, str]) -> ThrottleDecision:
         """Apply the 429 contract and the site's rate-limit fields; frees the request's slot."""
-        now = self._clock()
+        now = self._ctx.clock()
         self._settle(now)
         started = self._land(ticket) if ticket is not None else None
         # A response to a request that left before the last 429 was answered carries no new lesson.
@@ -373,9 +440,14 @@ class SiteBudget:
 
     # -- persistence -------------------------------------------------------------------------
 
+    def taught_nothing(self) -> bool:
+        """True while the site has taught nothing: its 429 contract is the shared calm one, so
+        nothing of it is stored or to store (the budget's state is its contract)."""
+        return is_shared(self.throttle)
+
     def remembers_anything(self) -> bool:
         """True when there is state worth persisting (a pause, ceiling, lowered rate …)."""
-        return self.throttle.remembers_anything(self._clock())
+        return self.throttle.remembers_anything(self._ctx.clock())
 
     def at_rest(self) -> bool:
         """True when a budget rebuilt from config and `to_state()` would decide exactly as this
@@ -384,15 +456,15 @@ class SiteBudget:
         leave memory (sites.py)."""
         if self._queue or self._in_flight:
             return False
-        now = self._clock()
+        now = self._ctx.clock()
         throttle = self.throttle
-        if throttle.hint_rate is None and throttle.ceiling is None and self._restraint is _NO_RESTRAINT:
+        if throttle.hint_rate is None and throttle.ceiling is None and self._ctx.restraint is _NO_RESTRAINT:
             return self._calm_at_rest(now)
         return self._full_at_rest(now)
 
     def _full_at_rest(self, now: float) -> bool:
         self._settle(now)
-        if self._tokens_now(now) < float(self._burst()) - _EPS:
+        if self._tokens_now(now) < self._burst_f() - _EPS:
             return False
         rate = self._effective_rate(now)
         return all(sent_rate >= rate for _, sent_rate in self._recent_sends(now))
@@ -403,16 +475,21 @@ class SiteBudget:
         registry asks this of every site it evicts: sites.py; tests/core/pacing/test_budget_fast.py
         compares both paths)."""
         rate = self.throttle.rate
-        burst = float(self.settings.burst)
+        burst = self._ctx.burst
         k = self._tokens
         if now > self._tokens_at:
             k = min(burst, k + (now - self._tokens_at) * rate)
         if k < burst - _EPS:
             return False
         self._let_go_of_sends(now)  # as _recent_sends
-        if self._sent_rate is not None and self._sent_rate < rate:
+        sends = self._sends
+        if sends is None:
+            return True
+        if not isinstance(sends, _Sends):
+            return not sends < rate
+        if sends.rate < rate:
             return False
-        for _, sent_rate in self._sent_older:
+        for _, sent_rate in sends.older:
             if sent_rate < rate:
                 return False
         return True
@@ -423,9 +500,9 @@ class SiteBudget:
 
     def from_state(self, state: Any) -> None:
         """Restore `to_state()` output; raise ValueError (budget unchanged) if it is not ours."""
-        now = self._clock()
+        now = self._ctx.clock()
         self._own_throttle().from_state(state, now)
-        self._tokens, self._tokens_at = min(self._tokens, float(self._burst())), now
+        self._set_bucket(min(self._tokens, self._burst_f()), now)
         self._slowed()
 
     # -- internals: the 429 contract ---------------------------------------------------------
@@ -444,7 +521,7 @@ class SiteBudget:
             now, status, pause, reason,
             lambda: min([self._effective_rate(now)] + [r for _, r in self._recent_sends(now)]))
         self._forget_sends()
-        self._tokens, self._tokens_at = 0.0, now  # the next request waits a full interval at least
+        self._set_bucket(0.0, now)  # the next request waits a full interval at least
         self._pause(now, pause, reason)
         return self._decision(True, now, pause, retry, reason, notes, breaker=breaker)
 
@@ -464,7 +541,7 @@ class SiteBudget:
         if hint is not None and hint.asks_anything:
             if hint.pause_s:
                 pause = hint.pause_s
-                self._tokens, self._tokens_at = 0.0, now  # the quota is spent
+                self._set_bucket(0.0, now)  # the quota is spent
                 self._pause(now, pause, hint.reason)
             if hint.max_rate is not None:
                 self._bank(now)
@@ -512,16 +589,17 @@ class SiteBudget:
 
     def _restrained(self, rate: float) -> float:
         """`rate` as other features' restraints leave it (factor first, then the cap)."""
-        factor, cap, _ = self._restraint
+        factor, cap, _ = self._ctx.restraint
         return min(rate * factor, cap)
 
-    def _burst(self) -> int:
-        # Bursts are what windowed limits punish: none while the site's limit is known (a ceiling
-        # from a 429) or a restraint caps the rate (robots.txt's crawl-delay or a retired site:
-        # a cap is a spacing, not an average).
-        if self.throttle.ceiling is not None or self._restraint[1] < math.inf:
-            return 1
-        return self.settings.burst
+    def _burst_f(self) -> float:
+        """The bucket's size now, as a shared number. Bursts are what windowed limits punish:
+        none while the site's limit is known (a ceiling from a 429) or a restraint caps the
+        rate (robots.txt's crawl-delay or a retired site: a cap is a spacing, not an average)."""
+        ctx = self._ctx
+        if self.throttle.ceiling is not None or ctx.restraint[1] < math.inf:
+            return _ONE
+        return ctx.burst
 
     def _own_throttle(self) -> ThrottleState:
         """The site's own contract, taken from the shared calm one before its first write."""
@@ -530,25 +608,41 @@ class SiteBudget:
             throttle = self.throttle = ThrottleState(throttle.settings, throttle._random)  # noqa: SLF001
         return throttle
 
-    def _record_send(self, now: float, rate: float) -> None:
-        """A request started at `rate`: the newest record's last start, or a new record."""
-        if self._sent_rate == rate:
-            self._sent_at = now
-            return
-        if self._sent_rate is not None:
-            if self._sent_older is _NO_SENDS:
-                self._sent_older = []
-            self._sent_older.append([self._sent_at, self._sent_rate])
-        self._sent_rate, self._sent_at = rate, now
+    def _record_send(self, now: float, rate: float, bucket_at: float) -> None:
+        """A request started at `rate` at `now`, the bucket's last start becoming `bucket_at`
+        (called before it moves): the newest record's last start, or a new record."""
+        sends = self._sends
+        if sends is None:
+            self._sends = rate if now == bucket_at else _Sends(rate, now, _NO_SENDS)
+        elif not isinstance(sends, _Sends):  # one record, its last start the bucket's until now
+            if sends == rate:
+                if now != bucket_at:
+                    self._sends = _Sends(sends, now, _NO_SENDS)
+            else:
+                self._sends = _Sends(rate, now, [[self._tokens_at, sends]])
+        elif sends.rate == rate:
+            sends.at = now
+        else:
+            if sends.older is _NO_SENDS:
+                sends.older = []
+            sends.older.append([sends.at, sends.rate])
+            sends.rate, sends.at = rate, now
 
     def _forget_sends(self) -> None:
-        self._sent_rate, self._sent_at, self._sent_older = None, NEVER, _NO_SENDS
+        self._sends = None
 
     def _let_go_of_sends(self, now: float) -> None:
         """Forget the records whose last start is older than breaker_window, oldest first
         (a record stays while an older one does: a clock that stepped back keeps both)."""
+        sends = self._sends
+        if sends is None:
+            return
         window = self.settings.breaker_window
-        older = self._sent_older
+        if not isinstance(sends, _Sends):
+            if now - self._tokens_at > window:
+                self._sends = None
+            return
+        older = sends.older
         if older:
             old = 0
             while old < len(older) and now - older[old][0] > window:
@@ -557,17 +651,28 @@ class SiteBudget:
                 del older[:old]
             if older:
                 return
-            self._sent_older = _NO_SENDS
-        if self._sent_rate is not None and now - self._sent_at > window:
-            self._sent_rate, self._sent_at = None, NEVER
+            sends.older = _NO_SENDS
+        if now - sends.at > window:
+            self._sends = None
+        elif sends.at == self._tokens_at:
+            self._sends = sends.rate  # one record again, its last start the bucket's
 
     def _recent_sends(self, now: float) -> list[list[float]]:
         """[last start, rate] of the rates sent at within breaker_window, oldest first."""
         self._let_go_of_sends(now)
-        sent = list(self._sent_older)
-        if self._sent_rate is not None:
-            sent.append([self._sent_at, self._sent_rate])
-        return sent
+        sends = self._sends
+        if sends is None:
+            return []
+        if not isinstance(sends, _Sends):
+            return [[self._tokens_at, sends]]
+        return [*sends.older, [sends.at, sends.rate]]
+
+    def _set_bucket(self, tokens: float, at: float) -> None:
+        """The bucket holds `tokens` at `at`; a lone send record keeps its own last start."""
+        sends = self._sends
+        if sends is not None and not isinstance(sends, _Sends) and at != self._tokens_at:
+            self._sends = _Sends(sends, self._tokens_at, _NO_SENDS)
+        self._tokens, self._tokens_at = tokens, at
 
     # -- internals: the bucket and the line --------------------------------------------------
 
@@ -580,8 +685,7 @@ class SiteBudget:
 
     def _bank(self, now: float) -> None:
         """Count the tokens earned so far at the current rate, before the rate changes."""
-        self._tokens = self._tokens_now(now)
-        self._tokens_at = max(self._tokens_at, now)
+        self._set_bucket(self._tokens_now(now), max(self._tokens_at, now))
 
     def _tokens_now(self, now: float) -> float:
         return self._tokens_after(self._tokens_at, self._tokens, now)
@@ -596,7 +700,7 @@ class SiteBudget:
             slow = min(later, throttle.hint_until) - t
             k += slow * self._restrained(min(throttle.rate, throttle.hint_rate))
         k += (later - t - slow) * self._restrained(throttle.rate)
-        return min(float(self._burst()), k)
+        return min(self._burst_f(), k)
 
     def _token_time(self, t: float, k: float, need: float = 1.0) -> float:
         """The first moment at or after `t` when the bucket (holding `k` at `t`) has handed out
@@ -631,16 +735,16 @@ class SiteBudget:
         queue = self._queue
         if not queue:
             return None
-        head = self._head_ticket
+        head: int = queue.head  # type: ignore[attr-defined]  # a _Line: not empty
         while head not in queue:
             head += 1
-        self._head_ticket = head
+        queue.head = head  # type: ignore[attr-defined]
         return head
 
     def _slowed(self) -> None:
         """The schedule may have slowed (a pause, a lower rate or cap): re-check the line."""
         if self._queue:
-            self._recheck = True
+            self._queue.recheck = True  # type: ignore[attr-defined]  # a _Line: not empty
 
     def _recheck_line(self, now: float, decided: list[Turn]) -> None:
         """Refuse now whoever's expected start moved beyond its max_hold; the rest keep places.
@@ -648,10 +752,10 @@ class SiteBudget:
         SPEC §5: a request whose wait would exceed max_hold is answered at once, not at the end
         of the hold. One pass over the line, only after the schedule slowed down.
         """
-        self._recheck = False
+        queue = self._queue
         rate = self._effective_rate(now)
-        kept: dict[int, float] = {}
-        for ticket, arrival in self._queue.items():
+        kept = _Line(queue.head)  # type: ignore[attr-defined]  # a _Line: not empty
+        for ticket, arrival in queue.items():
             start = self._token_start(now, len(kept) + 1.0)
             if start - arrival > self.settings.max_hold + _EPS:
                 decided.append(Turn("refuse", ticket, rate, waited_s=now - arrival,
@@ -684,13 +788,16 @@ class SiteBudget:
 
     def _start(self, ticket: int, arrival: float, now: float) -> Turn:
         k = self._tokens_now(now)
-        self._tokens, self._tokens_at = max(0.0, k - 1.0), max(self._tokens_at, now)
+        ctx = self._ctx
+        rate = self._effective_rate(now)
+        bucket_at = max(self._tokens_at, now)
+        self._record_send(now, rate, bucket_at)
+        self._tokens = ctx.burst_less_one if k == ctx.burst else max(0.0, k - 1.0)
+        self._tokens_at = bucket_at
         self._unqueue(ticket)
         if self._in_flight is _NO_TICKETS:
             self._in_flight = {}
         self._in_flight[ticket] = now
-        rate = self._effective_rate(now)
-        self._record_send(now, rate)
         return Turn("go", ticket, rate, waited_s=now - arrival)
 
     def _unqueue(self, ticket: int) -> float | None:
@@ -699,8 +806,8 @@ class SiteBudget:
         if ticket not in queue:
             return None
         arrival = queue.pop(ticket)
-        if not queue:
-            self._queue = _NO_TICKETS  # an idle site holds no dict of its own
+        if not queue and not queue.recheck:  # type: ignore[attr-defined]  # a _Line
+            self._queue = _NO_TICKETS  # an idle site holds no line of its own
         return arrival
 
     def _land(self, ticket: int) -> float | None:

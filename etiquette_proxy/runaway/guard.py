@@ -218,6 +218,54 @@ class RetiredDetector:
         return detector
 
 
+class _CalmRetired(RetiredDetector):
+    """The retired detector of every site (of equal settings) whose window holds only live
+    answers, `answers` of them: one shared object per (settings, count), never written (a
+    write raises, so one that forgot to take its own copy cannot leak a 404 into other sites).
+    Its guard steps to the next count on a live answer and takes a detector of its own on any
+    other answer (RunawayGuard.observe_answer); everything else reads it as the detector it is."""
+
+    __slots__ = ("_next",)
+    _next: RetiredDetector  # the shared detector with one live answer more (itself at a full window)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise TypeError(f"a shared retired detector is read-only (set {name!r} on its own copy)")
+
+    def observe(self, status: object) -> RetiredFlip | None:
+        raise RuntimeError("a shared retired detector counts nothing: observe through the guard")
+
+    def own(self) -> RetiredDetector:
+        """A detector of the site's own with this one's window (live answers only)."""
+        detector = RetiredDetector(self.settings)
+        detector._len = self._len  # noqa: SLF001
+        return detector
+
+
+# settings -> the shared calm detectors, one per count of live answers (0 .. window)
+_CALM_RETIRED: dict[RetiredSettings, list[_CalmRetired]] = {}
+_set_slot = object.__setattr__  # how the shared detectors are filled, past their __setattr__
+
+
+def _calm_retired(settings: RetiredSettings) -> RetiredDetector:
+    """The shared detector of a site that has seen no answer yet under `settings` (bounded:
+    settings are shared and few; past the bound, a detector of the site's own)."""
+    calm = _CALM_RETIRED.get(settings)
+    if calm is None:
+        if len(_CALM_RETIRED) >= 64:
+            return RetiredDetector(settings)
+        calm = []
+        for answers in range(settings.window + 1):
+            detector = _CalmRetired.__new__(_CalmRetired)
+            for name, value in (("settings", settings), ("_recent", 0), ("_len", answers), ("_gone", 0),
+                                ("_retired", False)):
+                _set_slot(detector, name, value)
+            calm.append(detector)
+        for answers, detector in enumerate(calm):
+            _set_slot(detector, "_next", calm[min(answers + 1, settings.window)])
+        _CALM_RETIRED[settings] = calm
+    return calm[0]
+
+
 def robots_gone_warning(
     robots_status: object,
     gone: int,
@@ -823,14 +871,23 @@ class RunawayGuard:
                     clock: Callable[[], float] = wall) -> RunawayGuard:
         """A fresh guard for `site` from a loaded Config."""
         # Most sites never send a query string: until one does, the guard shares the empty
-        # detector of its settings (56 bytes a site in memory, and one allocation fewer each
-        # time a site is brought back).
-        return cls(RetiredDetector(RetiredSettings.from_config(config, site)),
+        # trap detector of its settings; and until a site answers anything but 2xx, its guard
+        # shares the retired detector of its settings and count of answers. An ordinary site's
+        # guard is then one object of its own (48 bytes, not 176).
+        return cls(_calm_retired(RetiredSettings.from_config(config, site)),
                    _no_traps(TrapSettings.from_config(config, site), clock))
 
     def observe_answer(self, status: object) -> RetiredFlip | None:
         """Record the site's answer (upstream status only)."""
-        return self.retired.observe(status)
+        retired = self.retired
+        if type(retired) is _CalmRetired:
+            if type(status) is int and 200 <= status <= 299:
+                self.retired = retired._next  # noqa: SLF001 - one more live answer in the window
+                return None
+            if _status(status) is None:
+                return None  # junk status: no evidence either way (RetiredDetector.observe)
+            retired = self.retired = retired.own()
+        return retired.observe(status)
 
     def observe_request(self, target: str) -> TrapCheck:
         """Count a request about to go upstream; refuse=True means answer it locally 429."""

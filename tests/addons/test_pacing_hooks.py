@@ -106,3 +106,53 @@ def test_one_sites_bad_state_is_forgotten_without_spoiling_the_others(bad):
     assert again.budget("bad.example:443").paused_for_s() == 0.0  # a fresh budget: pacing still applies
     assert rt.state.get(NAMESPACE, "bad.example:443") is None  # forgotten, not read again
     assert again.budget("a.example:443").paused_for_s() > 0
+
+
+# -- one registry lookup per hook, one key string per site, nothing saved for a calm site -----
+
+def answered(pacing: Pacing, host: str, status: int = 200, **fields: str):
+    """One request through the request hook, then its answer through responseheaders."""
+    f = tflow.tflow(resp=True)
+    f.request.host, f.request.port = host, 80
+    response, f.response = f.response, None
+    asyncio.run(pacing.request(f))
+    assert f.response is None, f.response
+    f.response = response
+    f.response.status_code = status
+    for name, value in fields.items():
+        f.response.headers[name.replace("_", "-")] = value
+    pacing.responseheaders(f)
+    return f
+
+
+def test_a_calm_crawl_takes_one_lookup_per_hook_keeps_the_flows_site_and_saves_nothing():
+    rt = runtime()
+    pacing = Pacing(rt)
+    gets, writes = [], []
+    get, put = pacing.budgets.get, rt.state.put
+    pacing.budgets.get = lambda config, site: gets.append(site) or get(config, site)  # type: ignore[method-assign]
+    rt.state.put = lambda *a, **k: writes.append(a) or put(*a, **k)  # type: ignore[method-assign]
+    last = {}
+    for _ in range(3):
+        for i in range(20):
+            last[i] = notes_of(answered(pacing, f"s{i}.test")).site
+    assert len(gets) == 2 * 60  # the request hook's and the response hook's, no other
+    assert writes == [] and pacing.budgets._saved_at == {}  # noqa: SLF001 - nothing to store, nothing noted
+    kept = {site: site for site in pacing.budgets}
+    assert all(kept[site] is site for site in last.values())  # the last flow's own string, not a copy
+
+
+def test_a_site_that_taught_something_is_still_saved_at_most_every_few_seconds():
+    rt = runtime()
+    pacing = Pacing(rt)
+    writes = []
+    put = rt.state.put
+    rt.state.put = lambda *a, **k: writes.append(a[:2]) or put(*a, **k)  # type: ignore[method-assign]
+    answered(pacing, "calm.test")
+    hint = {"RateLimit_Policy": "10;w=60", "RateLimit": "limit=10, remaining=2, reset=30"}
+    answered(pacing, "busy.test", **hint)  # a RateLimit hint: the site's own contract now
+    answered(pacing, "busy.test", **hint)  # within pacing's 5 s: not written again
+    assert writes == [(NAMESPACE, "busy.test:80")]
+    answered(pacing, "busy.test", 429, Retry_After="1")  # a throttle is written at once
+    assert writes == [(NAMESPACE, "busy.test:80")] * 2
+    assert rt.state.get(NAMESPACE, "calm.test:80") is None

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import random
+import sys
 from collections import OrderedDict
 
 import pytest
 
-from etiquette_proxy.sites import Persisted, SiteRegistry
+from etiquette_proxy import sites as registry_module
+from etiquette_proxy.sites import Persisted, SiteRegistry, hashed_dict
 from etiquette_proxy.state.memory import MemoryState
 
 
@@ -95,11 +97,16 @@ class _ReferenceLRU:
                 self.evictions += 1
 
 
+@pytest.mark.parametrize("compact_from", [None, 1])
 @pytest.mark.parametrize("seed", range(20))
 @pytest.mark.parametrize("limit", [1, 2, 7, 300])
-def test_the_order_is_exactly_least_recently_used(seed: int, limit: int) -> None:
+def test_the_order_is_exactly_least_recently_used(seed: int, limit: int, compact_from: int | None,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Random uses, puts, evictions, drops and busy sites: the registry keeps the same sites in
-    the same order as an OrderedDict moved on every use, and evicts the same ones."""
+    the same order as an OrderedDict moved on every use, and evicts the same ones; with its
+    table copied afresh whenever it fills (compact_from 1: from the first site on)."""
+    if compact_from is not None:
+        monkeypatch.setattr(registry_module, "_COMPACT_MIN", compact_from)
     rng = random.Random(seed)
     state = MemoryState()
     registry: SiteRegistry[_Value] = SiteRegistry(
@@ -139,3 +146,29 @@ def test_the_order_is_exactly_least_recently_used(seed: int, limit: int) -> None
         assert list(registry) == list(reference.kept)
         assert all(registry.peek(s) is v for s, v in reference.kept.items())
     assert registry.evictions >= reference.evictions  # evict(site) counts too
+
+
+@pytest.mark.parametrize("n", [1_500, 30_000, 40_000])
+def test_a_table_full_of_moves_is_copied_to_the_size_its_sites_need(n: int) -> None:
+    """Each use takes the site out and puts it back, a new slot in the table every time, and a
+    full table grows to twice the size a copy of it needs: the registry copies it afresh when
+    it fills, so it stays that size wherever the uses stop (1,500 and 30,000 sites). Where a
+    copy would fill again soon (40,000: 3,690 slots to spare) it grows as a dict does."""
+    registry = SiteRegistry(lambda config, site: [site], limit=10 * n)
+    config = object()
+    names = [f"s{i}.example:80" for i in range(n)]
+    rng = random.Random(n)
+    copies = 0
+    worth_it = registry_module._copy_room(n) >= n // 4  # noqa: SLF001
+    for step in range(6 * n):
+        site = names[step] if step < n else rng.choice(names)
+        table = registry._built  # noqa: SLF001
+        registry.get(config, site)
+        copies += step >= n and registry._built is not table  # noqa: SLF001
+        if step >= n and step % (n // 7) == 0:
+            fresh = hashed_dict()
+            fresh.update(registry._built)  # noqa: SLF001
+            size = sys.getsizeof(registry._built)  # noqa: SLF001
+            assert size == sys.getsizeof(fresh) if worth_it else size <= 2 * sys.getsizeof(fresh), step
+    assert copies >= 4 if worth_it else copies == 0
+    assert sorted(registry) == sorted(names)

@@ -32,7 +32,7 @@ class ListSendsBudget(SiteBudget):
         super().__init__(*args, **kwargs)
         self.sent: list[list[float]] = []
 
-    def _record_send(self, now: float, rate: float) -> None:
+    def _record_send(self, now: float, rate: float, bucket_at: float | None = None) -> None:
         sent = self.sent
         if sent and sent[-1][1] == rate:
             sent[-1][0] = now
@@ -168,9 +168,11 @@ def test_every_lesson_takes_the_sites_own_contract(lesson: Any) -> None:
     clock = FakeClock()
     settings = PacingSettings(rate=10.0, burst=2)
     a, b = (SiteBudget(f"{s}.example:443", settings, clock=clock) for s in "ab")
+    assert a.taught_nothing() and b.taught_nothing()
     lesson(a)
-    assert not is_shared(a.throttle)
-    assert is_shared(b.throttle) and b.to_state() == SiteBudget("c:443", settings, clock=clock).to_state()
+    assert not is_shared(a.throttle) and not a.taught_nothing()
+    assert b.taught_nothing() and is_shared(b.throttle)
+    assert b.to_state() == SiteBudget("c:443", settings, clock=clock).to_state()
 
 
 def test_a_stored_contract_that_is_not_ours_leaves_the_shared_one_untouched() -> None:
