@@ -155,8 +155,12 @@ def _is_text(media: str) -> bool:
 
 
 def _find(haystack: bytes, markers: tuple[bytes, ...]) -> bytes | None:
+    # bytes.find, not `in`: CPython 3.11's `marker in haystack` first reads the marker as an
+    # int (`7 in b"..."`), raising and formatting a TypeError it then clears, ~1,000
+    # instructions per marker; find asks for a buffer first.
+    find = haystack.find
     for m in markers:
-        if m in haystack:
+        if find(m) != -1:
             return m
     return None
 
