@@ -524,8 +524,9 @@ class HealthHistory:
         else:
             self.windows.append(record)  # non-empty: a list
 
-    def span(self, lo: float, hi: float) -> tuple[Tally, int]:
-        """Pooled tally and stable-window count of everything that started in [lo, hi)."""
+    def span(self, lo: float, hi: float) -> tuple[Tally | None, int]:
+        """Pooled tally and stable-window count of everything that started in [lo, hi) (no
+        tally when nothing did)."""
         return span(self.windows, self.days, lo, hi)
 
     def retire(self, now: float) -> None:
@@ -605,9 +606,9 @@ def scores(windows: Any) -> list[tuple[float, int | None]]:
     return out
 
 
-def span(windows: Any, days: Any, lo: float, hi: float) -> tuple[Tally, int]:
+def span(windows: Any, days: Any, lo: float, hi: float) -> tuple[Tally | None, int]:
     """Pooled tally and stable-window count of the days and windows that started in [lo, hi)
-    (whole days only; `windows` in order of their start)."""
+    (whole days only; `windows` in order of their start; no tally when nothing did)."""
     # What a baseline reads of the pooled tally (its counts, and its latency p95 from the
     # buckets' sums) does not depend on the order the records were merged in, so the compact
     # records' counts are summed here as they are read, with no objects of their own.
@@ -654,6 +655,8 @@ def span(windows: Any, days: Any, lo: float, hi: float) -> tuple[Tally, int]:
                                                error + t.error)
             for b, c in t.latency.buckets.items():
                 sums[b] = sums.get(b, 0) + c
+    if not (n or stable or sums):
+        return None, 0
     total = Tally(n, hard, challenge, soft, error)
     for b in sorted(sums):
         if sums[b]:
@@ -708,10 +711,10 @@ def slim(h: HealthHistory) -> History:
     return h.windows[0] if len(h.windows) == 1 else h
 
 
-def history_span(h: History, lo: float, hi: float) -> tuple[Tally, int]:
+def history_span(h: History, lo: float, hi: float) -> tuple[Tally | None, int]:
     if type(h) is HealthHistory:
         return h.span(lo, hi)
-    return span(() if h is None else (h,), (), lo, hi)
+    return (None, 0) if h is None else span((h,), (), lo, hi)
 
 
 def history_scores(h: History) -> list[tuple[float, int | None]]:

@@ -742,7 +742,7 @@ class SiteHealth:
         return change
 
     def _close(self, w: _Open) -> BandChange | None:
-        s = self.settings
+        s = self._kind.settings
         baseline = self._baseline(w.start)
         routes = w.routes
         finding = route_problem(routes, s.min_requests, baseline) if len(routes) > 1 else None
@@ -847,11 +847,11 @@ class SiteHealth:
         """Seed 000: the site's own normal over the past days, excluding the last one."""
         if self._baseline_memo is not None and self._baseline_memo[0] == t:
             return self._baseline_memo[1]
-        days = self.settings.baseline_days
+        days = self._kind.settings.baseline_days
         total, stable = history_span(self._history, t - (days + 1) * DAY, t - DAY)
         found: Baseline | None = None
         if stable >= WARMUP_WINDOWS:
-            found = Baseline.of(total, f"{days} days")
+            found = Baseline.of(total or Tally(), f"{days} days")
         elif self._warmup_count >= WARMUP_WINDOWS:
             found = Baseline.of(self._warmup or Tally(), "warm-up")
         self._baseline_memo = (t, found)
