@@ -163,7 +163,8 @@ def _form(forms: dict[int, struct.Struct], flags: int, nb: int, doubles: int, co
 
 
 def _window_form(flags: int, nb: int) -> struct.Struct:
-    return _form(_WINDOW_FORMS, flags, nb, 1 + (flags >> 1 & 1) + (flags >> 2 & 1), 5)
+    form = _WINDOW_FORMS.get((flags & 0x1F) << 8 | nb)
+    return form or _form(_WINDOW_FORMS, flags, nb, 1 + (flags >> 1 & 1) + (flags >> 2 & 1), 5)
 
 
 def _day_form(flags: int, nb: int) -> struct.Struct:
@@ -284,7 +285,13 @@ def _tally(v: tuple[Any, ...], i: int, low: int, counts: Any) -> Tally:
 
 
 def _sketch_state(low: int, counts: Any) -> list[int]:
-    return [x for k, c in enumerate(counts) if c for x in (low + k, c)]
+    """LatencySketch.to_state of the run `counts` from bucket `low`: [bucket, count, ...]."""
+    if 0 in counts:  # a gap in the run
+        return [x for k, c in enumerate(counts) if c for x in (low + k, c)]
+    out = [0] * (2 * len(counts))
+    out[::2] = range(low, low + len(counts))
+    out[1::2] = counts
+    return out
 
 
 def window_state(record: Record) -> list[Any]:
@@ -292,7 +299,7 @@ def window_state(record: Record) -> list[Any]:
     if type(record) is not bytes:
         return record.to_state()  # type: ignore[union-attr]
     flags = record[0]
-    v = _window_form(flags, record[2]).unpack_from(record)
+    v = (_WINDOW_FORMS.get((flags & 0x1F) << 8 | record[2]) or _window_form(flags, record[2])).unpack_from(record)
     i = 4
     raw = smoothed = None
     if flags & _RAW:

@@ -319,7 +319,14 @@ _LANES_FULL = 4 * (SIZE_SAMPLES - 1)  # bytes of lanes past which a learn fills 
 
 
 def _lanes(sizes: bytes) -> tuple[int, ...]:
-    return struct.unpack(f"<{len(sizes) >> 2}I", sizes)
+    n = len(sizes) >> 2
+    form = _LANE_FORMS.get(n)
+    if form is None:
+        form = _LANE_FORMS[n] = struct.Struct(f"<{n}I")
+    return form.unpack(sizes)
+
+
+_LANE_FORMS: dict[int, struct.Struct] = {}  # one per count of lanes (fewer than SIZE_SAMPLES)
 
 
 def _kept(sizes: list[int]) -> bytes | array[int] | list[int]:
@@ -393,6 +400,8 @@ class SizeNorm(_TypeSizes):
         kept.learn(size)
 
     def to_state(self) -> dict[str, Any]:
+        if not self._others:
+            return {} if self.media is None else {self.media: self.in_order()}
         return {kept.media: kept.in_order() for kept in self._each()}  # type: ignore[misc]
 
     @classmethod

@@ -881,7 +881,7 @@ class SiteHealth:
                                               j.baseline]  # type: ignore[union-attr]
         return {
             "v": STATE_VERSION,
-            "band": self.band.value,
+            "band": self.band._value_,  # .value without the enum's property call
             "smoothed": self._smoothed,
             "probation": self._probation,
             "warmup": [self._warmup_count,
