@@ -256,57 +256,57 @@ def classify_error(message: str) -> Classification:
 class _TypeSizes:
     """The recent sizes of one content type, and their median when it has been computed."""
 
-    # Until SIZE_SAMPLES sizes are kept (each below 4 GiB), `sizes` is one bytes of 4-byte
+    # Until SIZE_SAMPLES sizes are kept (each below 4 GiB), `_sizes` is one bytes of 4-byte
     # lanes, oldest first (a learn makes the next: one exact object, 48 bytes for 3 sizes where
     # an array and its buffer are 96). Then a ring in an array ('I', wider when a size needs it;
-    # `head` the oldest), so learning one writes one slot instead of moving the other 64, and
+    # `_head` the oldest), so learning one writes one slot instead of moving the other 64, and
     # a list past 64 bits. The order matters only to the stored form.
-    __slots__ = ("media", "sizes", "head", "_median", "added")
+    __slots__ = ("_media", "_sizes", "_head", "_median", "_added")
 
     def __init__(self, media: str | None, sizes: list[int]) -> None:
-        self.media = media
-        self.sizes: bytes | array[int] | list[int] = _kept(sizes)
-        self.head = 0
+        self._media = media
+        self._sizes: bytes | array[int] | list[int] = _kept(sizes)
+        self._head = 0
         self._median: float | None | object = _UNSET  # _UNSET: compute on the next question
-        self.added = 0
+        self._added = 0
 
-    def normal(self) -> float | None:
+    def median_size(self) -> float | None:
         """The median, or None until SIZE_MIN_SAMPLES sizes exist."""
         if self._median is _UNSET:
-            sizes = self.sizes
+            sizes = self._sizes
             if (len(sizes) >> 2 if type(sizes) is bytes else len(sizes)) < SIZE_MIN_SAMPLES:
                 self._median = None
             else:
                 self._median = float(median_low(_lanes(sizes) if type(sizes) is bytes else sizes))
         return self._median  # type: ignore[return-value]
 
-    def learn(self, size: int) -> None:
+    def learn_size(self, size: int) -> None:
         """One more size (the oldest of SIZE_SAMPLES goes)."""
-        sizes = self.sizes
+        sizes = self._sizes
         if isinstance(sizes, bytes):
             if type(size) is int and 0 <= size <= _LANE_MAX and len(sizes) < _LANES_FULL:
-                self.sizes = sizes + _LANE.pack(size)
+                self._sizes = sizes + _LANE.pack(size)
             else:
-                self.sizes = _ring([*_lanes(sizes), size][-SIZE_SAMPLES:])
+                self._sizes = _ring([*_lanes(sizes), size][-SIZE_SAMPLES:])
         else:
             try:
                 if len(sizes) < SIZE_SAMPLES:
                     sizes.append(size)
                 else:
-                    head = self.head
+                    head = self._head
                     sizes[head] = size
-                    self.head = head + 1 if head < SIZE_SAMPLES - 1 else 0
+                    self._head = head + 1 if head < SIZE_SAMPLES - 1 else 0
             except OverflowError:  # past this width: the next one (a list past 64 bits), in order
-                self.sizes = _ring([*self.in_order(), size][-SIZE_SAMPLES:], wider=sizes)  # type: ignore[arg-type]
-                self.head = 0
-        self.added += 1
+                self._sizes = _ring([*self.sizes_in_order(), size][-SIZE_SAMPLES:], wider=sizes)  # type: ignore[arg-type]
+                self._head = 0
+        self._added += 1
         # Recompute the median lazily, and at most every 8 sizes: it moves slowly anyway.
-        if self.added % 8 == 0 or self._median is None:
+        if self._added % 8 == 0 or self._median is None:
             self._median = _UNSET
 
-    def in_order(self) -> list[int]:
+    def sizes_in_order(self) -> list[int]:
         """The sizes kept, oldest first."""
-        sizes, head = self.sizes, self.head
+        sizes, head = self._sizes, self._head
         if type(sizes) is bytes:
             return list(_lanes(sizes))
         return [*sizes[head:], *sizes[:head]]
@@ -349,67 +349,62 @@ def _ring(sizes: list[int], wider: array[int] | None = None) -> array[int] | lis
     return list(sizes)
 
 
-class SizeNorm(_TypeSizes):
-    """Running median body size per content type for one site (bounded: 16 types x 65 sizes)."""
+class SiteSizes(_TypeSizes):
+    """A site's running median body size per content type (bounded: 16 types x 65 sizes): its
+    first content type's sizes held in it (most sites serve one to a crawler; no media until
+    a size is learnt), the others in a tuple (at most 15 more: a scan is as quick as a dict
+    and ~150 bytes smaller)."""
 
-    # One per site: the first content type's sizes held in the norm itself (most sites serve
-    # one to a crawler; `media` None until a size is learnt), the others in a tuple (at most
-    # 15 more: a scan is as quick as a dict and ~150 bytes smaller).
-    __slots__ = ("_others",)
+    # SiteHealth is one (its sizes in the object a response reads anyway: one object fewer per
+    # site and per response); SizeNorm is one on its own.
+    __slots__ = ("_other_sizes",)
 
-    def __init__(self) -> None:
-        self.media = None
-        self.sizes = b""
-        self.head = 0
+    def _no_sizes(self) -> None:
+        self._media = None
+        self._sizes = b""
+        self._head = 0
         self._median = _UNSET
-        self.added = 0
-        self._others: tuple[_TypeSizes, ...] = ()
+        self._added = 0
+        self._other_sizes: tuple[_TypeSizes, ...] = ()
 
-    def of(self, media: str) -> _TypeSizes | None:
+    def sizes_for(self, media: str) -> _TypeSizes | None:
         """What is learnt for `media`, if anything (one lookup for a response's question and
-        its lesson: `normal` and `learn` of the record)."""
-        if self.media == media:
+        its lesson: `median_size` and `learn_size` of the record)."""
+        if self._media == media:
             return self
-        for kept in self._others:
-            if kept.media == media:
+        for kept in self._other_sizes:
+            if kept._media == media:
                 return kept
         return None
 
-    def _each(self) -> tuple[_TypeSizes, ...]:
-        return () if self.media is None else (self, *self._others)
+    def _each_type(self) -> tuple[_TypeSizes, ...]:
+        return () if self._media is None else (self, *self._other_sizes)
 
-    def normal_size(self, media: str) -> float | None:
-        """The median 2xx body size for `media`, or None until SIZE_MIN_SAMPLES exist."""
-        kept = self.of(media)
-        # nothing learnt for this type: a median of nothing is None
-        return None if kept is None else kept.normal()
-
-    def add(self, media: str, size: int, kept: _TypeSizes | None = None) -> None:
-        """Learn one ordinary 2xx body size (`kept`: `of(media)`, when the caller has it)."""
+    def learn_size_of(self, media: str, size: int, kept: _TypeSizes | None = None) -> None:
+        """Learn one ordinary 2xx body size (`kept`: `sizes_for(media)`, when the caller has it)."""
         if kept is None:
-            kept = self.of(media)
+            kept = self.sizes_for(media)
         if kept is None:
-            if self.media is None:
+            if self._media is None:
                 kept = self
-                self.media = sys.intern(media)  # "text/html": one string for all sites
-            elif len(self._others) + 1 >= SIZE_MAX_TYPES:
+                self._media = sys.intern(media)  # "text/html": one string for all sites
+            elif len(self._other_sizes) + 1 >= SIZE_MAX_TYPES:
                 return
             else:
                 kept = _TypeSizes(sys.intern(media), [])
-                self._others = (*self._others, kept)
-        kept.learn(size)
+                self._other_sizes = (*self._other_sizes, kept)
+        kept.learn_size(size)
 
-    def to_state(self) -> dict[str, Any]:
-        if not self._others:
-            return {} if self.media is None else {self.media: self.in_order()}
-        return {kept.media: kept.in_order() for kept in self._each()}  # type: ignore[misc]
+    def sizes_state(self) -> dict[str, Any]:
+        """{content type: [sizes, oldest first]}."""
+        if not self._other_sizes:
+            return {} if self._media is None else {self._media: self.sizes_in_order()}
+        return {kept._media: kept.sizes_in_order() for kept in self._each_type()}  # type: ignore[misc]
 
-    @classmethod
-    def from_state(cls, state: Any) -> SizeNorm:
-        """Rebuild from `to_state`; raises ValueError on anything foreign."""
+    def _read_sizes(self, state: Any) -> None:
+        """Hold what `sizes_state` gave; raises ValueError on anything foreign."""
         if not isinstance(state, dict) or len(state) > SIZE_MAX_TYPES:
             raise ValueError("size norm: expected a mapping of at most 16 content types")
-        norm = cls()
         kept: list[_TypeSizes] = []
         for media, sizes in state.items():
             if not isinstance(media, str) or not isinstance(sizes, list):
@@ -418,7 +413,40 @@ class SizeNorm(_TypeSizes):
                 if type(x) is not int and (not isinstance(x, int) or isinstance(x, bool)) or x < 0:
                     raise ValueError("size norm: sizes must be non-negative integers")
             kept.append(_TypeSizes(media, sizes[-SIZE_SAMPLES:]))
+        self._no_sizes()
         if kept:
-            norm.media, norm.sizes = kept[0].media, kept[0].sizes
-            norm._others = tuple(kept[1:])
+            self._media, self._sizes = kept[0]._media, kept[0]._sizes
+            self._other_sizes = tuple(kept[1:])
+
+
+class SizeNorm(SiteSizes):
+    """Running median body size per content type for one site, on its own."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        self._no_sizes()
+
+    def of(self, media: str) -> _TypeSizes | None:
+        """What is learnt for `media`, if anything."""
+        return self.sizes_for(media)
+
+    def normal_size(self, media: str) -> float | None:
+        """The median 2xx body size for `media`, or None until SIZE_MIN_SAMPLES exist."""
+        kept = self.sizes_for(media)
+        # nothing learnt for this type: a median of nothing is None
+        return None if kept is None else kept.median_size()
+
+    def add(self, media: str, size: int, kept: _TypeSizes | None = None) -> None:
+        """Learn one ordinary 2xx body size (`kept`: `of(media)`, when the caller has it)."""
+        self.learn_size_of(media, size, kept)
+
+    def to_state(self) -> dict[str, Any]:
+        return self.sizes_state()
+
+    @classmethod
+    def from_state(cls, state: Any) -> SizeNorm:
+        """Rebuild from `to_state`; raises ValueError on anything foreign."""
+        norm = cls()
+        norm._read_sizes(state)
         return norm

@@ -67,7 +67,7 @@ from etiquette_proxy.health.signals import (
     Classification,
     Markers,
     Signal,
-    SizeNorm,
+    SiteSizes,
     classify_error,
     classify_response,
     media_type,
@@ -319,6 +319,17 @@ class _Open(Tally):
         return self.route is None and not self._routes and not self.canaries
 
 
+class _WarmUp(Tally):
+    """The warm-up windows pooled (seed 000: the site's first normal until past days are),
+    and how many they are."""
+
+    __slots__ = ("windows",)
+
+    def __init__(self) -> None:
+        Tally.__init__(self)
+        self.windows = 0
+
+
 class _NoWindow:
     """What `SiteHealth._open` says of an open window nothing was counted in yet."""
 
@@ -439,16 +450,16 @@ def _kept_reason(key: tuple[str, int, int], text: str) -> tuple[str, ...]:
 _EMPTY_TALLY_STATE = Tally().to_state()
 
 
-class SiteHealth:
+class SiteHealth(SiteSizes):
     """One site's hostility score: observe every response, act on the BandChange returned."""
 
     # One per site seen (100,000 sites): slots; the settings, clock and markers shared (_Kind);
-    # the open window an object only while something is counted in it; the size norm's first
-    # content type held in the norm; a history of one closed window held as that window's
-    # compact record, which also says the last verdict when it can.
-    __slots__ = ("site", "_kind", "_sizes", "band", "_smoothed", "_probation", "_warmup",
-                 "_warmup_count", "_start", "_win", "_history", "_judged", "_baseline_memo",
-                 "_closed")
+    # the open window an object only while something is counted in it; the site's size norm
+    # (SiteSizes: the median body size per content type) held in it; a history of one closed
+    # window held as that window's compact record, which also says the last verdict when it
+    # can. A response reads the size norm's slots, then these first three.
+    __slots__ = ("_kind", "_start", "_win", "site", "band", "_smoothed", "_probation", "_warmup",
+                 "_history", "_judged", "_baseline_memo", "_closed")
 
     def __init__(self, site: str, settings: HealthSettings | None = None, clock: Clock = wall):
         self._blank(site, settings, clock)
@@ -458,12 +469,11 @@ class SiteHealth:
         self.site = site
         self._kind = _kind_of(settings, clock)
         if sizes:  # (from_state reads its own)
-            self._sizes = SizeNorm()
+            self._no_sizes()
         self.band = Band.HEALTHY
         self._smoothed = 100.0
         self._probation = 0
-        self._warmup: Tally | None = None  # the warm-up windows pooled (built on the first)
-        self._warmup_count = 0
+        self._warmup: _WarmUp | None = None  # the warm-up windows pooled (made with the first)
         self._start = 0.0  # the open window's start
         self._win: _Open | None = None  # the open window, once something is counted in it
         self._history: History = None  # history.py: None, one record, or a HealthHistory
@@ -522,8 +532,7 @@ class SiteHealth:
     ) -> Observed:
         """Classify one response (first ~64 KiB of body suffices) and count it."""
         media = media_type(field_text(headers, "content-type"))
-        sizes = self._sizes
-        kept = sizes.of(media)  # the size norm asked and taught with one lookup
+        kept = self.sizes_for(media)  # the size norm asked and taught with one lookup
         c = classify_response(
             status,
             headers,
@@ -531,7 +540,7 @@ class SiteHealth:
             body_size,
             markers=self._kind.markers,
             method=method,
-            normal_size=None if kept is None else kept.normal(),
+            normal_size=None if kept is None else kept.median_size(),
             media=media,
         )
         if (
@@ -542,9 +551,9 @@ class SiteHealth:
             and method.upper() != "HEAD"
         ):
             if kept is None:
-                sizes.add(media, body_size)
+                self.learn_size_of(media, body_size)
             else:
-                kept.learn(body_size)
+                kept.learn_size(body_size)
         change = self.observe(c.signal, latency_s, route)
         if change is None and c is _OK:
             return _OK_UNCHANGED  # immutable: most responses share it
@@ -765,11 +774,12 @@ class SiteHealth:
             change = self._probation_step(w)
         elif baseline is None:
             if w.canary_wrong is None:  # a window whose canary saw wrong content is not normal
-                if self._warmup is None:
-                    self._warmup = Tally()
-                self._warmup.merge(scored)
-                self._warmup_count += 1
-            reasons = _learning(self._warmup_count)
+                warm = self._warmup
+                if warm is None:
+                    warm = self._warmup = _WarmUp()
+                warm.merge(scored)
+                warm.windows += 1
+            reasons = _learning(0 if self._warmup is None else self._warmup.windows)
         else:
             ws = score_window(scored, baseline, w.canary_wrong)
             raw = ws.raw
@@ -852,8 +862,8 @@ class SiteHealth:
         found: Baseline | None = None
         if stable >= WARMUP_WINDOWS:
             found = Baseline.of(total or Tally(), f"{days} days")
-        elif self._warmup_count >= WARMUP_WINDOWS:
-            found = Baseline.of(self._warmup or Tally(), "warm-up")
+        elif self._warmup is not None and self._warmup.windows >= WARMUP_WINDOWS:
+            found = Baseline.of(self._warmup, "warm-up")
         self._baseline_memo = (t, found)
         return found
 
@@ -884,12 +894,12 @@ class SiteHealth:
             "band": self.band._value_,  # .value without the enum's property call
             "smoothed": self._smoothed,
             "probation": self._probation,
-            "warmup": [self._warmup_count,
-                       list(_EMPTY_TALLY_STATE) if self._warmup is None else self._warmup.to_state()],
+            "warmup": [0, list(_EMPTY_TALLY_STATE)] if self._warmup is None
+            else [self._warmup.windows, self._warmup.to_state()],
             "open": open_state,
             "history": history_state(self._history),
             "judged": verdict,
-            "sizes": self._sizes.to_state(),
+            "sizes": self.sizes_state(),
         }
 
     @classmethod
@@ -911,13 +921,11 @@ class SiteHealth:
             count, warm = state["warmup"]
             if not is_count(count):
                 raise ValueError("site health: bad warm-up count")
-            # An empty warm-up tally is what None stands for (the first merge makes one).
-            h._warmup_count = count
-            h._warmup = _warmup_from_state(warm)
+            h._warmup = _warmup_from_state(count, warm)
             h._start, h._win = _open_from_state(state["open"])
             h._history = history_from_state(state["history"], h._kind.raw_days)
             h._judged = h._verdict_from_state(state["judged"])
-            h._sizes = SizeNorm.from_state(state["sizes"])
+            h._read_sizes(state["sizes"])
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"site health: malformed state ({e!r})") from None
         return h
@@ -970,12 +978,23 @@ def _same(a: float | None, b: float | None) -> bool:
     return type(a) is type(b) and a == b and (a != 0 or math.copysign(1.0, a) == math.copysign(1.0, b))
 
 
-def _warmup_from_state(warm: Any) -> Tally | None:
+def _warmup_from_state(count: int, warm: Any) -> _WarmUp | None:
+    # A tally with no requests and no latencies is an empty pool (the first merge fills it).
     parts = tally_parts(warm)
     if parts is not None and not parts[0] and not parts[6]:
-        return None  # no requests and no latencies: what None stands for
-    warmup = Tally.from_state(warm)
-    return warmup if warmup.n or warmup.latency.count else None
+        t = None
+    else:
+        t = Tally.from_state(warm)
+        if not (t.n or t.latency.count):
+            t = None
+    if t is None and not count:
+        return None  # no warm-up window: what None stands for
+    pool = _WarmUp()
+    if t is not None:
+        pool.n, pool.hard, pool.challenge, pool.soft, pool.error, pool.latency = \
+            t.n, t.hard, t.challenge, t.soft, t.error, t.latency
+    pool.windows = count
+    return pool
 
 
 def _open_from_state(s: Any) -> tuple[float, _Open | None]:
