@@ -210,7 +210,7 @@ def measure_state(mods: dict[str, ModuleType], rounds: int) -> dict[str, Any]:
     return {key: round(statistics.median(v), 2) for key, v in per.items()}
 
 
-COUNT_CALLS = {"observe": 5000, "close": 2000, "to_state_3req": 2000, "from_state_3req": 2000,
+COUNT_CALLS = {"observe": 5000, "close": 2000, "tick_pass": 0, "to_state_3req": 2000, "from_state_3req": 2000,
                "to_state_long": 1, "from_state_long": 1}
 
 
@@ -240,6 +240,13 @@ def counted(mod: ModuleType, n: int, kinds: list[str]) -> None:
             lib.zero()
             for i in picks[warm:]:
                 sites[i].observe_response(200, HEADERS, PAGE, len(PAGE), 0.05, route="direct")
+        elif kind == "tick_pass":
+            # benchmarks/scale.py's _tick_walk: the clock past the last window of the build,
+            # every site ticked (the last quarter close a 3-request window, the rest roll).
+            fake.advance(60)
+            lib.zero()
+            for h in sites:
+                h.tick()
         elif kind == "close":
             # Sites with 3 requests in their open window, the window then due: tick closes it.
             fake.advance(900)
@@ -278,8 +285,8 @@ def measure_count(arms_: list[str], before: str | None, sizes: list[int], only: 
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="health-cg-") as tmp:
         for n in sizes:
-            kinds = ["observe"] + (["close", "to_state_3req", "from_state_3req", "to_state_long",
-                                    "from_state_long"] if n == min(sizes) else [])
+            kinds = ["tick_pass", "observe"] + (["close", "to_state_3req", "from_state_3req", "to_state_long",
+                                                 "from_state_long"] if n == min(sizes) else [])
             kinds = [k for k in kinds if not only or k in only]
             for arm in arms_:
                 dump = f"{tmp}/cg.{arm}.{n}"
@@ -290,7 +297,8 @@ def measure_count(arms_: list[str], before: str | None, sizes: list[int], only: 
                 subprocess.run(cmd, check=True, capture_output=True)
                 for k, kind in enumerate(kinds):
                     t = _callgrind_totals(Path(f"{dump}.{k + 1}"))
-                    calls = COUNT_CALLS[kind] if kind != "observe" else min(n - min(2000, n // 5), COUNT_CALLS[kind])
+                    calls = {"observe": min(n - min(2000, n // 5), COUNT_CALLS[kind]),
+                             "tick_pass": n}.get(kind, COUNT_CALLS[kind])
                     out[f"{arm}_{kind}_{n}"] = {"Ir": round(t["Ir"] / calls),
                                                 "LL_miss": round((t.get("DLmr", 0) + t.get("DLmw", 0)) / calls, 2)}
     return out
@@ -299,8 +307,8 @@ def measure_count(arms_: list[str], before: str | None, sizes: list[int], only: 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("what", choices=["mem", "path", "state", "count", "_count"])
-    p.add_argument("--kinds", help="count: only these (observe, close, to_state_3req, from_state_3req, "
-                                   "to_state_long, from_state_long)")
+    p.add_argument("--kinds", help="count: only these (observe, close, tick_pass, to_state_3req, "
+                                   "from_state_3req, to_state_long, from_state_long)")
     p.add_argument("--before", help="another checkout whose etiquette_proxy/health runs beside this one")
     p.add_argument("--sites", type=int, default=5000)
     p.add_argument("--arm", help=argparse.SUPPRESS)
