@@ -135,6 +135,26 @@ class LatencySketch:
         low = self._low or 0
         return [(low + i, c) for i, c in enumerate(counts) if c]
 
+    def run(self) -> tuple[int, array[int] | tuple[()]] | None:
+        """(lowest bucket, the counts from it on, zeros between) while the counts are an array
+        (`(0, ())` empty); None once they are a dict (for compact records: history.py)."""
+        counts = self._counts
+        if counts is None:
+            return 0, ()
+        if type(counts) is dict:
+            return None
+        return self._low or 0, counts  # type: ignore[return-value]
+
+    @classmethod
+    def of_run(cls, low: int, counts: Any) -> LatencySketch:
+        """The sketch whose array form is `counts` from bucket `low` (as `run` gives them; the
+        first and last count non-zero, each below 2**64)."""
+        sketch = cls()
+        if counts:
+            sketch._low, sketch._counts = low, array("Q", counts)
+            sketch.count = sum(counts)
+        return sketch
+
     def quantile(self, q: float) -> float | None:
         """The q-quantile in seconds (upper edge of its bucket), None when empty."""
         if self.count == 0:

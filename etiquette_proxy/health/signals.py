@@ -9,6 +9,7 @@ norm a soft block is measured against is passed in (see `SizeNorm`).
 
 from __future__ import annotations
 
+import struct
 import sys
 from array import array
 from collections.abc import Iterable, Mapping
@@ -154,8 +155,12 @@ def _is_text(media: str) -> bool:
 
 
 def _find(haystack: bytes, markers: tuple[bytes, ...]) -> bytes | None:
+    # bytes.find, not `in`: CPython 3.11's `marker in haystack` first reads the marker as an
+    # int (`7 in b"..."`), raising and formatting a TypeError it then clears, ~1,000
+    # instructions per marker; find asks for a buffer first.
+    find = haystack.find
     for m in markers:
-        if m in haystack:
+        if find(m) != -1:
             return m
     return None
 
@@ -251,104 +256,197 @@ def classify_error(message: str) -> Classification:
 class _TypeSizes:
     """The recent sizes of one content type, and their median when it has been computed."""
 
-    __slots__ = ("media", "sizes", "median", "added")
+    # Until SIZE_SAMPLES sizes are kept (each below 4 GiB), `_sizes` is one bytes of 4-byte
+    # lanes, oldest first (a learn makes the next: one exact object, 48 bytes for 3 sizes where
+    # an array and its buffer are 96). Then a ring in an array ('I', wider when a size needs it;
+    # `_head` the oldest), so learning one writes one slot instead of moving the other 64, and
+    # a list past 64 bits. The order matters only to the stored form.
+    __slots__ = ("_media", "_sizes", "_head", "_median", "_added")
 
-    def __init__(self, media: str, sizes: list[int]) -> None:
-        self.media = media
-        # 8 bytes a size in an array (a list holds a 32-byte int object per size past 256:
-        # 2.7 KB at SIZE_SAMPLES, the array 0.7 KB); a size past 64 bits keeps a list.
-        self.sizes: array[int] | list[int]
-        try:
-            self.sizes = array("q", sizes)
-        except OverflowError:
-            self.sizes = list(sizes)
-        self.median: float | None | object = _UNSET  # _UNSET: compute on the next question
-        self.added = 0
+    def __init__(self, media: str | None, sizes: list[int]) -> None:
+        self._media = media
+        self._sizes: bytes | array[int] | list[int] = _kept(sizes)
+        self._head = 0
+        self._median: float | None | object = _UNSET  # _UNSET: compute on the next question
+        self._added = 0
 
-    def normal_size(self) -> float | None:
+    def median_size(self) -> float | None:
         """The median, or None until SIZE_MIN_SAMPLES sizes exist."""
-        if self.median is _UNSET:
-            sizes = self.sizes
-            self.median = float(median_low(sizes)) if len(sizes) >= SIZE_MIN_SAMPLES else None
-        return self.median  # type: ignore[return-value]
+        if self._median is _UNSET:
+            sizes = self._sizes
+            if (len(sizes) >> 2 if type(sizes) is bytes else len(sizes)) < SIZE_MIN_SAMPLES:
+                self._median = None
+            else:
+                self._median = float(median_low(_lanes(sizes) if type(sizes) is bytes else sizes))
+        return self._median  # type: ignore[return-value]
 
-    def add(self, size: int) -> None:
-        sizes = self.sizes
-        try:
-            sizes.append(size)
-        except OverflowError:  # past 64 bits: a list from now on
-            sizes = self.sizes = [*sizes, size]
-        if len(sizes) > SIZE_SAMPLES:  # the last SIZE_SAMPLES sizes
-            del sizes[0]
-        self.added += 1
+    def learn_size(self, size: int) -> None:
+        """One more size (the oldest of SIZE_SAMPLES goes)."""
+        sizes = self._sizes
+        if isinstance(sizes, bytes):
+            if type(size) is int and 0 <= size <= _LANE_MAX and len(sizes) < _LANES_FULL:
+                self._sizes = sizes + _LANE.pack(size)
+            else:
+                self._sizes = _ring([*_lanes(sizes), size][-SIZE_SAMPLES:])
+        else:
+            try:
+                if len(sizes) < SIZE_SAMPLES:
+                    sizes.append(size)
+                else:
+                    head = self._head
+                    sizes[head] = size
+                    self._head = head + 1 if head < SIZE_SAMPLES - 1 else 0
+            except OverflowError:  # past this width: the next one (a list past 64 bits), in order
+                self._sizes = _ring([*self.sizes_in_order(), size][-SIZE_SAMPLES:], wider=sizes)  # type: ignore[arg-type]
+                self._head = 0
+        self._added += 1
         # Recompute the median lazily, and at most every 8 sizes: it moves slowly anyway.
-        if self.added % 8 == 0 or self.median is None:
-            self.median = _UNSET
+        if self._added % 8 == 0 or self._median is None:
+            self._median = _UNSET
+
+    def sizes_in_order(self) -> list[int]:
+        """The sizes kept, oldest first."""
+        sizes, head = self._sizes, self._head
+        if type(sizes) is bytes:
+            return list(_lanes(sizes))
+        return [*sizes[head:], *sizes[:head]]
 
 
 _UNSET = object()
+_LANE = struct.Struct("<I")
+_LANE_MAX = 0xFFFFFFFF
+_LANES_FULL = 4 * (SIZE_SAMPLES - 1)  # bytes of lanes past which a learn fills the ring
 
 
-class SizeNorm:
-    """Running median body size per content type for one site (bounded: 16 types x 65 sizes)."""
+def _lanes(sizes: bytes) -> tuple[int, ...]:
+    n = len(sizes) >> 2
+    form = _LANE_FORMS.get(n)
+    if form is None:
+        form = _LANE_FORMS[n] = struct.Struct(f"<{n}I")
+    return form.unpack(sizes)
 
-    # One per site: nothing is allocated until the first size is learnt, then the one small
-    # record of the first content type (most sites serve one to a crawler), and a tuple of them
-    # from the second (at most 16: a scan is as quick as a dict and ~150 bytes smaller).
-    __slots__ = ("_types",)
 
-    def __init__(self) -> None:
-        self._types: _TypeSizes | tuple[_TypeSizes, ...] | None = None
+_LANE_FORMS: dict[int, struct.Struct] = {}  # one per count of lanes (fewer than SIZE_SAMPLES)
 
-    def of(self, media: str) -> _TypeSizes | None:
+
+def _kept(sizes: list[int]) -> bytes | array[int] | list[int]:
+    """`sizes` (at most SIZE_SAMPLES, oldest first) as a _TypeSizes keeps them."""
+    if len(sizes) < SIZE_SAMPLES and all(type(x) is int and 0 <= x <= _LANE_MAX for x in sizes):
+        return struct.pack(f"<{len(sizes)}I", *sizes)
+    return _ring(sizes)
+
+
+def _ring(sizes: list[int], wider: array[int] | None = None) -> array[int] | list[int]:
+    """`sizes` in the narrowest array that holds them all (wider than `wider`, if given)."""
+    codes: tuple[str, ...] = ("I", "q")
+    if wider is not None:
+        codes = codes[codes.index(wider.typecode) + 1:]
+    for code in codes:
+        try:
+            return array(code, sizes)
+        except OverflowError:
+            pass
+    return list(sizes)
+
+
+class SiteSizes(_TypeSizes):
+    """A site's running median body size per content type (bounded: 16 types x 65 sizes): its
+    first content type's sizes held in it (most sites serve one to a crawler; no media until
+    a size is learnt), the others in a tuple (at most 15 more: a scan is as quick as a dict
+    and ~150 bytes smaller)."""
+
+    # SiteHealth is one (its sizes in the object a response reads anyway: one object fewer per
+    # site and per response); SizeNorm is one on its own.
+    __slots__ = ("_other_sizes",)
+
+    def _no_sizes(self) -> None:
+        self._media = None
+        self._sizes = b""
+        self._head = 0
+        self._median = _UNSET
+        self._added = 0
+        self._other_sizes: tuple[_TypeSizes, ...] = ()
+
+    def sizes_for(self, media: str) -> _TypeSizes | None:
         """What is learnt for `media`, if anything (one lookup for a response's question and
-        its lesson: `normal_size` and `add` of the record)."""
-        types = self._types
-        if type(types) is _TypeSizes:
-            return types if types.media == media else None
-        for kept in types or ():  # type: ignore[union-attr]  # a tuple or None
-            if kept.media == media:
+        its lesson: `median_size` and `learn_size` of the record)."""
+        if self._media == media:
+            return self
+        for kept in self._other_sizes:
+            if kept._media == media:
                 return kept
         return None
 
-    def _each(self) -> tuple[_TypeSizes, ...]:
-        types = self._types
-        return () if types is None else (types,) if type(types) is _TypeSizes else types  # type: ignore[return-value]
+    def _each_type(self) -> tuple[_TypeSizes, ...]:
+        return () if self._media is None else (self, *self._other_sizes)
 
-    def normal_size(self, media: str) -> float | None:
-        """The median 2xx body size for `media`, or None until SIZE_MIN_SAMPLES exist."""
-        kept = self.of(media)
-        # nothing learnt for this type: a median of nothing is None
-        return None if kept is None else kept.normal_size()
-
-    def add(self, media: str, size: int, kept: _TypeSizes | None = None) -> None:
-        """Learn one ordinary 2xx body size (`kept`: `of(media)`, when the caller has it)."""
+    def learn_size_of(self, media: str, size: int, kept: _TypeSizes | None = None) -> None:
+        """Learn one ordinary 2xx body size (`kept`: `sizes_for(media)`, when the caller has it)."""
         if kept is None:
-            kept = self.of(media)
+            kept = self.sizes_for(media)
         if kept is None:
-            types = self._each()
-            if len(types) >= SIZE_MAX_TYPES:
+            if self._media is None:
+                kept = self
+                self._media = sys.intern(media)  # "text/html": one string for all sites
+            elif len(self._other_sizes) + 1 >= SIZE_MAX_TYPES:
                 return
-            kept = _TypeSizes(sys.intern(media), [])  # "text/html": one string for all sites
-            self._types = (*types, kept) if types else kept
-        kept.add(size)
+            else:
+                kept = _TypeSizes(sys.intern(media), [])
+                self._other_sizes = (*self._other_sizes, kept)
+        kept.learn_size(size)
 
-    def to_state(self) -> dict[str, Any]:
-        return {kept.media: list(kept.sizes) for kept in self._each()}
+    def sizes_state(self) -> dict[str, Any]:
+        """{content type: [sizes, oldest first]}."""
+        if not self._other_sizes:
+            return {} if self._media is None else {self._media: self.sizes_in_order()}
+        return {kept._media: kept.sizes_in_order() for kept in self._each_type()}  # type: ignore[misc]
 
-    @classmethod
-    def from_state(cls, state: Any) -> SizeNorm:
-        """Rebuild from `to_state`; raises ValueError on anything foreign."""
+    def _read_sizes(self, state: Any) -> None:
+        """Hold what `sizes_state` gave; raises ValueError on anything foreign."""
         if not isinstance(state, dict) or len(state) > SIZE_MAX_TYPES:
             raise ValueError("size norm: expected a mapping of at most 16 content types")
-        norm = cls()
         kept: list[_TypeSizes] = []
         for media, sizes in state.items():
             if not isinstance(media, str) or not isinstance(sizes, list):
                 raise ValueError("size norm: expected {content type: [sizes]}")
-            if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in sizes):
-                raise ValueError("size norm: sizes must be non-negative integers")
+            for x in sizes:
+                if type(x) is not int and (not isinstance(x, int) or isinstance(x, bool)) or x < 0:
+                    raise ValueError("size norm: sizes must be non-negative integers")
             kept.append(_TypeSizes(media, sizes[-SIZE_SAMPLES:]))
+        self._no_sizes()
         if kept:
-            norm._types = kept[0] if len(kept) == 1 else tuple(kept)
+            self._media, self._sizes = kept[0]._media, kept[0]._sizes
+            self._other_sizes = tuple(kept[1:])
+
+
+class SizeNorm(SiteSizes):
+    """Running median body size per content type for one site, on its own."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        self._no_sizes()
+
+    def of(self, media: str) -> _TypeSizes | None:
+        """What is learnt for `media`, if anything."""
+        return self.sizes_for(media)
+
+    def normal_size(self, media: str) -> float | None:
+        """The median 2xx body size for `media`, or None until SIZE_MIN_SAMPLES exist."""
+        kept = self.sizes_for(media)
+        # nothing learnt for this type: a median of nothing is None
+        return None if kept is None else kept.median_size()
+
+    def add(self, media: str, size: int, kept: _TypeSizes | None = None) -> None:
+        """Learn one ordinary 2xx body size (`kept`: `of(media)`, when the caller has it)."""
+        self.learn_size_of(media, size, kept)
+
+    def to_state(self) -> dict[str, Any]:
+        return self.sizes_state()
+
+    @classmethod
+    def from_state(cls, state: Any) -> SizeNorm:
+        """Rebuild from `to_state`; raises ValueError on anything foreign."""
+        norm = cls()
+        norm._read_sizes(state)
         return norm

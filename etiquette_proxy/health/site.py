@@ -43,9 +43,22 @@ from etiquette_proxy.headers import field_text
 from etiquette_proxy.health.history import (
     DAY,
     HealthHistory,
-    WindowRecord,
+    History,
+    appended,
+    history_daily,
+    history_from_state,
+    history_scores,
+    history_span,
+    history_state,
     is_count,
     is_number,
+    pack_window,
+    retired,
+    tally_parts,
+    verdict_head,
+    window_fields,
+    window_mark,
+    with_mark,
 )
 from etiquette_proxy.health.parser import ParserHealth
 from etiquette_proxy.health.score import Baseline, Tally, route_problem, score_window
@@ -54,7 +67,7 @@ from etiquette_proxy.health.signals import (
     Classification,
     Markers,
     Signal,
-    SizeNorm,
+    SiteSizes,
     classify_error,
     classify_response,
     media_type,
@@ -81,6 +94,7 @@ class Band(StrEnum):
 
 
 _RANK = {Band.HEALTHY: 0, Band.DEGRADING: 1, Band.HOSTILE: 2}
+_BAND_OF = {b.value: b for b in Band}  # Band(text) without the enum's call
 # What the addon does on entering a band: (action, factor for the site's rate and concurrency).
 ACTIONS: dict[Band, tuple[str, float]] = {
     Band.HEALTHY: ("restore", 1.0),
@@ -195,52 +209,105 @@ class Observed:
 _OK_UNCHANGED = Observed(_OK, None)
 
 
-class _Open:
-    """The open window: a tally per route and the canaries' verdicts."""
+class _Kind:
+    """What every site with the same settings, clock and way of judging windows shares: the
+    settings, the clock, the markers, whether windows are judged on every instance's counts
+    (SPEC §10), and the start of the window last opened (a float every such site holds)."""
 
-    # One per site in memory. The first route's tally is held as it is (one proxy has one
-    # route: its upstream); a dict of every route only once a second one is counted (a dict of
-    # one is 184 bytes).
-    __slots__ = ("start", "route", "tally", "_routes", "canaries", "canaries_good", "canary_wrong")
+    __slots__ = ("settings", "clock", "shared", "markers", "window_s", "raw_days", "days_name", "start")
+
+    def __init__(self, settings: HealthSettings, clock: Clock, shared: bool):
+        self.settings = settings
+        self.clock = clock
+        self.shared = shared
+        self.markers = Markers.for_site(settings.challenge_markers, settings.block_markers)
+        self.window_s = settings.window_s
+        self.raw_days = settings.baseline_days + 1  # windows stay raw for the baseline's span
+        self.days_name = f"{settings.baseline_days} days"  # the name of a baseline of past days
+        self.start: float | None = None
+
+    def window_start(self, t: float) -> float:
+        """The start of the window holding `t` (aligned to the wall clock, so several instances
+        agree), as the one float object every site of this kind holds while it is the same."""
+        start = math.floor(t / self.window_s) * self.window_s
+        if start == self.start:
+            return self.start
+        self.start = start
+        return start
+
+
+# One kind per (settings, clock, shared), the first two keyed by identity (held, so an id is
+# never reused while it is a key); bounded, the oldest forgotten first (a site keeps its kind:
+# sites made after that merely share another one).
+_KINDS: dict[tuple[int, int, Any], _Kind] = {}
+MAX_KINDS = 256
+_DEFAULT_SETTINGS = HealthSettings()
+
+
+def _kind_of(settings: HealthSettings | None, clock: Clock, shared: bool = False) -> _Kind:
+    settings = settings or _DEFAULT_SETTINGS
+    key = (id(settings), id(clock), shared)
+    kind = _KINDS.get(key)
+    if kind is None:
+        kind = _Kind(settings, clock, shared)
+        if len(_KINDS) >= MAX_KINDS:
+            del _KINDS[next(iter(_KINDS))]
+        _KINDS[key] = kind
+    return kind
+
+
+class _Open(Tally):
+    """The open window: its first route's counts (the tally it is), every route's once there
+    are two, and the canaries' verdicts."""
+
+    # One per site counting in its open window (a site at rest has none). One proxy has one
+    # route, its upstream: that route is counted into the window itself, so a response touches
+    # one object for its counts; a dict of every route (the first one the window itself) only
+    # once a second route is counted.
+    __slots__ = ("start", "route", "_routes", "canaries", "canaries_good", "canary_wrong")
 
     def __init__(self, start: float):
+        Tally.__init__(self)
         self.start = start
-        self.route = ""  # the route of `tally`, while it is the only one
-        self.tally: Tally | None = None
+        self.route: str | None = None  # the first route counted (None: none yet)
         self._routes: dict[str, Tally] | None = None  # every route, once there are two
         self.canaries = 0
         self.canaries_good = 0
         self.canary_wrong: str | None = None
 
     @property
+    def tally(self) -> Tally | None:
+        """The window's one route's tally (None: no route, or several)."""
+        return self if self._routes is None and self.route is not None else None
+
+    @property
     def routes(self) -> dict[str, Tally]:
         """Every route's tally, in the order they were first counted (to read, not to change)."""
         if self._routes is not None:
             return self._routes
-        return {} if self.tally is None else {self.route: self.tally}
+        return {} if self.route is None else {self.route: self}
 
     def set_routes(self, routes: dict[str, Tally]) -> None:
-        """Hold exactly `routes` (in their order)."""
+        """Hold exactly `routes` (in their order; a window not yet counted into)."""
         if len(routes) == 1:
-            ((self.route, self.tally),) = routes.items()
+            ((self.route, t),) = routes.items()
+            self.n, self.hard, self.challenge, self.soft, self.error = t.n, t.hard, t.challenge, t.soft, t.error
+            self.latency = t.latency
             self._routes = None
         else:
-            self.route, self.tally, self._routes = "", None, (routes or None)
+            self.route, self._routes = None, (routes or None)
 
     def tally_for(self, route: str) -> Tally:
         """The tally `route` is counted into (made on first use; past MAX_ROUTES routes, the
         "(other routes)" one)."""
-        tally = self.tally
-        if tally is not None and self.route == route:
-            return tally
+        if self.route == route:
+            return self
         routes = self._routes
         if routes is None:
-            if tally is None:  # the first route
-                tally = self.tally = Tally()
+            if self.route is None:  # the first route
                 self.route = route
-                return tally
-            routes = self._routes = {self.route: tally}  # a second: every route in a dict
-            self.route, self.tally = "", None
+                return self
+            routes = self._routes = {self.route: self}  # a second: every route in a dict
         tally = routes.get(route)
         if tally is None:
             if len(routes) >= MAX_ROUTES:
@@ -249,7 +316,37 @@ class _Open:
         return tally
 
     def empty(self) -> bool:
-        return self.tally is None and not self._routes and not self.canaries
+        return self.route is None and not self._routes and not self.canaries
+
+
+class _WarmUp(Tally):
+    """The warm-up windows pooled (seed 000: the site's first normal until past days are),
+    and how many they are."""
+
+    __slots__ = ("windows",)
+
+    def __init__(self) -> None:
+        Tally.__init__(self)
+        self.windows = 0
+
+
+class _NoWindow:
+    """What `SiteHealth._open` says of an open window nothing was counted in yet."""
+
+    __slots__ = ("start",)
+    tally = None
+    canaries = canaries_good = 0
+    canary_wrong = None
+
+    def __init__(self, start: float):
+        self.start = start
+
+    @property
+    def routes(self) -> dict[str, Tally]:
+        return {}
+
+    def empty(self) -> bool:
+        return True
 
 
 # -- one window counted by several instances (SPEC §10, state.backend: redis) ---------------------
@@ -319,16 +416,12 @@ class _Judged:
     baseline: str
 
 
-class _NoHistory(HealthHistory):
-    """The history of every site that has closed no window yet: one shared, empty, never added to."""
-
-    __slots__ = ()
-
-    def append(self, record: WindowRecord) -> None:
-        raise RuntimeError("the shared empty history takes no records")
-
-
-_NO_HISTORY = _NoHistory(1)
+# A verdict the window's own record can say, held as that record marked (history.py
+# `with_mark`): too few requests (its reasons are `_not_enough`), or scored with nothing to
+# report; the baseline it was judged against: mark - 1 (or - 4) indexes _BASELINES, where
+# "days" is the kind's `days_name`. Every other verdict is a _Judged of its own.
+_NOT_ENOUGH, _SCORED_QUIETLY = 1, 4
+_BASELINES = ("learning", "warm-up", "days")
 
 # The reasons of a window too small to judge, or judged while learning, kept by every site's
 # last verdict and history: one tuple per distinct text (bounded by min_requests values).
@@ -354,40 +447,62 @@ def _kept_reason(key: tuple[str, int, int], text: str) -> tuple[str, ...]:
     return reasons
 
 
-class SiteHealth:
+_EMPTY_TALLY_STATE = Tally().to_state()
+
+
+class SiteHealth(SiteSizes):
     """One site's hostility score: observe every response, act on the BandChange returned."""
 
-    # One per site seen: slots, shared settings and markers, and the warm-up tally, history
-    # deques and size norms built on first use keep an idle site small (100,000 sites).
-    __slots__ = ("site", "settings", "_clock", "_markers", "_sizes", "band", "_smoothed",
-                 "_probation", "_warmup", "_warmup_count", "_open", "_history", "_judged",
-                 "_baseline_memo", "shared", "_closed")
+    # One per site seen (100,000 sites): slots; the settings, clock and markers shared (_Kind);
+    # the open window an object only while something is counted in it; the site's size norm
+    # (SiteSizes: the median body size per content type) held in it; a history of one closed
+    # window held as that window's compact record, which also says the last verdict when it
+    # can. A response reads the size norm's slots, then these first three.
+    __slots__ = ("_kind", "_start", "_win", "site", "band", "_smoothed", "_probation", "_warmup",
+                 "_history", "_judged", "_baseline_memo", "_closed")
 
     def __init__(self, site: str, settings: HealthSettings | None = None, clock: Clock = wall):
+        self._blank(site, settings, clock)
+        self._start = self._kind.window_start(clock())
+
+    def _blank(self, site: str, settings: HealthSettings | None, clock: Clock, sizes: bool = True) -> None:
         self.site = site
-        self.settings = settings or HealthSettings()
-        self._clock = clock
-        self._markers = Markers.for_site(
-            self.settings.challenge_markers, self.settings.block_markers
-        )
-        self._sizes = SizeNorm()
+        self._kind = _kind_of(settings, clock)
+        if sizes:  # (from_state reads its own)
+            self._no_sizes()
         self.band = Band.HEALTHY
         self._smoothed = 100.0
         self._probation = 0
-        self._warmup: Tally | None = None  # the warm-up windows pooled (built on the first)
-        self._warmup_count = 0
-        self._open = _Open(self._window_start(clock()))
-        self._history: HealthHistory = _NO_HISTORY  # its own from the first closed window
-        self._judged: _Judged | None = None
+        self._warmup: _WarmUp | None = None  # the warm-up windows pooled (made with the first)
+        self._start = 0.0  # the open window's start
+        self._win: _Open | None = None  # the open window, once something is counted in it
+        self._history: History = None  # history.py: None, one record, or a HealthHistory
+        self._judged: _Judged | bytes | None = None  # the last verdict (bytes: a marked record)
         self._baseline_memo: tuple[float, Baseline | None] | None = None
-        # SPEC §10: with several instances a window is judged on every instance's counts: a
-        # closed window waits here (counted by this instance) until `close_shared` is given
-        # the sum; `take_closed` hands it to the caller that adds it to the shared counts.
-        self.shared = False
+        # SPEC §10: with several instances (`shared`) a window is judged on every instance's
+        # counts: a closed window waits here (counted by this instance) until `close_shared` is
+        # given the sum; `take_closed` hands it to the caller that adds it to the shared counts.
         self._closed: tuple[_Open, ...] | list[_Open] = ()  # a list of its own once shared windows close
 
-    def _window_start(self, t: float) -> float:
-        return math.floor(t / self.settings.window_s) * self.settings.window_s
+    @property
+    def settings(self) -> HealthSettings:
+        return self._kind.settings
+
+    @property
+    def shared(self) -> bool:
+        """True when windows are judged on every instance's counts (SPEC §10)."""
+        return self._kind.shared
+
+    @shared.setter
+    def shared(self, value: bool) -> None:
+        kind = self._kind
+        if kind.shared is not value:
+            self._kind = _kind_of(kind.settings, kind.clock, value)
+
+    @property
+    def _open(self) -> _Open | _NoWindow:
+        """The open window (one that says it is empty while nothing is counted in it)."""
+        return self._win or _NoWindow(self._start)
 
     # -- the hot path: one call per response ------------------------------------------------
 
@@ -395,9 +510,13 @@ class SiteHealth:
         self, signal: Signal, latency_s: float | None = None, route: str | None = None
     ) -> BandChange | None:
         """Count one classified observation; returns a band change when a window closed."""
-        now = self._clock()
-        change = self._roll(now) if now >= self._open.start + self.settings.window_s else None
-        self._open.tally_for(route or "").add(signal, latency_s)
+        kind = self._kind
+        now = kind.clock()
+        change = self._roll(now) if now >= self._start + kind.window_s else None
+        w = self._win
+        if w is None:
+            w = self._win = _Open(self._start)
+        w.tally_for(route or "").add(signal, latency_s)
         return change
 
     def observe_response(
@@ -413,16 +532,15 @@ class SiteHealth:
     ) -> Observed:
         """Classify one response (first ~64 KiB of body suffices) and count it."""
         media = media_type(field_text(headers, "content-type"))
-        sizes = self._sizes
-        kept = sizes.of(media)  # the size norm asked and taught with one lookup
+        kept = self.sizes_for(media)  # the size norm asked and taught with one lookup
         c = classify_response(
             status,
             headers,
             body_head,
             body_size,
-            markers=self._markers,
+            markers=self._kind.markers,
             method=method,
-            normal_size=None if kept is None else kept.normal_size(),
+            normal_size=None if kept is None else kept.median_size(),
             media=media,
         )
         if (
@@ -433,9 +551,9 @@ class SiteHealth:
             and method.upper() != "HEAD"
         ):
             if kept is None:
-                sizes.add(media, body_size)
+                self.learn_size_of(media, body_size)
             else:
-                kept.add(body_size)
+                kept.learn_size(body_size)
         change = self.observe(c.signal, latency_s, route)
         if change is None and c is _OK:
             return _OK_UNCHANGED  # immutable: most responses share it
@@ -450,9 +568,11 @@ class SiteHealth:
 
     def record_canary(self, url: str, status: int, marker_found: bool) -> BandChange | None:
         """A canary's verdict (its response is observed separately, like any other)."""
-        now = self._clock()
-        change = self._roll(now) if now >= self._open.start + self.settings.window_s else None
-        w = self._open
+        now = self._kind.clock()
+        change = self._roll(now) if now >= self._start + self._kind.window_s else None
+        w = self._win
+        if w is None:
+            w = self._win = _Open(self._start)
         w.canaries += 1
         if 200 <= status < 300:
             if marker_found:
@@ -463,8 +583,8 @@ class SiteHealth:
 
     def tick(self) -> BandChange | None:
         """Close the open window if its time is up (call periodically; no traffic, no close)."""
-        now = self._clock()
-        return self._roll(now) if now >= self._open.start + self.settings.window_s else None
+        now = self._kind.clock()
+        return self._roll(now) if now >= self._start + self._kind.window_s else None
 
     # -- questions --------------------------------------------------------------------------
 
@@ -480,20 +600,66 @@ class SiteHealth:
         """The smoothed score, or None when the latest window cannot be judged."""
         # `assessment().score` without the reasons and baseline name: every audit line asks.
         j = self._judged
-        if j is None or j.raw is None or not self._is_current(j):
+        if j is None:
+            return None
+        if type(j) is bytes:
+            start, scored = verdict_head(j)
+            if not scored or not self._is_current(start):
+                return None
+        elif j.raw is None or not self._is_current(j.start):  # type: ignore[union-attr]
             return None
         return round(self._smoothed)
 
-    def _is_current(self, j: _Judged) -> bool:
+    def _is_current(self, start: float) -> bool:
         # The verdict is current when it is about the window before this one (allowing for the
         # open window being overdue until the next tick/observation closes it).
-        return j.start >= self._window_start(self._clock()) - 2 * self.settings.window_s
+        kind = self._kind
+        return start >= kind.window_start(kind.clock()) - 2 * kind.window_s
+
+    def _verdict(self) -> _Judged | None:
+        """The last verdict as a _Judged (a marked record's read back)."""
+        j = self._judged
+        if type(j) is not bytes:
+            return j  # type: ignore[return-value]
+        mark = window_mark(j)
+        start, raw, _, _, n = window_fields(j)
+        quiet = mark >= _SCORED_QUIETLY
+        return _Judged(start, n, raw, () if quiet else _not_enough(n, self._kind.settings.min_requests), (),
+                       None, self._baseline_named(mark - (_SCORED_QUIETLY if quiet else _NOT_ENOUGH)))
+
+    def _marked_state(self, j: bytes) -> list[Any]:
+        """A marked record's verdict as to_state stores a verdict."""
+        mark = window_mark(j)
+        start, raw, _, _, n = window_fields(j)
+        if mark >= _SCORED_QUIETLY:
+            return [start, n, raw, [], [], None, self._baseline_named(mark - _SCORED_QUIETLY)]
+        return [start, n, raw, [_not_enough(n, self._kind.settings.min_requests)[0]], [], None,
+                self._baseline_named(mark - _NOT_ENOUGH)]
+
+    def _baseline_named(self, base: int) -> str:
+        return self._kind.days_name if base == 2 else _BASELINES[base]
+
+    def _mark(self, n: int, raw: float | None, reasons: tuple[str, ...], signals: tuple[str, ...],
+              route: str | None, baseline: str) -> int:
+        """The mark a window's record takes to say this verdict (0: it cannot)."""
+        if signals or route is not None:
+            return 0
+        kind = self._kind
+        names = ("learning", "warm-up", kind.days_name)
+        if baseline not in names:
+            return 0
+        base = names.index(baseline)
+        if raw is None and reasons == _not_enough(n, kind.settings.min_requests):
+            return _NOT_ENOUGH + base
+        if raw is not None and not reasons:
+            return _SCORED_QUIETLY + base
+        return 0
 
     def assessment(self) -> Assessment:
         """Score, band and reasons for the latest complete window (does not close windows)."""
         s = self.settings
-        j = self._judged
-        if j is None or not self._is_current(j):
+        j = self._verdict()
+        if j is None or not self._is_current(j.start):
             n = sum(t.n for t in self._open.routes.values())
             return Assessment(
                 self.site,
@@ -502,7 +668,7 @@ class SiteHealth:
                 (f"not enough requests to judge: {n} of {s.min_requests}",),
                 (),
                 None,
-                self._open.start,
+                self._start,
                 n,
                 self._baseline_name(),
                 None,
@@ -526,15 +692,15 @@ class SiteHealth:
 
     def history(self) -> list[tuple[float, int | None]]:
         """(window start, smoothed score) for the raw windows kept, oldest first (sparkline)."""
-        return self._history.scores()
+        return history_scores(self._history)
 
     def daily_history(self) -> list[tuple[float, int | None, float | None, int]]:
         """(day start, lowest score, mean score, requests) per rolled-up day, oldest first."""
-        return self._history.daily()
+        return history_daily(self._history)
 
     def baseline(self) -> Baseline | None:
         """The baseline the next window will be judged against (None while learning)."""
-        return self._baseline(self._open.start)
+        return self._baseline(self._start)
 
     # -- operator ---------------------------------------------------------------------------
 
@@ -545,8 +711,6 @@ class SiteHealth:
         self._smoothed = RESUME_SCORE
         self._probation = 0
         return self._change(Band.DEGRADING, (why,))
-
-    # -- windows ----------------------------------------------------------------------------
 
     # -- windows counted by several instances (SPEC §10) --------------------------------------
 
@@ -561,35 +725,40 @@ class SiteHealth:
     def close_shared(self, start: float, counts: Mapping[str, int],
                      canary_wrong: str | None) -> BandChange | None:
         """Judge the window starting at `start` on every instance's counters summed."""
-        if self._judged is not None and start <= self._judged.start:
+        j = self._judged
+        if j is not None and start <= (verdict_head(j)[0] if type(j) is bytes else j.start):  # type: ignore[union-attr]
             return None  # judged already (windows are judged once, in order)
         w = window_from_counts(start, counts, canary_wrong)
         return None if w.empty() else self._close(w)
 
+    # -- windows ----------------------------------------------------------------------------
+
     def _roll(self, now: float) -> BandChange | None:
-        closing = self._open
-        self._open = _Open(self._window_start(now))
+        closing, start = self._win, self._start
+        self._win = None
+        self._start = self._kind.window_start(now)
         if self.shared:
             # Even an empty window: the other instances may have counted in it.
+            if closing is None:
+                closing = _Open(start)
             self._closed = [*self._closed[-3:], closing]  # bounded: a caller that never takes them keeps the last few
-            self._history.retire(now)
+            self._history = retired(self._history, now, self._kind.raw_days)
             self._baseline_memo = None
             return None
-        change = None if closing.empty() else self._close(closing)
-        self._history.retire(now)
+        change = None if closing is None or closing.empty() else self._close(closing)
+        self._history = retired(self._history, now, self._kind.raw_days)
         self._baseline_memo = None  # history moved on
         return change
 
     def _close(self, w: _Open) -> BandChange | None:
-        s = self.settings
+        s = self._kind.settings
         baseline = self._baseline(w.start)
         routes = w.routes
         finding = route_problem(routes, s.min_requests, baseline) if len(routes) > 1 else None
         # A failing route is a route problem, not site hostility (seed 000): leave it out.
+        scored: Tally
         if w.tally is not None:
-            # One route, as one proxy has: its tally is the window's, kept as the history
-            # record (the closed window is not counted into again), not merged into a copy.
-            scored = w.tally
+            scored = w  # one route, as one proxy has: the window's counts are its own
         else:
             excluded = set(finding.routes) if finding else set()
             scored = Tally()
@@ -605,11 +774,12 @@ class SiteHealth:
             change = self._probation_step(w)
         elif baseline is None:
             if w.canary_wrong is None:  # a window whose canary saw wrong content is not normal
-                if self._warmup is None:
-                    self._warmup = Tally()
-                self._warmup.merge(scored)
-                self._warmup_count += 1
-            reasons = _learning(self._warmup_count)
+                warm = self._warmup
+                if warm is None:
+                    warm = self._warmup = _WarmUp()
+                warm.merge(scored)
+                warm.windows += 1
+            reasons = _learning(0 if self._warmup is None else self._warmup.windows)
         else:
             ws = score_window(scored, baseline, w.canary_wrong)
             raw = ws.raw
@@ -622,22 +792,24 @@ class SiteHealth:
         if finding is not None:
             reasons += (finding.reason,)
         stable_normal = stable and w.canary_wrong is None
-        if self._history is _NO_HISTORY:
-            self._history = HealthHistory(self.settings.baseline_days + 1)
-        self._history.append(
-            WindowRecord(
-                w.start, scored, raw, self._smoothed if raw is not None else None, stable_normal
-            )
-        )
-        self._judged = _Judged(
-            w.start,
-            scored.n,
-            raw,
-            reasons,
-            signals,
-            finding.reason if finding else None,
-            baseline.source if baseline else "learning",
-        )
+        # The verdict, said by the window's record where it can (see _mark): too few requests
+        # and nothing else to say, or scored with nothing to report.
+        mark = 0
+        if finding is None and not signals:
+            base = 0 if baseline is None else 1 if baseline.source == "warm-up" else 2
+            if raw is None and not stable and w.canary_wrong is None:
+                mark = _NOT_ENOUGH + base
+            elif raw is not None and not reasons:
+                mark = _SCORED_QUIETLY + base
+        record = pack_window(w.start, scored, raw, self._smoothed if raw is not None else None, stable_normal, mark)
+        if type(record) is bytes and mark:
+            self._judged = record
+        else:
+            if scored is w and type(record) is not bytes:  # kept as objects: a tally, not the window
+                record.tally = Tally(w.n, w.hard, w.challenge, w.soft, w.error, w.latency)  # type: ignore[union-attr]
+            self._judged = _Judged(w.start, scored.n, raw, reasons, signals, finding.reason if finding else None,
+                                   baseline.source if baseline else "learning")
+        self._history = appended(self._history, record, self._kind.raw_days)
         return change
 
     def _probation_step(self, w: _Open) -> BandChange | None:
@@ -675,7 +847,7 @@ class SiteHealth:
             action,
             factor,
             alert=new is Band.HOSTILE,
-            at=self._clock(),
+            at=self._kind.clock(),
         )
         log.info("health %s: %s -> %s (%s)", self.site, self.band, new, change.why)
         self.band = new
@@ -685,40 +857,49 @@ class SiteHealth:
         """Seed 000: the site's own normal over the past days, excluding the last one."""
         if self._baseline_memo is not None and self._baseline_memo[0] == t:
             return self._baseline_memo[1]
-        days = self.settings.baseline_days
-        total, stable = self._history.span(t - (days + 1) * DAY, t - DAY)
+        days = self._kind.settings.baseline_days
+        total, stable = history_span(self._history, t - (days + 1) * DAY, t - DAY)
         found: Baseline | None = None
         if stable >= WARMUP_WINDOWS:
-            found = Baseline.of(total, f"{days} days")
-        elif self._warmup_count >= WARMUP_WINDOWS:
-            found = Baseline.of(self._warmup or Tally(), "warm-up")
+            found = Baseline.of(total or Tally(), f"{days} days")
+        elif self._warmup is not None and self._warmup.windows >= WARMUP_WINDOWS:
+            found = Baseline.of(self._warmup, "warm-up")
         self._baseline_memo = (t, found)
         return found
 
     def _baseline_name(self) -> str:
-        b = self._baseline(self._open.start)
+        b = self._baseline(self._start)
         return b.source if b else "learning"
 
     # -- persistence ------------------------------------------------------------------------
 
     def to_state(self) -> dict[str, Any]:
         """JSON-able state; the open window is kept merged (its per-route split is not)."""
-        open_tally = Tally()
-        for t in self._open.routes.values():
-            open_tally.merge(t)
-        o, j = self._open, self._judged
+        w = self._win
+        if w is None:
+            open_state = [self._start, list(_EMPTY_TALLY_STATE), 0, 0, None]
+        else:
+            open_tally = Tally()
+            for t in w.routes.values():
+                open_tally.merge(t)
+            open_state = [w.start, open_tally.to_state(), w.canaries, w.canaries_good, w.canary_wrong]
+        j = self._judged
+        if type(j) is bytes:
+            verdict: list[Any] | None = self._marked_state(j)
+        else:
+            verdict = None if j is None else [j.start, j.n, j.raw, list(j.reasons), list(j.signals), j.route,  # type: ignore[union-attr]
+                                              j.baseline]  # type: ignore[union-attr]
         return {
             "v": STATE_VERSION,
-            "band": self.band.value,
+            "band": self.band._value_,  # .value without the enum's property call
             "smoothed": self._smoothed,
             "probation": self._probation,
-            "warmup": [self._warmup_count, (self._warmup or Tally()).to_state()],
-            "open": [o.start, open_tally.to_state(), o.canaries, o.canaries_good, o.canary_wrong],
-            "history": self._history.to_state(),
-            "judged": None
-            if j is None
-            else [j.start, j.n, j.raw, list(j.reasons), list(j.signals), j.route, j.baseline],
-            "sizes": self._sizes.to_state(),
+            "warmup": [0, list(_EMPTY_TALLY_STATE)] if self._warmup is None
+            else [self._warmup.windows, self._warmup.to_state()],
+            "open": open_state,
+            "history": history_state(self._history),
+            "judged": verdict,
+            "sizes": self.sizes_state(),
         }
 
     @classmethod
@@ -728,9 +909,11 @@ class SiteHealth:
         """Rebuild from `to_state`; raises ValueError on foreign or corrupt state."""
         if not (isinstance(state, dict) and state.get("v") == STATE_VERSION):
             raise ValueError("site health: not a version-1 state")
-        h = cls(site, settings, clock)
+        h = cls.__new__(cls)
+        h._blank(site, settings, clock, sizes=False)
         try:
-            h.band = Band(state["band"])
+            band = state["band"]
+            h.band = _BAND_OF.get(band) or Band(band) if type(band) is str else Band(band)
             smoothed, probation = state["smoothed"], state["probation"]
             if not (is_number(smoothed) and 0 <= smoothed <= 100 and is_count(probation)):
                 raise ValueError("site health: bad score or probation")
@@ -738,21 +921,83 @@ class SiteHealth:
             count, warm = state["warmup"]
             if not is_count(count):
                 raise ValueError("site health: bad warm-up count")
-            warmup = Tally.from_state(warm)
-            # An empty warm-up tally is what None stands for (the first merge makes one).
-            h._warmup_count = count
-            h._warmup = warmup if warmup.n or warmup.latency.count else None
-            h._open = _open_from_state(state["open"])
-            history = HealthHistory.from_state(state["history"], h.settings.baseline_days + 1)
-            h._history = history if history.windows or history.days else _NO_HISTORY
-            h._judged = _judged_from_state(state["judged"])
-            h._sizes = SizeNorm.from_state(state["sizes"])
+            h._warmup = _warmup_from_state(count, warm)
+            h._start, h._win = _open_from_state(state["open"])
+            h._history = history_from_state(state["history"], h._kind.raw_days)
+            h._judged = h._verdict_from_state(state["judged"])
+            h._read_sizes(state["sizes"])
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"site health: malformed state ({e!r})") from None
         return h
 
+    def _verdict_from_state(self, s: Any) -> _Judged | bytes | None:
+        """The stored verdict: the last window's record marked, when that record says exactly
+        it (after the history is read), else a _Judged."""
+        if s is None:
+            return None
+        start, n, raw, reasons, signals, route, baseline = s
+        texts = (
+            isinstance(reasons, list)
+            and isinstance(signals, list)
+            and all(isinstance(x, str) for x in reasons + signals)
+        )
+        if not (
+            is_number(start)
+            and is_count(n)
+            and (raw is None or is_number(raw))
+            and texts
+            and (route is None or isinstance(route, str))
+            and isinstance(baseline, str)
+        ):
+            raise ValueError("site health: bad judged window")
+        start, said, named = float(start), tuple(reasons), tuple(signals)
+        mark = self._mark(n, raw, said, named, route, baseline)
+        last = self._history
+        if isinstance(last, HealthHistory):
+            last = last.windows[-1] if last.windows else None
+        if mark and type(last) is bytes:
+            at, its_raw, _, _, its_n = window_fields(last)
+            if _same(at, start) and its_n == n and _same(its_raw, raw):
+                return self._with_mark(last, mark)
+        return _Judged(start, n, raw, said, named, route, baseline)
 
-def _open_from_state(s: Any) -> _Open:
+    def _with_mark(self, last: bytes, mark: int) -> bytes:
+        """The newest window's record, marked, in place of the unmarked one."""
+        marked = with_mark(last, mark)
+        if isinstance(self._history, HealthHistory):
+            self._history.windows[-1] = marked  # type: ignore[index]  # non-empty: a list
+        else:
+            self._history = marked
+        return marked
+
+
+def _same(a: float | None, b: float | None) -> bool:
+    """The same value of the same type, as its stored form says it (-0.0 is not 0.0)."""
+    if a is None or b is None:
+        return a is b
+    return type(a) is type(b) and a == b and (a != 0 or math.copysign(1.0, a) == math.copysign(1.0, b))
+
+
+def _warmup_from_state(count: int, warm: Any) -> _WarmUp | None:
+    # A tally with no requests and no latencies is an empty pool (the first merge fills it).
+    parts = tally_parts(warm)
+    if parts is not None and not parts[0] and not parts[6]:
+        t = None
+    else:
+        t = Tally.from_state(warm)
+        if not (t.n or t.latency.count):
+            t = None
+    if t is None and not count:
+        return None  # no warm-up window: what None stands for
+    pool = _WarmUp()
+    if t is not None:
+        pool.n, pool.hard, pool.challenge, pool.soft, pool.error, pool.latency = \
+            t.n, t.hard, t.challenge, t.soft, t.error, t.latency
+    pool.windows = count
+    return pool
+
+
+def _open_from_state(s: Any) -> tuple[float, _Open | None]:
     start, tally, canaries, good, wrong = s
     if not (
         is_number(start)
@@ -762,33 +1007,15 @@ def _open_from_state(s: Any) -> _Open:
         and (wrong is None or isinstance(wrong, str))
     ):
         raise ValueError("site health: bad open window")
+    parts = tally_parts(tally)
+    t = Tally.from_state(tally) if parts is None or parts[0] else None
+    if (t is None or not t.n) and not canaries and wrong is None:
+        return float(start), None  # nothing counted: no window object
     o = _Open(float(start))
-    t = Tally.from_state(tally)
-    if t.n:
-        o.route, o.tally = "", t
+    if t is not None and t.n:
+        o.set_routes({"": t})
     o.canaries, o.canaries_good, o.canary_wrong = canaries, good, wrong
-    return o
-
-
-def _judged_from_state(s: Any) -> _Judged | None:
-    if s is None:
-        return None
-    start, n, raw, reasons, signals, route, baseline = s
-    texts = (
-        isinstance(reasons, list)
-        and isinstance(signals, list)
-        and all(isinstance(x, str) for x in reasons + signals)
-    )
-    if not (
-        is_number(start)
-        and is_count(n)
-        and (raw is None or is_number(raw))
-        and texts
-        and (route is None or isinstance(route, str))
-        and isinstance(baseline, str)
-    ):
-        raise ValueError("site health: bad judged window")
-    return _Judged(float(start), n, raw, tuple(reasons), tuple(signals), route, baseline)
+    return o.start, o
 
 
 def _window_end(h: SiteHealth) -> float:
