@@ -1020,12 +1020,13 @@ def _open_from_state(s: Any) -> tuple[float, _Open | None]:
 
 def _window_end(h: SiteHealth) -> float:
     """When `h`'s open window ends: the first tick at or after it closes the window."""
-    return h._open.start + h.settings.window_s
+    return h._start + h._kind.window_s
 
 
 def _idle(h: SiteHealth) -> bool:
     """True while nothing is counted in `h`'s open window."""
-    return h._open.empty()
+    w = h._win
+    return w is None or w.empty()
 
 
 class HealthBook:
