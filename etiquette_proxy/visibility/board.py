@@ -290,6 +290,9 @@ class SiteTally(Counting):
         }
 
 
+_BEFORE_ANY = -(1 << 62)  # the order of a last `ts` of "": before every ts_millis value
+
+
 def _add_counts(into: dict[str, Any], counts: Mapping[str, Any]) -> None:
     """Add a site's counts (as_dict) to the folded totals: numbers add up, nested ones too."""
     for key, value in counts.items():
@@ -360,6 +363,22 @@ class SiteBoard:
         if not self._folded_sites:
             return None
         return {"sites": self._folded_sites, **self._folded}
+
+    def latest_sites(self, limit: int) -> list[tuple[str, SiteTally]]:
+        """The `limit` sites whose last line has the latest `ts` text (first listed first among
+        equal ones): sorted(sites.items(), key=last_ts, reverse=True)[:limit]."""
+        sites = self.sites
+        names, tallies = list(sites), list(sites.values())
+        keys: list[Any] = [tally._last_ts for tally in tallies]  # noqa: SLF001
+        if str in set(map(type, keys)):
+            if any(key for key in keys if type(key) is str):
+                keys = [tally.last_ts for tally in tallies]
+            else:  # "" (no line yet) comes before any text
+                keys = [key if key != "" else _BEFORE_ANY for key in keys]
+        # Texts in the log's own form order as their milliseconds (fixed width, years 1000-9999):
+        # no text written out for the order, and the sort's keys are read in C.
+        top = sorted(range(len(keys)), key=keys.__getitem__, reverse=True)[:limit]
+        return [(names[i], tallies[i]) for i in top]
 
     def add(self, record: Mapping[str, Any]) -> None:
         """Count one audit record (never raises on odd values: the board is best effort)."""

@@ -20,6 +20,7 @@ Snapshot = Callable[[], Mapping[str, Any]]
 __all__ = ["CONTENT_TYPE_LATEST", "BoardCollector", "render_metrics"]
 
 _NAME = re.compile(r"[^a-zA-Z0-9_]")
+FOLDED_SITE = "(folded)"  # the `site` label of the sites the board no longer lists (no host is spelled so)
 
 
 class BoardCollector(Collector):
@@ -48,15 +49,7 @@ class BoardCollector(Collector):
                                        labels=["site", "origin", "status"])
         for entry in sites:
             site = entry["site"]
-            for outcome, n in sorted(entry.get("outcomes", {}).items()):
-                requests.add_metric([site, outcome], n)
-            for outcome, n in sorted(entry.get("would", {}).items()):
-                would.add_metric([site, outcome], n)
-            robots_fetches.add_metric([site], entry.get("robots_fetches", 0))
-            received.add_metric([site], entry.get("received_429", 0))
-            sent.add_metric([site], entry.get("bytes_sent", 0))
-            for how, n in sorted(entry.get("saved", {}).items()):
-                saved.add_metric([site, how], n)
+            _add_counts(site, entry, requests, would, robots_fetches, received, sent, saved)
             live = entry.get("live", {})
             for name, value in _numbers(live):
                 family = gauges.get(name)
@@ -69,6 +62,9 @@ class BoardCollector(Collector):
                 if isinstance(robots, Mapping) and isinstance(robots.get("age_s"), (int, float)):
                     robots_age.add_metric([site, str(robots.get("origin", "")), str(robots.get("status", ""))],
                                           float(robots["age_s"]))
+        folded = snap.get("folded")
+        if isinstance(folded, Mapping):  # the sites the board no longer lists: their counts, added up
+            _add_counts(FOLDED_SITE, folded, requests, would, robots_fetches, received, sent, saved)
         yield requests
         yield would
         yield robots_fetches
@@ -77,6 +73,29 @@ class BoardCollector(Collector):
         yield saved
         yield robots_age
         yield from (gauges[name] for name in sorted(gauges))
+        if isinstance(folded, Mapping):
+            yield GaugeMetricFamily("etiquette_folded_sites", f"Sites the board no longer lists (the least recently "
+                                    f"active): their counts are under site={FOLDED_SITE!r}.",
+                                    value=_num(folded.get("sites")))
+
+
+def _add_counts(site: str, entry: Mapping[str, Any], requests: CounterMetricFamily, would: CounterMetricFamily,
+                robots_fetches: CounterMetricFamily, received: CounterMetricFamily, sent: CounterMetricFamily,
+                saved: CounterMetricFamily) -> None:
+    """One site's (or the folded sites') counters."""
+    for outcome, n in sorted(entry.get("outcomes", {}).items()):
+        requests.add_metric([site, outcome], n)
+    for outcome, n in sorted(entry.get("would", {}).items()):
+        would.add_metric([site, outcome], n)
+    robots_fetches.add_metric([site], entry.get("robots_fetches", 0))
+    received.add_metric([site], entry.get("received_429", 0))
+    sent.add_metric([site], entry.get("bytes_sent", 0))
+    for how, n in sorted(entry.get("saved", {}).items()):
+        saved.add_metric([site, how], n)
+
+
+def _num(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
 def _numbers(live: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, float]]:

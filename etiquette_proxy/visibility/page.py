@@ -435,7 +435,8 @@ def sorted_sites(sites: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 
 def totals(snap: Mapping[str, Any]) -> dict[str, Any]:
-    """The strip on top: requests/s now, sites by band, paused, refusals by kind, bytes saved."""
+    """The strip on top: requests/s now, sites by band, paused, refusals by kind, bytes saved;
+    the sites the board no longer lists (`folded`) in the sites, refusals and bytes saved."""
     sites = snap.get("sites", [])
     bands: dict[str, int] = {"healthy": 0, "degrading": 0, "hostile": 0, "no score": 0}
     refusals = dict.fromkeys(REFUSAL_KINDS, 0)
@@ -447,8 +448,17 @@ def totals(snap: Mapping[str, Any]) -> dict[str, Any]:
         for kind in REFUSAL_KINDS:
             refusals[kind] += int(entry.get("outcomes", {}).get(kind, 0) or 0)
         saved += _saved(entry)
-    return {"requests_per_s": _num(snap.get("requests_per_s")), "sites": len(sites), "bands": bands,
-            "paused": paused, "refusals": refusals, "saved_bytes": saved}
+    out: dict[str, Any] = {"requests_per_s": _num(snap.get("requests_per_s")), "sites": len(sites), "bands": bands,
+           "paused": paused, "refusals": refusals, "saved_bytes": saved}
+    folded = snap.get("folded")
+    if isinstance(folded, Mapping):  # counts only: no live fields, no band
+        out["folded"] = int(_num(folded.get("sites")) or 0)
+        out["sites"] = len(sites) + out["folded"]
+        outcomes = folded.get("outcomes")
+        for kind in REFUSAL_KINDS:
+            refusals[kind] += int(_num(outcomes.get(kind)) or 0) if isinstance(outcomes, Mapping) else 0
+        out["saved_bytes"] = saved + _saved(folded)
+    return out
 
 
 def _strip(t: Mapping[str, Any]) -> str:
@@ -464,7 +474,8 @@ def _strip(t: Mapping[str, Any]) -> str:
     shown = [f"{k} {n}" for k, n in refusals.items() if n]
     return ('<div class="strip" id="totals">'
             + box(f"{rps:.1f}" if rps is not None else "–", "requests/s now (last 10 s)")
-            + box(str(t["sites"]), "sites")
+            + box(str(t["sites"]), "sites" if not t.get("folded") else
+                  f"sites ({t['folded']} least recently active: in the totals only)")
             + box(band_text, "healthy / degrading / hostile / no score")
             + box(str(t["paused"]), "sites paused", "bad" if t["paused"] else "")
             + box(str(sum(refusals.values())), "refusals: " + (", ".join(shown) or "none"),
