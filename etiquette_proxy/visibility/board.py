@@ -271,23 +271,53 @@ class SiteTally(Counting):
         return [[at, score] for at, score in points]
 
     def as_dict(self) -> dict[str, Any]:
-        outcomes = self.outcomes
+        return self._counts(self.last_ts)
+
+    def _counts(self, last_ts: str) -> dict[str, Any]:
+        """as_dict, its `last_ts` given (a snapshot writes out many at once, see _TsTexts)."""
+        outcomes = self._outcomes
+        if outcomes is None:
+            outcomes = {}
+        elif type(outcomes) is str:
+            outcomes = {outcomes: self.requests}
+        else:
+            outcomes = dict(outcomes)  # type: ignore[arg-type]
         rare = self._rare
         if rare is None:
             return {
                 "requests": self.requests, "outcomes": outcomes, "would": {},
                 "robots_fetches": self.robots_fetches, "robots_refusals": outcomes.get("disallowed", 0),
                 "received_429": 0, "bytes_sent": self.bytes_sent, "saved": {"revalidation": 0, "trimming": 0},
-                "last_ts": self.last_ts, "last_rate": self.last_rate, "signed": {}, "not_signed": 0,
+                "last_ts": last_ts, "last_rate": self.last_rate, "signed": {}, "not_signed": 0,
             }
         return {
             "requests": self.requests, "outcomes": outcomes, "would": _as_dict(rare.would),
             "robots_fetches": self.robots_fetches, "robots_refusals": outcomes.get("disallowed", 0),
             "received_429": rare.received_429, "bytes_sent": self.bytes_sent,
             "saved": {"revalidation": rare.saved_revalidation, "trimming": rare.saved_trimming},
-            "last_ts": self.last_ts, "last_rate": self.last_rate, "signed": _as_dict(rare.signed),
+            "last_ts": last_ts, "last_rate": self.last_rate, "signed": _as_dict(rare.signed),
             "not_signed": rare.not_signed,
         }
+
+
+class _TsTexts:
+    """ts_text for many values at once: each second's text written once (a snapshot's sites'
+    last lines fall in the crawl's last hours, thousands of seconds at most)."""
+
+    def __init__(self) -> None:
+        self._seconds: dict[int, str] = {}
+
+    def __call__(self, ts: int | str) -> str:
+        if isinstance(ts, str):
+            return ts
+        seconds, millis = divmod(ts, 1000)
+        prefix = self._seconds.get(seconds)
+        if prefix is None:
+            prefix = self._seconds[seconds] = ts_text(seconds * 1000)[:20]
+        return prefix + _MILLIS_TEXT[millis]
+
+
+_MILLIS_TEXT = tuple(f"{n:03d}Z" for n in range(1000))
 
 
 _BEFORE_ANY = -(1 << 62)  # the order of a last `ts` of "": before every ts_millis value
@@ -503,9 +533,10 @@ class SiteBoard:
         providers = list(providers)
         self._fold()
         sites = self._sites
+        text = _TsTexts()
         for site in sorted(sites):
             tally = sites[site]
-            entry = tally.as_dict()
+            entry = tally._counts(text(tally._last_ts))  # noqa: SLF001
             entry["site"] = site
             entry["health_history"] = tally.health_history()
             live: dict[str, Any] = {}
