@@ -24,6 +24,7 @@ from urllib.parse import parse_qs, urlencode
 
 from etiquette_proxy.health.site import Band, band_of
 from etiquette_proxy.operate.endpoint_guard import refusal_for
+from etiquette_proxy.visibility.json_text import indented_json
 
 HOST = "etiquette.proxy"
 REFRESH_S = 5
@@ -76,8 +77,7 @@ def serve(
         view = View.from_query({k: v[0] for k, v in query.items() if v})
         page = Page(200, "text/html; charset=utf-8", render_html(snapshot(), view).encode())
     elif path == "/api/sites":
-        data = json.dumps(snapshot(), indent=1, default=str, ensure_ascii=False)
-        page = Page(200, "application/json", data.encode())
+        page = Page(200, "application/json", indented_json(snapshot()).encode())
     elif path == "/metrics":
         content_type, text = metrics()
         page = Page(200, content_type, text)
