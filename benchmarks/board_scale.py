@@ -13,6 +13,10 @@ snapshot  The product's chain (addons/chain.py members: pacing, robots.txt gate,
 
     python benchmarks/board_scale.py bytes [N] [--busy 1000]
     python benchmarks/board_scale.py snapshot [N ...] [--bound B] [--skip robots]
+    python benchmarks/board_scale.py _snapshot_child N --skip gc     # + Dashboard.snapshot with the collector on/off
+    valgrind --tool=callgrind --dump-before='os_getppid*' python benchmarks/board_scale.py _snapshot_child N \
+        --skip robots --skip mark                                    # one Dashboard.snapshot's instructions
+    --skip robots: the robots.txt provider out of Dashboard.snapshot (it is measured alone, on 20 sites).
     --root DIR: run the code of another checkout (e.g. a `git worktree add --detach`), to
     compare before and after in the same run.
 """
@@ -23,6 +27,7 @@ import argparse
 import gc
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import time
@@ -169,6 +174,13 @@ def snapshot_child(n: int, bound: int, skip: set[str]) -> dict[str, Any]:
                 break
         return round(best * 1000, 1)
 
+    if "robots" in skip:
+        dash.providers = tuple(p for p in dash.providers if p != robots.status)
+    if "mark" in skip:  # one Dashboard.snapshot() between two marks, for callgrind --dump-before='os_getppid*'
+        os.getppid()
+        dash.snapshot()
+        os.getppid()
+        return out
     sites = sorted(dash.board.sites)
     out["board_alone_ms"] = timed(lambda: dash.board.snapshot(()))
     for name, provider in providers.items():
@@ -178,9 +190,15 @@ def snapshot_child(n: int, bound: int, skip: set[str]) -> dict[str, Any]:
         sample = sites if n <= size else sites[:: n // size]
         ms = timed(lambda p=provider, s=sample: [p(site) for site in s])
         out[f"provider_{name}_ms"] = round(ms * len(sites) / len(sample), 1)
-    if "robots" in skip:
-        dash.providers = tuple(p for p in dash.providers if p != robots.status)
     out["dashboard_snapshot_ms"] = timed(dash.snapshot)
+    if "gc" in skip:  # the same with the collector off (alternated): how much of it is the collector's
+        on, off = [], []
+        for _ in range(3):
+            on.append(timed(dash.snapshot))
+            gc.disable()
+            off.append(timed(dash.snapshot))
+            gc.enable()
+        out["dashboard_snapshot_gc_on_off_ms"] = [min(on), min(off)]
     snap = dash.snapshot()
     out["page_render_ms"] = timed(lambda: render_html(snap, View()))
     out["api_sites_json_ms"] = timed(lambda: json.dumps(snap, indent=1, default=str, ensure_ascii=False))

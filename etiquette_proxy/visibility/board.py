@@ -23,11 +23,13 @@ Field names the dashboard knows how to draw (anything else is shown as `key: val
 
 from __future__ import annotations
 
+import gc
 import heapq
 import logging
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -50,6 +52,23 @@ HEALTH_POINTS = 240  # health scores kept per site from its lines
 # bounded however many sites a crawl touches, and the audit log (`etiquette-proxy report`)
 # stays the complete record of every site.
 MAX_SITES = 100_000
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block (as it was before, after it).
+
+    A snapshot allocates a tree of new dicts and lists, a dozen per site and none of them in a
+    cycle; every ~700 of them the collector walks its young objects, and now and then every
+    object of the process (each feature's per-site state: millions at 100,000 sites): about a
+    third of a snapshot's time, for nothing to free. Reference counting frees as before."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def epoch_of(ts: Any) -> float | None:
@@ -555,7 +574,8 @@ class SiteBoard:
         """Everything the dashboard shows, JSON-able: sites (tallies + live fields), recent, and
         `identity` (SPEC §9: whether requests are signed, with which keyid; never the key);
         `folded`, once sites have left the list (MAX_SITES): their counts added up."""
-        sites = list(self.entries(providers))
+        with collector_paused():
+            sites = list(self.entries(providers))
         now = self._clock()
         snap = {
             "generated_at": now,

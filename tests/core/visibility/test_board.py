@@ -265,3 +265,26 @@ def test_within_its_bound_nothing_is_folded(board):
     assert "folded" not in snap and board.folded is None
     assert "etiquette_folded_sites" not in render_metrics(lambda: snap).decode()
     assert "least recently active" not in render_html(snap)
+
+
+def test_the_collector_is_paused_while_the_snapshot_is_built_and_as_it_was_after(board):
+    import gc
+
+    seen = []
+
+    def provider(site: str) -> dict:
+        seen.append(gc.isenabled())
+        return {}
+
+    def broken(site: str) -> dict:
+        raise RuntimeError("a feature that fails")
+
+    assert gc.isenabled()
+    board.snapshot([provider, broken])
+    assert seen and not any(seen) and gc.isenabled()
+    gc.disable()
+    try:
+        board.snapshot([provider])
+        assert not gc.isenabled()  # left as the caller had it
+    finally:
+        gc.enable()
