@@ -31,6 +31,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from math import copysign
 from typing import Any
 
 from etiquette_proxy.clock import Clock, wall
@@ -146,7 +147,8 @@ def ts_text(millis: int) -> str:
 class _Rare:
     """A site's counts that most sites never need (created at the first one)."""
 
-    __slots__ = ("health", "not_signed", "received_429", "saved_revalidation", "saved_trimming", "signed", "would")
+    __slots__ = ("health", "health_scores", "not_signed", "received_429", "saved_revalidation", "saved_trimming",
+                 "signed", "would")
 
     def __init__(self) -> None:
         self.received_429 = self.saved_revalidation = self.saved_trimming = self.not_signed = 0
@@ -154,9 +156,20 @@ class _Rare:
         # (key, n) pair, or a dict when there are several keys.
         self.signed: tuple[str, int] | dict[str, int] | None = None
         self.would: tuple[str, int] | dict[str, int] | None = None
-        # [epoch, score] points, oldest first, as the snapshot shows them: pairs of doubles in
-        # an array, or (a clock that is not a float) a deque of pairs.
+        # [epoch, score] points, oldest first, as the snapshot shows them: the times in an
+        # array of doubles and the scores beside them, one byte each while every one is a
+        # whole number that fits (the health feature's scores are 0-100), doubles once one is
+        # not; or (a clock that is not a float) a deque of pairs, no scores apart.
         self.health: array[float] | deque[tuple[Any, float]] | None = None
+        self.health_scores: array[int] | array[float] | None = None
+
+
+def _is_byte(score: float) -> bool:
+    """A score an array of signed bytes gives back exactly: float(int(score)) is score."""
+    return score.is_integer() and -128.0 <= score <= 127.0 and (score != 0.0 or copysign(1.0, score) > 0)
+
+
+_BYTES = {float(n): n for n in range(-128, 128)}  # the scores _is_byte takes (and -0.0, by equality)
 
 
 def _bump(counts: tuple[str, int] | dict[str, int] | None, key: str) -> tuple[str, int] | dict[str, int]:
@@ -238,19 +251,41 @@ class SiteTally(Counting):
     def add_health(self, at: Any, score: float) -> None:
         """One [epoch, score] point (the last HEALTH_POINTS are kept)."""
         rare = self._more()
-        points = rare.health
-        if points is None:
-            points = rare.health = array("d") if type(at) is float else deque(maxlen=HEALTH_POINTS)
-        if type(points) is array:
-            if type(at) is float:
-                points.append(at)
-                points.append(score)
-                if len(points) > 2 * HEALTH_POINTS:
-                    del points[:2]
-                return
-            points = rare.health = deque(zip(points[::2], points[1::2], strict=True), maxlen=HEALTH_POINTS)
-        assert isinstance(points, deque)
-        points.append((at, score))
+        times, scores = rare.health, rare.health_scores
+        if isinstance(times, array) and scores is not None and type(at) is float:
+            if scores.typecode == "b":
+                n = _BYTES.get(score)
+                if n is not None and (n or copysign(1.0, score) > 0):  # (-0.0 finds 0)
+                    scores.append(n)
+                else:
+                    scores = rare.health_scores = array("d", scores)  # the ones before, as they were
+                    scores.append(score)
+            else:
+                scores.append(score)  # type: ignore[arg-type]  # typecode "d": an array of floats
+            times.append(at)
+            if len(times) > HEALTH_POINTS:
+                del times[0]
+                del scores[0]
+            return
+        if times is None and type(at) is float:
+            rare.health = array("d", (at,))
+            rare.health_scores = array("b", (int(score),)) if _is_byte(score) else array("d", (score,))
+            return
+        if not isinstance(times, deque):
+            points = self.health_points() if times is not None else []
+            times = rare.health = deque(points, maxlen=HEALTH_POINTS)
+            rare.health_scores = None
+        times.append((at, score))
+
+    def health_points(self) -> list[tuple[Any, float]]:
+        """(epoch, score) of the points kept, oldest first."""
+        rare = self._rare
+        if rare is None or rare.health is None:
+            return []
+        if isinstance(rare.health, deque):
+            return list(rare.health)
+        assert rare.health_scores is not None
+        return [(at, float(score)) for at, score in zip(rare.health, rare.health_scores, strict=True)]
 
     @property
     def outcomes(self) -> dict[str, int]:
@@ -281,13 +316,7 @@ class SiteTally(Counting):
 
     def health_history(self) -> list[list[Any]]:
         """[[epoch_s, score], ...], oldest first."""
-        points = None if self._rare is None else self._rare.health
-        if points is None:
-            return []
-        if isinstance(points, array):
-            it = iter(points)
-            return [[at, score] for at, score in zip(it, it, strict=True)]
-        return [[at, score] for at, score in points]
+        return [[at, score] for at, score in self.health_points()]
 
     def as_dict(self) -> dict[str, Any]:
         return self._counts(self.last_ts)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from etiquette_proxy.audit.log import OUTCOMES, rfc3339_ms
 from etiquette_proxy.clock import FakeClock
 from etiquette_proxy.state.shared_board import board_json
-from etiquette_proxy.visibility.board import SiteBoard, epoch_of, ts_millis, ts_text
+from etiquette_proxy.visibility.board import HEALTH_POINTS, SiteBoard, SiteTally, epoch_of, ts_millis, ts_text
 from etiquette_proxy.visibility.metrics import render_metrics
 from etiquette_proxy.visibility.tally import SiteCounts
 from tests.core.visibility.reference_board import OldSiteBoard, OldSiteCounts, old_board_json
@@ -238,3 +238,21 @@ def test_past_its_bound_the_board_lists_the_latest_active_sites_and_folds_the_ot
                 if entry["site"] not in left:  # never left: shown as the unbounded board shows it
                     assert json.dumps(entry) == json.dumps(whole)
             assert snap["records"] == full["records"] and snap["recent"] == full["recent"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(points=st.lists(st.tuples(st.one_of(st.floats(T0, T0 + 9), st.integers(0, 9)),
+                                 st.one_of(st.integers(-200, 200).map(float), st.floats(allow_nan=True),
+                                           st.sampled_from([-0.0, 0.0, 127.0, 128.0, -128.0, -129.0, 0.5]))),
+                       max_size=300))
+def test_health_points_are_given_back_as_they_came(points):
+    # scores kept one byte each while they fit, doubles after; times as doubles, or with a
+    # clock that gave an int, pairs in a deque: the last HEALTH_POINTS, each value as it came
+    tally = SiteTally()
+    for at, score in points:
+        tally.add_health(at, score)
+    expected = [[at, score] for at, score in points][-HEALTH_POINTS:]
+    assert json.dumps(tally.health_history()) == json.dumps(expected)
+    got = tally.health_history()
+    assert all(type(a) is type(b)
+               for pair, want in zip(got, expected, strict=True) for a, b in zip(pair, want, strict=True))
