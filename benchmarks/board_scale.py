@@ -8,8 +8,9 @@ snapshot  The product's chain (addons/chain.py members: pacing, robots.txt gate,
           entry, a budget, a runaway guard, health, and 3 audit records on the board; then ms
           per call of: the board alone (no providers), each status provider over every site,
           Dashboard.snapshot() (what the page, /api/sites and /metrics call), and the three
-          pages. `--bound B`: state.max_sites_in_memory (default 200,000: every site in memory,
-          so the providers read no state store). Each size in its own process (RSS).
+          pages as page.serve answers them from one snapshot. `--bound B`:
+          state.max_sites_in_memory (default 200,000: every site in memory, so the providers
+          read no state store). Each size in its own process (RSS).
 
     python benchmarks/board_scale.py bytes [N] [--busy 1000]
     python benchmarks/board_scale.py snapshot [N ...] [--bound B] [--skip robots]
@@ -127,8 +128,8 @@ def snapshot_child(n: int, bound: int, skip: set[str]) -> dict[str, Any]:
 
     from etiquette_proxy.config import load_config
     from etiquette_proxy.robots.policy import FetchResult, RobotsSettings
-    from etiquette_proxy.visibility.metrics import render_metrics
-    from etiquette_proxy.visibility.page import View, render_html
+    from etiquette_proxy.visibility.metrics import CONTENT_TYPE_LATEST, render_metrics
+    from etiquette_proxy.visibility.page import serve
 
     config = load_config("", overrides=["pacing.rate=100000", "pacing.burst=100000",
                                         f"state.max_sites_in_memory={bound}"])
@@ -200,11 +201,21 @@ def snapshot_child(n: int, bound: int, skip: set[str]) -> dict[str, Any]:
             gc.enable()
         out["dashboard_snapshot_gc_on_off_ms"] = [min(on), min(off)]
     snap = dash.snapshot()
-    out["page_render_ms"] = timed(lambda: render_html(snap, View()))
-    out["api_sites_json_ms"] = timed(lambda: json.dumps(snap, indent=1, default=str, ensure_ascii=False))
-    out["metrics_ms"] = timed(lambda: render_metrics(lambda: snap))
-    out["api_sites_bytes"] = len(json.dumps(snap, indent=1, default=str, ensure_ascii=False).encode())
-    out["metrics_bytes"] = len(render_metrics(lambda: snap))
+
+    def page(path: str) -> bytes:
+        """The page as the dashboard serves it (page.serve), from that one snapshot."""
+        return serve("GET", path, lambda: snap, lambda: (CONTENT_TYPE_LATEST, render_metrics(lambda: snap))).body
+
+    out["page_render_ms"] = timed(lambda: page("/"))
+    out["api_sites_json_ms"] = timed(lambda: page("/api/sites"))
+    out["metrics_ms"] = timed(lambda: page("/metrics"))
+    if "jsoncmp" in skip:  # /api/sites' writer against json.dumps, alternated on this snapshot
+        from etiquette_proxy.visibility.json_text import indented_json
+        pairs = [(timed(lambda: json.dumps(snap, indent=1, default=str, ensure_ascii=False)),
+                  timed(lambda: indented_json(snap))) for _ in range(3)]
+        out["json_dumps_vs_indented_json_ms"] = pairs
+    out["api_sites_bytes"] = len(page("/api/sites"))
+    out["metrics_bytes"] = len(page("/metrics"))
     return out
 
 
