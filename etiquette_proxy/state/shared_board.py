@@ -29,10 +29,15 @@ REFRESH_S = 10.0  # republish an unchanged board this often, well inside its TTL
 
 
 def board_json(board: SiteBoard, at: float, limit: int = PUBLISH_SITES) -> str:
-    """This proxy's board as published: the most recently active `limit` sites' tallies."""
-    recent = sorted(board.sites.items(), key=lambda item: item[1].last_ts, reverse=True)[:limit]
+    """This proxy's board as published: the most recently active `limit` sites' tallies (and
+    the counts of the sites the board no longer lists, once there are some)."""
+    recent = board.latest_sites(limit)
     sites = {site: tally.as_dict() for site, tally in recent if tally.requests or tally.robots_fetches}
-    return json.dumps({"at": at, "records": board.records, "sites": sites}, separators=(",", ":"))
+    data: dict[str, Any] = {"at": at, "records": board.records, "sites": sites}
+    folded = board.folded
+    if folded is not None:
+        data["folded"] = folded
+    return json.dumps(data, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,7 @@ class RemoteBoard:
     at: float
     records: int
     sites: Mapping[str, Mapping[str, Any]]
+    folded: Mapping[str, Any] | None = None  # the counts of the sites its board no longer lists
 
 
 def read_board(raw: bytes | str | None) -> RemoteBoard | None:
@@ -55,7 +61,9 @@ def read_board(raw: bytes | str | None) -> RemoteBoard | None:
         return None
     if not isinstance(sites, dict):
         return None
-    return RemoteBoard(at, records, {s: t for s, t in sites.items() if isinstance(s, str) and isinstance(t, dict)})
+    folded = data.get("folded")
+    return RemoteBoard(at, records, {s: t for s, t in sites.items() if isinstance(s, str) and isinstance(t, dict)},
+                       folded if isinstance(folded, dict) else None)
 
 
 def add_tallies(into: dict[str, Any], other: Mapping[str, Any]) -> None:
@@ -98,6 +106,11 @@ def merge_snapshot(snapshot: dict[str, Any], others: Mapping[str, RemoteBoard], 
     merged["records"] = snapshot.get("records", 0) + sum(b.records for b in others.values())
     merged["requests_per_s"] = round(snapshot.get("requests_per_s", 0.0) + sum(rates.get(n, 0.0) for n in others), 2)
     merged["proxies"] = 1 + len(others)
+    folded = [f for f in (snapshot.get("folded"), *(b.folded for b in others.values())) if f]
+    if folded:  # the sites no board lists any more: their counts added up
+        merged["folded"] = {}
+        for counts in folded:
+            add_tallies(merged["folded"], counts)
     return merged
 
 

@@ -1,7 +1,9 @@
 """The live site board behind the dashboard (SPEC §11): audit records in, a snapshot out.
 
 The board is fed every audit record the proxy writes (one call per decision) and keeps small
-per-site tallies plus a ring buffer of recent decisions; nothing here does I/O. Live fields
+per-site tallies plus a ring buffer of recent decisions; nothing here does I/O. It lists at
+most `max_sites` sites (MAX_SITES): past that the least recently active leaves the list and
+its counts are added to the snapshot's `folded` totals. Live fields
 that only a feature knows (rate, ceiling, pause, breaker, robots.txt, health, traps) come from
 *status providers*: callables `provider(site) -> dict` that each feature registers. Their
 fields are merged into the site's `live` dict in registration order (later ones win), so a
@@ -21,15 +23,19 @@ Field names the dashboard knows how to draw (anything else is shown as `key: val
 
 from __future__ import annotations
 
+import gc
+import heapq
 import logging
-from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from datetime import datetime
+from array import array
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from math import copysign
 from typing import Any
 
 from etiquette_proxy.clock import Clock, wall
-from etiquette_proxy.visibility.tally import SiteCounts, health_score
+from etiquette_proxy.visibility.tally import Counting, health_score
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +43,33 @@ StatusProvider = Callable[[str], Mapping[str, Any]]
 
 RECENT_KEYS = ("ts", "site", "outcome", "status", "method", "url", "reason", "waited_s", "would", "event")
 RATE_WINDOW_S = 10.0  # "requests/s now" on the dashboard: decisions in the last 10 s
+LATEST_KEPT = 100_000  # arrival times kept for that rate (bounded)
 FOLD_EVERY = 64  # records added before the board counts them (a reader counts them at once)
+HEALTH_POINTS = 240  # health scores kept per site from its lines
+# Sites the board lists one by one (the dashboard, /api/sites, /metrics: SPEC §11). Past it the
+# site least recently active (its last line counted longest ago) leaves the list and its counts
+# are added to the `folded` totals, so the sums the dashboard and /metrics show still count
+# every request; a site that comes back is listed again, from zero. The board's memory stays
+# bounded however many sites a crawl touches, and the audit log (`etiquette-proxy report`)
+# stays the complete record of every site.
+MAX_SITES = 100_000
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block (as it was before, after it).
+
+    A snapshot allocates a tree of new dicts and lists, a dozen per site and none of them in a
+    cycle; every ~700 of them the collector walks its young objects, and now and then every
+    object of the process (each feature's per-site state: millions at 100,000 sites): about a
+    third of a snapshot's time, for nothing to free. Reference counting frees as before."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def epoch_of(ts: Any) -> float | None:
@@ -50,43 +82,315 @@ def epoch_of(ts: Any) -> float | None:
         return None
 
 
-@dataclass(kw_only=True)
-class SiteTally(SiteCounts):
-    """What the audit log said about one site since the proxy started (the counts in tally.py)."""
+# -- audit `ts` texts as integers -----------------------------------------------------------------
+#
+# The audit log writes `ts` as `2026-11-30T00:30:21.123Z` (audit/log.py rfc3339_ms). The board
+# keeps each site's last one: as milliseconds since the epoch (one int) when the text is exactly
+# what ts_text gives back for them, as the text itself otherwise.
 
-    last_ts: str = ""
-    last_rate: float | None = None
-    signed: Counter[str] = field(default_factory=Counter)  # SPEC §9: keyid -> requests signed with it
-    not_signed: int = 0  # requests the client signed itself (or that could not be signed)
-    # (the line's `ts` text, the board's clock when it came, score): `ts` is read as a time
-    # only when a snapshot asks (board.add runs once per request; snapshots are rare).
-    health: deque[tuple[Any, float, float]] = field(default_factory=lambda: deque(maxlen=240))
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_SECOND = timedelta(seconds=1)
+_MILLIS = {f"{n:03d}": n for n in range(1000)}  # a `ts`'s three digits of milliseconds
+# Lines come in time order, most in the second being written: its text up to the milliseconds,
+# and its epoch milliseconds (only ever a text ts_text gives back).
+_current = ("1970-01-01T00:00:00.", 0)
+_SECONDS: dict[str, int] = {}  # and the last few seconds': "YYYY-MM-DDTHH:MM:SS." -> epoch ms
+_DAYS: dict[int, str] = {}  # days since the epoch -> "YYYY-MM-DD"
+
+
+def ts_millis(ts: Any) -> int | None:
+    """Milliseconds since the epoch of an audit `ts` in the log's own form (`ts_text` gives
+    the same text back), else None."""
+    global _current  # noqa: PLW0603 - a one-entry cache; a race only reads a second twice
+    if type(ts) is not str or len(ts) != 24 or ts[23] != "Z":
+        return None
+    millis = _MILLIS.get(ts[20:23])
+    if millis is None:
+        return None
+    prefix, base = _current
+    if ts.startswith(prefix):
+        return base + millis
+    prefix = ts[:20]
+    found = _SECONDS.get(prefix)
+    if found is None:
+        try:
+            seconds = (datetime.fromisoformat(prefix[:19]).replace(tzinfo=UTC) - _EPOCH) // _SECOND
+        except (ValueError, OverflowError):
+            return None
+        found = seconds * 1000
+        if ts_text(found) != prefix + "000Z":  # not the log's own text of that second
+            return None
+        if len(_SECONDS) >= 64:
+            _SECONDS.clear()
+        _SECONDS[prefix] = found
+    _current = (prefix, found)
+    return found + millis
+
+
+def ts_text(millis: int) -> str:
+    """The audit `ts` text of `ts_millis`'s value: what audit/log.py rfc3339_ms writes."""
+    seconds, millis = divmod(millis, 1000)
+    days, seconds = divmod(seconds, 86400)
+    day = _DAYS.get(days)
+    if day is None:
+        day = (_EPOCH + timedelta(days=days)).strftime("%Y-%m-%d")
+        if len(_DAYS) >= 64:
+            _DAYS.clear()
+        _DAYS[days] = day
+    hours, seconds = divmod(seconds, 3600)
+    minutes, seconds = divmod(seconds, 60)
+    return f"{day}T{hours:02d}:{minutes:02d}:{seconds:02d}.{millis:03d}Z"
+
+
+# -- one site ----------------------------------------------------------------------------------------
+
+class _Rare:
+    """A site's counts that most sites never need (created at the first one)."""
+
+    __slots__ = ("health", "health_scores", "not_signed", "received_429", "saved_revalidation", "saved_trimming",
+                 "signed", "would")
+
+    def __init__(self) -> None:
+        self.received_429 = self.saved_revalidation = self.saved_trimming = self.not_signed = 0
+        # keyid -> requests signed with it, and observe mode's would -> count: None, one
+        # (key, n) pair, or a dict when there are several keys.
+        self.signed: tuple[str, int] | dict[str, int] | None = None
+        self.would: tuple[str, int] | dict[str, int] | None = None
+        # [epoch, score] points, oldest first, as the snapshot shows them: the times in an
+        # array of doubles and the scores beside them, one byte each while every one is a
+        # whole number that fits (the health feature's scores are 0-100), doubles once one is
+        # not; or (a clock that is not a float) a deque of pairs, no scores apart.
+        self.health: array[float] | deque[tuple[Any, float]] | None = None
+        self.health_scores: array[int] | array[float] | None = None
+
+
+def _is_byte(score: float) -> bool:
+    """A score an array of signed bytes gives back exactly: float(int(score)) is score."""
+    return score.is_integer() and -128.0 <= score <= 127.0 and (score != 0.0 or copysign(1.0, score) > 0)
+
+
+_BYTES = {float(n): n for n in range(-128, 128)}  # the scores _is_byte takes (and -0.0, by equality)
+
+
+def _bump(counts: tuple[str, int] | dict[str, int] | None, key: str) -> tuple[str, int] | dict[str, int]:
+    """`counts` with one more `key`: a pair for one key, a dict (first-seen order) for more."""
+    if counts is None:
+        return (key, 1)
+    if type(counts) is tuple:
+        first, n = counts
+        return (first, n + 1) if first == key else {first: n, key: 1}
+    assert isinstance(counts, dict)
+    counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def _as_dict(counts: tuple[str, int] | dict[str, int] | None) -> dict[str, int]:
+    if counts is None:
+        return {}
+    if type(counts) is tuple:
+        return {counts[0]: counts[1]}
+    return dict(counts)  # type: ignore[arg-type]
+
+
+def _rare_count(name: str) -> property:
+    def get(self: SiteTally) -> int:
+        rare = self._rare
+        return 0 if rare is None else int(getattr(rare, name))
+
+    def put(self: SiteTally, value: int) -> None:
+        setattr(self._more(), name, value)
+    return property(get, put)
+
+
+class SiteTally(Counting):
+    """What the audit log said about one site since the proxy started (the counts in tally.py),
+    held compactly: a crawl may touch 100,000 sites, most of them a few times."""
+
+    __slots__ = ("_last_ts", "_outcomes", "_rare", "bytes_sent", "last_rate", "requests", "robots_fetches",
+                 "seen")
+
+    received_429 = _rare_count("received_429")
+    saved_revalidation = _rare_count("saved_revalidation")
+    saved_trimming = _rare_count("saved_trimming")
+    not_signed = _rare_count("not_signed")  # requests the client signed itself (or that could not be)
+
+    def __init__(self) -> None:
+        self.requests = self.robots_fetches = self.bytes_sent = 0
+        # None before the first request; the outcome's name while every request had it (its
+        # count is `requests`); a dict (first-seen order) once there are two.
+        self._outcomes: str | dict[str, int] | None = None
+        self._last_ts: int | str = ""  # ts_millis of the last line's `ts`, or its text
+        self.last_rate: float | None = None
+        self.seen = 0  # the board's fold when a line about the site was last counted
+        self._rare: _Rare | None = None
+
+    def _more(self) -> _Rare:
+        rare = self._rare
+        if rare is None:
+            rare = self._rare = _Rare()
+        return rare
+
+    def add_outcome(self, outcome: str, would: str | None) -> None:
+        outcomes = self._outcomes
+        if outcomes is None:
+            self._outcomes = outcome
+        elif type(outcomes) is str:
+            if outcomes != outcome:  # `requests` already counts this one
+                self._outcomes = {outcomes: self.requests - 1, outcome: 1}
+        else:
+            assert isinstance(outcomes, dict)
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        if would:
+            rare = self._more()
+            rare.would = _bump(rare.would, would)
+
+    def add_signed(self, keyid: str) -> None:
+        rare = self._more()
+        rare.signed = _bump(rare.signed, keyid)
+
+    def add_health(self, at: Any, score: float) -> None:
+        """One [epoch, score] point (the last HEALTH_POINTS are kept)."""
+        rare = self._more()
+        times, scores = rare.health, rare.health_scores
+        if isinstance(times, array) and scores is not None and type(at) is float:
+            if scores.typecode == "b":
+                n = _BYTES.get(score)
+                if n is not None and (n or copysign(1.0, score) > 0):  # (-0.0 finds 0)
+                    scores.append(n)
+                else:
+                    scores = rare.health_scores = array("d", scores)  # the ones before, as they were
+                    scores.append(score)
+            else:
+                scores.append(score)  # type: ignore[arg-type]  # typecode "d": an array of floats
+            times.append(at)
+            if len(times) > HEALTH_POINTS:
+                del times[0]
+                del scores[0]
+            return
+        if times is None and type(at) is float:
+            rare.health = array("d", (at,))
+            rare.health_scores = array("b", (int(score),)) if _is_byte(score) else array("d", (score,))
+            return
+        if not isinstance(times, deque):
+            points = self.health_points() if times is not None else []
+            times = rare.health = deque(points, maxlen=HEALTH_POINTS)
+            rare.health_scores = None
+        times.append((at, score))
+
+    def health_points(self) -> list[tuple[Any, float]]:
+        """(epoch, score) of the points kept, oldest first."""
+        rare = self._rare
+        if rare is None or rare.health is None:
+            return []
+        if isinstance(rare.health, deque):
+            return list(rare.health)
+        assert rare.health_scores is not None
+        return [(at, float(score)) for at, score in zip(rare.health, rare.health_scores, strict=True)]
+
+    @property
+    def outcomes(self) -> dict[str, int]:
+        outcomes = self._outcomes
+        if outcomes is None:
+            return {}
+        if type(outcomes) is str:
+            return {outcomes: self.requests}
+        return dict(outcomes)  # type: ignore[arg-type]
+
+    @property
+    def would(self) -> dict[str, int]:
+        return {} if self._rare is None else _as_dict(self._rare.would)
+
+    @property
+    def signed(self) -> dict[str, int]:  # SPEC §9: keyid -> requests signed with it
+        return {} if self._rare is None else _as_dict(self._rare.signed)
+
+    @property
+    def last_ts(self) -> str:
+        ts = self._last_ts
+        return ts if type(ts) is str else ts_text(ts)  # type: ignore[arg-type]
+
+    @last_ts.setter
+    def last_ts(self, text: str) -> None:
+        millis = ts_millis(text)
+        self._last_ts = text if millis is None else millis
+
+    def health_history(self) -> list[list[Any]]:
+        """[[epoch_s, score], ...], oldest first."""
+        return [[at, score] for at, score in self.health_points()]
 
     def as_dict(self) -> dict[str, Any]:
+        return self._counts(self.last_ts)
+
+    def _counts(self, last_ts: str) -> dict[str, Any]:
+        """as_dict, its `last_ts` given (a snapshot writes out many at once, see _TsTexts)."""
+        outcomes = self._outcomes
+        if outcomes is None:
+            outcomes = {}
+        elif type(outcomes) is str:
+            outcomes = {outcomes: self.requests}
+        else:
+            outcomes = dict(outcomes)  # type: ignore[arg-type]
+        rare = self._rare
+        if rare is None:
+            return {
+                "requests": self.requests, "outcomes": outcomes, "would": {},
+                "robots_fetches": self.robots_fetches, "robots_refusals": outcomes.get("disallowed", 0),
+                "received_429": 0, "bytes_sent": self.bytes_sent, "saved": {"revalidation": 0, "trimming": 0},
+                "last_ts": last_ts, "last_rate": self.last_rate, "signed": {}, "not_signed": 0,
+            }
         return {
-            "requests": self.requests,
-            "outcomes": dict(self.outcomes),
-            "would": dict(self.would),
-            "robots_fetches": self.robots_fetches,
-            "robots_refusals": self.outcomes.get("disallowed", 0),
-            "received_429": self.received_429,
-            "bytes_sent": self.bytes_sent,
-            "saved": {"revalidation": self.saved_revalidation, "trimming": self.saved_trimming},
-            "last_ts": self.last_ts,
-            "last_rate": self.last_rate,
-            "signed": dict(self.signed),
-            "not_signed": self.not_signed,
+            "requests": self.requests, "outcomes": outcomes, "would": _as_dict(rare.would),
+            "robots_fetches": self.robots_fetches, "robots_refusals": outcomes.get("disallowed", 0),
+            "received_429": rare.received_429, "bytes_sent": self.bytes_sent,
+            "saved": {"revalidation": rare.saved_revalidation, "trimming": rare.saved_trimming},
+            "last_ts": last_ts, "last_rate": self.last_rate, "signed": _as_dict(rare.signed),
+            "not_signed": rare.not_signed,
         }
+
+
+class _TsTexts:
+    """ts_text for many values at once: each second's text written once (a snapshot's sites'
+    last lines fall in the crawl's last hours, thousands of seconds at most)."""
+
+    def __init__(self) -> None:
+        self._seconds: dict[int, str] = {}
+
+    def __call__(self, ts: int | str) -> str:
+        if isinstance(ts, str):
+            return ts
+        seconds, millis = divmod(ts, 1000)
+        prefix = self._seconds.get(seconds)
+        if prefix is None:
+            prefix = self._seconds[seconds] = ts_text(seconds * 1000)[:20]
+        return prefix + _MILLIS_TEXT[millis]
+
+
+_MILLIS_TEXT = tuple(f"{n:03d}Z" for n in range(1000))
+
+
+_BEFORE_ANY = -(1 << 62)  # the order of a last `ts` of "": before every ts_millis value
+
+
+def _add_counts(into: dict[str, Any], counts: Mapping[str, Any]) -> None:
+    """Add a site's counts (as_dict) to the folded totals: numbers add up, nested ones too."""
+    for key, value in counts.items():
+        if isinstance(value, Mapping):
+            _add_counts(into.setdefault(key, {}), value)
+        elif isinstance(value, int):
+            into[key] = into.get(key, 0) + value
 
 
 class SiteBoard:
     """Per-site tallies and recent decisions, fed one audit record at a time."""
 
-    def __init__(self, recent: int = 50, clock: Clock = wall, fold_every: int = FOLD_EVERY):
+    def __init__(self, recent: int = 50, clock: Clock = wall, fold_every: int = FOLD_EVERY,
+                 max_sites: int = MAX_SITES):
         if recent < 1:
             raise ValueError(f"recent ({recent!r}) must be >= 1")
         if fold_every < 1:
             raise ValueError(f"fold_every ({fold_every!r}) must be >= 1")
+        if max_sites < 1:
+            raise ValueError(f"max_sites ({max_sites!r}) must be >= 1")
         self._clock = clock
         self.started = clock()
         self._sites: dict[str, SiteTally] = {}
@@ -94,12 +398,22 @@ class SiteBoard:
         # RECENT_KEYS are picked out when a snapshot asks, not once per request.
         self._recent: deque[Mapping[str, Any]] = deque(maxlen=recent)
         self._records = 0
-        self._latest: deque[float] = deque(maxlen=100_000)  # when recent decisions came (bounded)
+        # When recent decisions came, oldest first from _latest_head: a deque's float objects
+        # would cost four times the memory.
+        self._latest = array("d")
+        self._latest_head = 0
         # (when it came, record) not counted yet: `add` runs once per request, between every
         # other hook of the flow; counting a batch at once, when a reader asks or every
         # `fold_every` records, costs a fraction of counting each alone. Readers see the same.
         self._pending: deque[tuple[float, Mapping[str, Any]]] = deque()
         self._fold_every = fold_every
+        self._folds = 0  # batches counted: each site's `seen`
+        self.max_sites = max_sites
+        # The least recently active sites, (seen, site) newest first, found a batch at a time
+        # when the list is full (see _make_room); each leaves unless it was seen again since.
+        self._oldest: list[tuple[int, str]] = []
+        self._folded_sites = 0
+        self._folded: dict[str, Any] = {}
 
     @property
     def sites(self) -> dict[str, SiteTally]:
@@ -119,6 +433,31 @@ class SiteBoard:
         self._fold()
         return self._records
 
+    @property
+    def folded(self) -> dict[str, Any] | None:
+        """The counts of the sites that left the list (MAX_SITES), added up, with `sites`: how
+        many left; None while none has."""
+        self._fold()
+        if not self._folded_sites:
+            return None
+        return {"sites": self._folded_sites, **self._folded}
+
+    def latest_sites(self, limit: int) -> list[tuple[str, SiteTally]]:
+        """The `limit` sites whose last line has the latest `ts` text (first listed first among
+        equal ones): sorted(sites.items(), key=last_ts, reverse=True)[:limit]."""
+        sites = self.sites
+        names, tallies = list(sites), list(sites.values())
+        keys: list[Any] = [tally._last_ts for tally in tallies]  # noqa: SLF001
+        if str in set(map(type, keys)):
+            if any(key for key in keys if type(key) is str):
+                keys = [tally.last_ts for tally in tallies]
+            else:  # "" (no line yet) comes before any text
+                keys = [key if key != "" else _BEFORE_ANY for key in keys]
+        # Texts in the log's own form order as their milliseconds (fixed width, years 1000-9999):
+        # no text written out for the order, and the sort's keys are read in C.
+        top = sorted(range(len(keys)), key=keys.__getitem__, reverse=True)[:limit]
+        return [(names[i], tallies[i]) for i in top]
+
     def add(self, record: Mapping[str, Any]) -> None:
         """Count one audit record (never raises on odd values: the board is best effort)."""
         pending = self._pending
@@ -128,6 +467,9 @@ class SiteBoard:
 
     def _fold(self) -> None:
         pending = self._pending
+        if not pending:
+            return
+        self._folds += 1
         while pending:  # popleft: a record added meanwhile (another thread) is counted, once
             now, record = pending.popleft()
             try:
@@ -135,50 +477,116 @@ class SiteBoard:
             except Exception:  # noqa: BLE001 - one odd record must not lose the rest of the batch
                 log.exception("board: could not count %r", record)
 
+    def _tally(self, site: str) -> SiteTally:
+        """The site's tally, a new one (room made) when the site is not listed."""
+        tally = self._sites.get(site)
+        if tally is None:
+            if len(self._sites) >= self.max_sites:
+                self._make_room()
+            tally = self._sites[site] = SiteTally()
+        tally.seen = self._folds
+        return tally
+
+    def _make_room(self) -> None:
+        """The least recently active site leaves the list, its counts added to `folded`."""
+        sites = self._sites
+        while len(sites) >= self.max_sites:
+            if not self._oldest:
+                # A batch at a time (a walk over every site): the oldest 1/64th, by when each
+                # was last seen and, among sites seen in the same batch, first listed first.
+                batch = max(1, self.max_sites // 64)
+                self._oldest = [(tally.seen, site) for site, tally in
+                                heapq.nsmallest(batch, sites.items(), key=lambda item: item[1].seen)]
+                self._oldest.reverse()
+            seen, site = self._oldest.pop()
+            tally = sites.get(site)
+            if tally is None or tally.seen != seen:
+                continue  # seen again since the batch was chosen: it stays
+            del sites[site]
+            self._folded_sites += 1
+            counts = tally.as_dict()
+            _add_counts(self._folded, {k: counts[k] for k in counts if k not in ("last_ts", "last_rate")})
+
     def _count(self, now: float, record: Mapping[str, Any]) -> None:
         site = record.get("site")
         if not isinstance(site, str) or not site:
             return
         if record.get("event") == "operator":  # an operator's action, not a request: recent only
             self._recent.append(record)
-            if record.get("action") == "pause":
-                self._sites.setdefault(site, SiteTally())  # listed (and shown paused) before any request
+            if record.get("action") == "pause" or site in self._sites:
+                self._tally(site)  # listed (and shown paused) before any request
             return
         self._records += 1
-        self._latest.append(now)
+        latest = self._latest
+        latest.append(now)
+        if len(latest) - self._latest_head > LATEST_KEPT:  # the oldest leaves, as from a deque(maxlen)
+            self._latest_head += 1
+            self._drop_old()
         tally = self._sites.get(site)
         if tally is None:
-            tally = self._sites[site] = SiteTally()
+            tally = self._tally(site)
+        else:
+            tally.seen = self._folds
         outcome = str(record.get("outcome", ""))
-        tally.last_ts = str(record.get("ts", "")) or tally.last_ts
+        ts = record.get("ts", "")
+        millis = ts_millis(ts)
+        if millis is not None:
+            tally._last_ts = millis  # noqa: SLF001 - the board's own tally
+        else:
+            text = str(ts)
+            if text:
+                tally._last_ts = text  # noqa: SLF001
         rate = record.get("rate")
         if isinstance(rate, (int, float)):
             tally.last_rate = float(rate)
         keyid = record.get("signed")
         if isinstance(keyid, str):
-            tally.signed[keyid] += 1
+            tally.add_signed(keyid)
         elif record.get("not_signed"):
             tally.not_signed += 1
         would = record.get("would")
         if not tally.count(record, outcome, str(would) if would else None):
             return  # the proxy's own robots.txt fetch
-        score = health_score(record.get("health"))
+        health = record.get("health")
+        score = None if health is None else health_score(health)
         if score is not None:
-            tally.health.append((record.get("ts"), now, score))
+            # The point as the snapshot shows it: the line's time, or the board's when the
+            # line has none it can read, to the millisecond (a ts_millis value is already:
+            # round(millis / 1000, 3) is millis / 1000 for every year the log can write).
+            if millis:
+                tally.add_health(millis / 1000, score)
+            else:
+                tally.add_health(round(epoch_of(ts) or now, 3), score)
         self._recent.append(record)
 
-    def snapshot(self, providers: Iterable[StatusProvider] = (),
-                 identity: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Everything the dashboard shows, JSON-able: sites (tallies + live fields), recent, and
-        `identity` (SPEC §9: whether requests are signed, with which keyid; never the key)."""
+    def _rate_now(self, now: float) -> float:
+        latest, head = self._latest, self._latest_head
+        end = len(latest)
+        since = now - RATE_WINDOW_S
+        while head < end and latest[head] < since:
+            head += 1
+        self._latest_head = head
+        self._drop_old()
+        return round((end - head) / RATE_WINDOW_S, 2)
+
+    def _drop_old(self) -> None:
+        """Free the arrival times before _latest_head once they are a good share of the array."""
+        head = self._latest_head
+        if head >= 4096 and 4 * head >= len(self._latest):
+            del self._latest[:head]
+            self._latest_head = 0
+
+    def entries(self, providers: Iterable[StatusProvider] = ()) -> Iterator[dict[str, Any]]:
+        """Each site's snapshot entry (tallies + live fields), by site name."""
         providers = list(providers)
         self._fold()
-        sites = []
-        for site in sorted(self._sites):
-            tally = self._sites[site]
-            entry = tally.as_dict()
+        sites = self._sites
+        text = _TsTexts()
+        for site in sorted(sites):
+            tally = sites[site]
+            entry = tally._counts(text(tally._last_ts))  # noqa: SLF001
             entry["site"] = site
-            entry["health_history"] = [[round(epoch_of(ts) or at, 3), s] for ts, at, s in tally.health]
+            entry["health_history"] = tally.health_history()
             live: dict[str, Any] = {}
             for provider in providers:
                 try:
@@ -188,16 +596,26 @@ class SiteBoard:
             if "health_history" in live:  # the health feature keeps the long history itself
                 entry["health_history"] = live.pop("health_history")
             entry["live"] = live
-            sites.append(entry)
+            yield entry
+
+    def snapshot(self, providers: Iterable[StatusProvider] = (),
+                 identity: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Everything the dashboard shows, JSON-able: sites (tallies + live fields), recent, and
+        `identity` (SPEC §9: whether requests are signed, with which keyid; never the key);
+        `folded`, once sites have left the list (MAX_SITES): their counts added up."""
+        with collector_paused():
+            sites = list(self.entries(providers))
         now = self._clock()
-        while self._latest and self._latest[0] < now - RATE_WINDOW_S:
-            self._latest.popleft()
-        return {
+        snap = {
             "generated_at": now,
-            "requests_per_s": round(len(self._latest) / RATE_WINDOW_S, 2),
+            "requests_per_s": self._rate_now(now),
             "started_at": self.started,
             "records": self._records,
             "identity": dict(identity) if identity is not None else {"signing": False},
             "sites": sites,
             "recent": [{k: r.get(k) for k in RECENT_KEYS if r.get(k) is not None} for r in reversed(self._recent)],
         }
+        folded = self.folded
+        if folded is not None:
+            snap["folded"] = folded
+        return snap

@@ -24,6 +24,7 @@ from urllib.parse import parse_qs, urlencode
 
 from etiquette_proxy.health.site import Band, band_of
 from etiquette_proxy.operate.endpoint_guard import refusal_for
+from etiquette_proxy.visibility.json_text import indented_json
 
 HOST = "etiquette.proxy"
 REFRESH_S = 5
@@ -76,8 +77,7 @@ def serve(
         view = View.from_query({k: v[0] for k, v in query.items() if v})
         page = Page(200, "text/html; charset=utf-8", render_html(snapshot(), view).encode())
     elif path == "/api/sites":
-        data = json.dumps(snapshot(), indent=1, default=str, ensure_ascii=False)
-        page = Page(200, "application/json", data.encode())
+        page = Page(200, "application/json", indented_json(snapshot()).encode())
     elif path == "/metrics":
         content_type, text = metrics()
         page = Page(200, content_type, text)
@@ -127,6 +127,7 @@ _OUTCOME_CLASS = {
 }
 # Outcomes that are a refusal of some kind, in the order the totals strip lists them.
 REFUSAL_KINDS = ("disallowed", "throttled", "paused", "gone", "refused", "failed")
+_REFUSALS = frozenset(REFUSAL_KINDS)
 _OUTCOME_SHORT = {"revalidated": "reval", "served-stored": "stored", "disallowed": "disallowed"}
 
 _KNOWN_LIVE = {"rate", "ceiling", "paused_s", "pause_reason", "breaker_open", "breaker_s", "held",
@@ -176,29 +177,36 @@ def _num(value: Any) -> float | None:
 
 # SPEC §8's bands, in the health package's words (Band); the dashboard knows no others.
 _BANDS = frozenset(b.value for b in Band)
+_HOSTILE = Band.HOSTILE.value
+_BAND_NAMES = {band: band.value for band in Band}
 
 
 def health_of(entry: Mapping[str, Any]) -> tuple[float | None, str | None, list[str]]:
     """(score, band, reasons) of a site; band None when there is no score yet."""
-    live = entry.get("live", {})
-    health = live.get("health")
-    history = entry.get("health_history") or []
-    reasons: Any = []
-    score = None
-    band = None
-    if isinstance(health, Mapping):
-        score = _num(health.get("score"))
-        band = health.get("band") if health.get("band") in _BANDS else None
-        reasons = health.get("reasons") or []
-    if score is None and history and isinstance(history[-1], (list, tuple)) and len(history[-1]) == 2:
-        score = _num(history[-1][1])
-    if score is None:
-        band = "hostile" if band == Band.HOSTILE.value else None  # a paused site has no fresh score
-    elif band is None:
-        band = band_of(score).value
+    score, band, health = _score_band(entry)
+    reasons: Any = (health.get("reasons") or []) if health is not None else []
     if isinstance(reasons, str):
         reasons = [reasons]
     return score, band, [str(r) for r in reasons] if isinstance(reasons, list) else []
+
+
+def _score_band(entry: Mapping[str, Any]) -> tuple[float | None, str | None, Mapping[str, Any] | None]:
+    """health_of's score and band, and the live `health` they come from (None: not a mapping)."""
+    health = entry.get("live", {}).get("health")
+    score = band = None
+    if health.__class__ is dict or isinstance(health, Mapping):
+        score = _num(health.get("score"))
+        band = health.get("band") if health.get("band") in _BANDS else None
+    else:
+        health = None
+    history = entry.get("health_history") or []
+    if score is None and history and isinstance(history[-1], (list, tuple)) and len(history[-1]) == 2:
+        score = _num(history[-1][1])
+    if score is None:
+        band = _HOSTILE if band == _HOSTILE else None  # a paused site has no fresh score
+    elif band is None:
+        band = _BAND_NAMES[band_of(score)]
+    return score, band, health
 
 
 def _restraints(live: Mapping[str, Any]) -> list[tuple[str, bool, str]]:
@@ -217,6 +225,9 @@ def _restraints(live: Mapping[str, Any]) -> list[tuple[str, bool, str]]:
 def pause_words(live: Mapping[str, Any]) -> str:
     """The site's pause state in plain words: 'none', 'paused 12 s (Retry-After: 2)',
     'breaker tripped, 4 min left', 'paused by operator', 'paused by health: …'."""
+    if ("operator_pause_s" not in live and "paused_s" not in live and not live.get("breaker_open")
+            and not live.get("restraints")):
+        return "none"  # most sites: none of the fields below
     operator = _num(live.get("operator_pause_s"))
     if operator is not None:
         return "paused by operator" + ("" if operator < 0 else f", {human_seconds(operator)} left")
@@ -239,6 +250,11 @@ def need_of(entry: Mapping[str, Any]) -> int:
     if pause_words(live) != "none":
         return 0
     _, band, _ = health_of(entry)
+    return _need(entry, live, band)
+
+
+def _need(entry: Mapping[str, Any], live: Mapping[str, Any], band: str | None) -> int:
+    """need_of for a site not paused, its band known."""
     if band == "hostile":
         return 1
     if band == "degrading":
@@ -246,9 +262,36 @@ def need_of(entry: Mapping[str, Any]) -> int:
     outcomes = entry.get("outcomes", {})
     if outcomes.get("throttled") or entry.get("received_429") or _num(live.get("ceiling")) is not None:
         return 3
-    if any(outcomes.get(k) for k in ("refused", "failed", "paused")):
+    if outcomes.get("refused") or outcomes.get("failed") or outcomes.get("paused"):
         return 4
     return 5
+
+
+class _Seen:
+    """What the page reads of one site to sort, filter and count it, worked out once per render
+    (not once for the sort, again for the filter, again for the totals)."""
+
+    __slots__ = ("band", "entry", "need", "words")
+
+    def __init__(self, entry: Mapping[str, Any]):
+        self.entry = entry
+        live = entry.get("live", {})
+        self.words = pause_words(live)
+        _, self.band, _ = _score_band(entry)
+        self.need = 0 if self.words != "none" else _need(entry, live, self.band)
+
+    def order(self) -> tuple[int, int, str]:
+        """By need (paused, hostile, degrading, throttled, refusals, ok), then busiest, then name."""
+        entry = self.entry
+        return self.need, -int(entry.get("requests", 0) or 0), str(entry.get("site", ""))
+
+    def matches(self, q: str) -> bool:
+        """The filter: every word must appear in the site, its need, band or pause words."""
+        if not q:
+            return True
+        text = " ".join((str(self.entry.get("site", "")), NEEDS[self.need], self.band or "no score",
+                         self.words)).lower()
+        return all(word in text for word in q.lower().split())
 
 
 def sparkline(points: list[Any], width: int = 64, height: int = 14) -> str:
@@ -421,34 +464,44 @@ class View:
 
 def matches(entry: Mapping[str, Any], q: str) -> bool:
     """The filter: every word must appear in the site, its need, band or pause words."""
-    if not q:
-        return True
-    _, band, _ = health_of(entry)
-    text = " ".join((str(entry.get("site", "")), NEEDS[need_of(entry)], band or "no score",
-                     pause_words(entry.get("live", {})))).lower()
-    return all(word in text for word in q.lower().split())
+    return True if not q else _Seen(entry).matches(q)
 
 
 def sorted_sites(sites: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """By need (paused, hostile, degrading, throttled, refusals, ok), then busiest, then name."""
-    return sorted(sites, key=lambda e: (need_of(e), -int(e.get("requests", 0) or 0), str(e.get("site", ""))))
+    return [site.entry for site in sorted(map(_Seen, sites), key=_Seen.order)]
 
 
 def totals(snap: Mapping[str, Any]) -> dict[str, Any]:
-    """The strip on top: requests/s now, sites by band, paused, refusals by kind, bytes saved."""
+    """The strip on top: requests/s now, sites by band, paused, refusals by kind, bytes saved;
+    the sites the board no longer lists (`folded`) in the sites, refusals and bytes saved."""
+    return _totals(snap, [_Seen(entry) for entry in snap.get("sites", [])])
+
+
+def _totals(snap: Mapping[str, Any], seen: list[_Seen]) -> dict[str, Any]:
     sites = snap.get("sites", [])
     bands: dict[str, int] = {"healthy": 0, "degrading": 0, "hostile": 0, "no score": 0}
     refusals = dict.fromkeys(REFUSAL_KINDS, 0)
     paused = saved = 0
-    for entry in sites:
-        _, band, _ = health_of(entry)
+    for site in seen:
+        entry, band = site.entry, site.band
         bands[band if band in bands else "no score"] += 1
-        paused += pause_words(entry.get("live", {})) != "none"
-        for kind in REFUSAL_KINDS:
-            refusals[kind] += int(entry.get("outcomes", {}).get(kind, 0) or 0)
+        paused += site.words != "none"
+        for kind, n in entry.get("outcomes", {}).items():  # a site has a few of them
+            if kind in _REFUSALS:
+                refusals[kind] += int(n or 0)
         saved += _saved(entry)
-    return {"requests_per_s": _num(snap.get("requests_per_s")), "sites": len(sites), "bands": bands,
-            "paused": paused, "refusals": refusals, "saved_bytes": saved}
+    out: dict[str, Any] = {"requests_per_s": _num(snap.get("requests_per_s")), "sites": len(sites), "bands": bands,
+           "paused": paused, "refusals": refusals, "saved_bytes": saved}
+    folded = snap.get("folded")
+    if isinstance(folded, Mapping):  # counts only: no live fields, no band
+        out["folded"] = int(_num(folded.get("sites")) or 0)
+        out["sites"] = len(sites) + out["folded"]
+        outcomes = folded.get("outcomes")
+        for kind in REFUSAL_KINDS:
+            refusals[kind] += int(_num(outcomes.get(kind)) or 0) if isinstance(outcomes, Mapping) else 0
+        out["saved_bytes"] = saved + _saved(folded)
+    return out
 
 
 def _strip(t: Mapping[str, Any]) -> str:
@@ -464,7 +517,8 @@ def _strip(t: Mapping[str, Any]) -> str:
     shown = [f"{k} {n}" for k, n in refusals.items() if n]
     return ('<div class="strip" id="totals">'
             + box(f"{rps:.1f}" if rps is not None else "–", "requests/s now (last 10 s)")
-            + box(str(t["sites"]), "sites")
+            + box(str(t["sites"]), "sites" if not t.get("folded") else
+                  f"sites ({t['folded']} least recently active: in the totals only)")
             + box(band_text, "healthy / degrading / hostile / no score")
             + box(str(t["paused"]), "sites paused", "bad" if t["paused"] else "")
             + box(str(sum(refusals.values())), "refusals: " + (", ".join(shown) or "none"),
@@ -510,10 +564,11 @@ def render_html(snap: Mapping[str, Any], view: View | None = None) -> str:
     view = view or View()
     sites = snap.get("sites", [])
     now = float(snap.get("generated_at", time.time()))
-    chosen = sorted_sites([e for e in sites if matches(e, view.q)])
+    seen = [_Seen(entry) for entry in sites]
+    chosen = sorted((site for site in seen if site.matches(view.q)), key=_Seen.order)
     pages = max(1, math.ceil(len(chosen) / PAGE_SIZE))
     page = min(view.page, pages)
-    rows = [_row(e) for e in chosen[(page - 1) * PAGE_SIZE: page * PAGE_SIZE]]
+    rows = [_row(site.entry) for site in chosen[(page - 1) * PAGE_SIZE: page * PAGE_SIZE]]
     if not rows:
         rows.append('<tr><td colspan="12" class="dim">'
                     + ("No site matches the filter." if sites else
@@ -529,7 +584,7 @@ def render_html(snap: Mapping[str, Any], view: View | None = None) -> str:
         f"<header><h1>etiquette-proxy</h1><span class=dim>{_plural(snap.get('records', 0), 'decision')} "
         f"in {_e(uptime)}; updated {updated}, every {REFRESH_S} s · "
         '<a href="/api/sites">/api/sites</a> · <a href="/metrics">/metrics</a></span></header>'
-        + _strip(totals(snap))
+        + _strip(_totals(snap, seen))
         + _identity_line(snap.get("identity") or {})
         + '<div class="grid"><section><h2>Sites <span class="dim">(most in need first)</span> '
         f'<form method="get"><input name="q" value="{_e(view.q)}" placeholder="filter: site, paused, hostile…" '

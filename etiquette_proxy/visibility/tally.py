@@ -6,7 +6,7 @@ robots.txt fetch, the bytes the site sent, the bytes saved. Those rules live her
 reader adds only what it alone needs (the board: signing, health history, recent lines; the
 report: whether 429s were honoured, re-checks, robots.txt violations, events).
 
-What is counted from one decision line (`SiteCounts.count`):
+What is counted from one decision line (`Counting.count`):
 - `received_429`: the site answered 429, or `throttled` with an upstream status (SPEC §5);
 - the proxy's own robots.txt fetch (`robots_fetch`): `robots_fetches` and its bytes, nothing else;
 - otherwise one request: `outcomes`, `would` (observe mode, SPEC §3), bytes the site sent (a line
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 # Outcomes whose `bytes` the site did not send: the proxy answered from what it had stored.
 SAVED_BY_STORE = ("revalidated", "served-stored")
@@ -44,8 +44,50 @@ def is_429(upstream: Any, outcome: str) -> bool:
     return upstream == 429 or (outcome == "throttled" and upstream is not None)
 
 
+class Counting:
+    """The counting rules of one decision line (see the module docstring), over whatever holds
+    the counts: the report's `SiteCounts` below, the board's compact tally (board.py)."""
+
+    if not TYPE_CHECKING:  # no slots of its own: the board's tally is all slots (mypy: its fields)
+        __slots__ = ()
+    requests: int
+    robots_fetches: int
+    received_429: int
+    bytes_sent: int
+    saved_revalidation: int
+    saved_trimming: int
+
+    def count(self, record: Mapping[str, Any], outcome: str, would: str | None) -> bool:
+        """Count one decision line (not an event) under `would` (the caller's label for the
+        line's `would`, None when it has none); True when it was a client's request."""
+        upstream = record.get("upstream_status")
+        if is_429(upstream, outcome):
+            self.received_429 += 1
+        size = byte_count(record.get("bytes"))
+        if record.get("robots_fetch"):
+            self.robots_fetches += 1
+            if size:
+                self.bytes_sent += size
+            return False
+        self.requests += 1
+        self.add_outcome(outcome, would)
+        if size:  # (adding 0 changes nothing; the board keeps its rare counts only once not 0)
+            if outcome in SAVED_BY_STORE:
+                self.saved_revalidation += size
+            elif upstream is not None:
+                self.bytes_sent += size
+        before, after = record.get("header_bytes"), record.get("header_bytes_sent")
+        if type(before) is int and type(after) is int and before > after:
+            self.saved_trimming += before - after
+        return True
+
+    def add_outcome(self, outcome: str, would: str | None) -> None:
+        """One more request with this outcome (and `would`, when the line has one)."""
+        raise NotImplementedError
+
+
 @dataclass(kw_only=True)
-class SiteCounts:
+class SiteCounts(Counting):
     """What a site's decision lines add up to (see the module docstring for each count)."""
 
     requests: int = 0  # client decisions (the proxy's own robots.txt fetches not included)
@@ -57,26 +99,7 @@ class SiteCounts:
     saved_revalidation: int = 0  # body bytes answered from the store instead of the site
     saved_trimming: int = 0  # header bytes dropped from refusals
 
-    def count(self, record: Mapping[str, Any], outcome: str, would: str | None) -> bool:
-        """Count one decision line (not an event) under `would` (the caller's label for the
-        line's `would`, None when it has none); True when it was a client's request."""
-        upstream = record.get("upstream_status")
-        if is_429(upstream, outcome):
-            self.received_429 += 1
-        size = byte_count(record.get("bytes"))
-        if record.get("robots_fetch"):
-            self.robots_fetches += 1
-            self.bytes_sent += size
-            return False
-        self.requests += 1
+    def add_outcome(self, outcome: str, would: str | None) -> None:
         self.outcomes[outcome] += 1
         if would:
             self.would[would] += 1
-        if outcome in SAVED_BY_STORE:
-            self.saved_revalidation += size
-        elif upstream is not None:
-            self.bytes_sent += size
-        before, after = record.get("header_bytes"), record.get("header_bytes_sent")
-        if type(before) is int and type(after) is int and before > after:
-            self.saved_trimming += before - after
-        return True

@@ -88,3 +88,21 @@ def test_rate_of_another_board_comes_from_its_records_between_publishes():
     assert rates.rates == {"w2": 25.0}
     rates.update({})  # expired
     assert rates.rates == {}
+
+
+def test_the_sites_a_board_no_longer_lists_are_published_and_added_up():
+    clock = FakeClock()
+    mine, other = SiteBoard(clock=clock, max_sites=1), SiteBoard(clock=clock, max_sites=1)
+    for board, sites in ((mine, ("a", "b")), (other, ("c", "d", "e"))):
+        for site in sites:
+            board.add(_record(f"{site}.test:80", "2026-01-01T00:00:01.000Z"))
+    remote = read_board(board_json(other, at=1.0))
+    assert remote is not None and remote.folded is not None and remote.folded["sites"] == 2
+    merged = merge_snapshot(mine.snapshot(), {"w2": remote}, {}, [])
+    assert [e["site"] for e in merged["sites"]] == ["b.test:80", "e.test:80"]
+    assert merged["folded"]["sites"] == 3 and merged["folded"]["requests"] == 3
+    assert merged["folded"]["outcomes"] == {"fetched": 3}
+    unfolded = SiteBoard(clock=clock)
+    unfolded.add(_record("a.test:80", "2026-01-01T00:00:01.000Z"))
+    assert "folded" not in json.loads(board_json(unfolded, at=1.0))  # within the bound: as before
+    assert read_board(board_json(unfolded, at=1.0)).folded is None

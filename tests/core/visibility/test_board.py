@@ -224,3 +224,67 @@ def test_identity_and_signed_requests_per_site_in_the_snapshot():
     unsigned = board.snapshot()
     assert unsigned["identity"] == {"signing": False}
     assert "Requests are not signed" in render_html(unsigned)
+
+
+def test_past_its_bound_the_board_folds_the_least_recently_active_sites_into_the_totals(clock):
+    board = SiteBoard(clock=clock, fold_every=1, max_sites=2)
+    board.add(line("fetched", site="old.test:80", bytes=100))
+    board.add(line("disallowed", 403, None, site="old.test:80"))
+    board.add(line("revalidated", upstream=304, site="old.test:80", bytes=700))
+    board.add(line("fetched", site="mid.test:80"))
+    board.add(line("fetched", site="mid.test:80"))  # mid is now the most recently active...
+    board.add(line("fetched", site="new.test:80"))  # ...old leaves the list
+    snap = board.snapshot()
+    assert [e["site"] for e in snap["sites"]] == ["mid.test:80", "new.test:80"]
+    assert snap["folded"] == {"sites": 1, "requests": 3, "outcomes": {"fetched": 1, "disallowed": 1, "revalidated": 1},
+                              "would": {}, "robots_fetches": 0, "robots_refusals": 1, "received_429": 0,
+                              "bytes_sent": 100, "saved": {"revalidation": 700, "trimming": 0}, "signed": {},
+                              "not_signed": 0}
+    assert snap["records"] == 6
+    # the page's totals and /metrics count the folded sites too
+    html = render_html(snap)
+    assert "3</b><span>sites (1 least recently active: in the totals only)" in html
+    assert "disallowed 1" in html and "700 B" in html
+    text = render_metrics(lambda: snap).decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
+    assert samples[("etiquette_requests_total", (("outcome", "disallowed"), ("site", "(folded)")))] == 1
+    assert samples[("etiquette_saved_bytes_total", (("how", "revalidation"), ("site", "(folded)")))] == 700
+    assert samples[("etiquette_folded_sites", ())] == 1
+    assert sum(v for (name, _), v in samples.items() if name == "etiquette_requests_total") == 6
+    # old comes back: listed again from zero (its earlier counts stay in the folded totals)
+    board.add(line("fetched", site="old.test:80"))
+    snap = board.snapshot()
+    assert [e["site"] for e in snap["sites"]] == ["new.test:80", "old.test:80"]
+    assert site_entry(snap, "old.test:80")["requests"] == 1 and snap["folded"]["sites"] == 2
+    assert snap["folded"]["requests"] == 5
+
+
+def test_within_its_bound_nothing_is_folded(board):
+    snap = board.snapshot()
+    assert "folded" not in snap and board.folded is None
+    assert "etiquette_folded_sites" not in render_metrics(lambda: snap).decode()
+    assert "least recently active" not in render_html(snap)
+
+
+def test_the_collector_is_paused_while_the_snapshot_is_built_and_as_it_was_after(board):
+    import gc
+
+    seen = []
+
+    def provider(site: str) -> dict:
+        seen.append(gc.isenabled())
+        return {}
+
+    def broken(site: str) -> dict:
+        raise RuntimeError("a feature that fails")
+
+    assert gc.isenabled()
+    board.snapshot([provider, broken])
+    assert seen and not any(seen) and gc.isenabled()
+    gc.disable()
+    try:
+        board.snapshot([provider])
+        assert not gc.isenabled()  # left as the caller had it
+    finally:
+        gc.enable()
