@@ -1167,7 +1167,9 @@ class HealthBook:
             if (closed := self._visit(site)) is not None:
                 yield closed
         for end in sorted(e for e in self._due if e <= now):
-            for site in list(self._due[end]):
+            # .get: while a caller paused between sites (HealthWatch.tick_in_slices), another
+            # tick may have taken this end already.
+            for site in list(self._due.get(end, ())):
                 if (closed := self._visit(site)) is not None:  # (visited twice: closes nothing)
                     yield closed
             self._due.pop(end, None)
