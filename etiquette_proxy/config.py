@@ -222,7 +222,7 @@ SCHEMA: dict[str, Key] = {
     "state.dir": Key(text, "~/.local/state/etiquette-proxy"),
     "state.backend": Key(choice("diskcache", "redis"), "diskcache"),
     "state.url": Key(optional(redis_url), None),
-    "state.max_sites_in_memory": Key(integer(1), 20_000),
+    "state.max_sites_in_memory": Key(integer(1), 100_000),
     "audit.log": Key(optional(text), None),
     "upstream.ca_file": Key(optional(text), None),
     "upstream.insecure": Key(boolean, False),

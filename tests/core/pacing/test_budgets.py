@@ -188,4 +188,4 @@ def test_saved_on_a_schedule_and_rebuilt_on_a_config_change(clock, config):
     reloaded = load_config("pacing: {rate: 4}\n")
     again = budgets.get(reloaded, "a.example:80")
     assert again is not b and again.paused_for_s() > 0  # the pause survives the reload
-    assert budgets.limit == 20_000  # the default bound
+    assert budgets.limit == 100_000  # the default bound
