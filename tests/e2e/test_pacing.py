@@ -162,7 +162,7 @@ def test_a_held_herd_reaches_the_site_at_its_rate_in_arrival_order_and_the_rest_
     assert len(lines) == len(refused) and all(r["upstream_status"] is None for r in lines)
     # The served reached it in the order the proxy received them (SPEC §5: first in line, first
     # out). They are sent 8 ms apart, one connection each, but on a loaded machine a connection
-    # can reach the proxy late (a SYN retried after 1 s moved one 20 places in a CI run), and
+    # can reach the proxy late (one came 20 places late in a CI run: about a second at 20/s), and
     # the proxy cannot send what it has not received: its own line is the order to keep. A
     # served line's arrival is its time less its wait (the site answers at once).
     arrived = {int(urlsplit(r["url"]).path[2:]): epoch_of(r["ts"]) - r["waited_s"]
