@@ -13,11 +13,9 @@ import socket
 import time
 from collections.abc import Iterator
 from email.utils import formatdate
-from urllib.parse import urlsplit
 
 import pytest
 
-from etiquette_proxy.visibility.board import epoch_of
 from tests.e2e.proxy import FAST_PACING, Proxy
 from tests.e2e.sites import Answer, Arrival, Site, WindowedLimit
 
@@ -160,18 +158,14 @@ def test_a_held_herd_reaches_the_site_at_its_rate_in_arrival_order_and_the_rest_
     assert sorted(reached) == served
     lines = [r for r in proxy.audit() if r["outcome"] == "paused"]
     assert len(lines) == len(refused) and all(r["upstream_status"] is None for r in lines)
-    # The served reached it in the order the proxy received them (SPEC §5: first in line, first
-    # out). They are sent 8 ms apart, one connection each, but on a loaded machine a connection
-    # can reach the proxy late (one came 20 places late in a CI run: about a second at 20/s), and
-    # the proxy cannot send what it has not received: its own line is the order to keep. A
-    # served line's arrival is its time less its wait (the site answers at once).
-    arrived = {int(urlsplit(r["url"]).path[2:]): epoch_of(r["ts"]) - r["waited_s"]
-               for r in proxy.audit() if r["outcome"] == "fetched" and urlsplit(r["url"]).path.startswith("/h")}
-    assert sorted(arrived) == served
-    line = sorted(reached, key=lambda i: (arrived[i], i))
-    rank = {i: r for r, i in enumerate(line)}
-    assert max(abs(pos - rank[i]) for pos, i in enumerate(reached)) <= 5, f"site saw {reached}, proxy's line {line}"
-    # (and, on a machine that delays no connection, the line is the sending order)
+    # The served reached it in the order they were sent (one connection each, 8 ms apart; SPEC
+    # §5: first in line, first out), within 5 places (the burst goes out together), all but a
+    # connection or three the loaded machine delays on its way in (one came 20 places late in a
+    # CI run: the proxy cannot send what it has not received). Releasing in another order
+    # (last in first out, by ticket hash) moves most of them further.
+    rank = {i: r for r, i in enumerate(sorted(reached))}
+    far = [i for pos, i in enumerate(reached) if abs(pos - rank[i]) > 5]
+    assert len(far) <= 3, (far, reached)
     # ... at the rate, never above: from the first to the last, no more than the burst (5) and
     # 20/s, give or take half a second of the proxy's own delays on a busy machine (the proxy
     # decides on time; a stalled event loop may send a few decided starts late and together).
