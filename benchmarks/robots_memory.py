@@ -1,14 +1,21 @@
 """robots.txt state per origin: the memory each origin's entry and compiled rules hold once every
 origin's rules are compiled and its entry rests beside them (as at 100,000 origins in
 `scale.py sites`), for robots.txt files of several shapes: scale.py's own (7 lines), a shop
-(~2 KB), a news site (~10 KB) and a large wiki (~22 KB), every origin's file its own (a
-site-specific rule and sitemap). Each shape runs in its own process, the scale.py way (a state
-store in a temp dir, the entry registry bounded at 200,000, each robots.txt fetched, kept,
-saved and asked three times): RSS grown per origin (the benchmark's own lists of names apart)
-and, with --traced, tracemalloc's bytes per origin. `--before DIR` runs the same against
-another checkout (`git worktree add --detach /tmp/before BASE`) for a before/after pair.
+(~2 KB), a news site (~10 KB), a large wiki (~22 KB), a pathological 500 KiB file of 15,381
+rules (at most 50 origins: each compiles in about a second), and the news file asked by five
+crawlers (one declaring a purpose), every origin's file its own (a site-specific rule and
+sitemap). Each shape runs in its own process, the scale.py way (a state store in a temp dir, the
+entry registry bounded at 200,000, each robots.txt fetched, kept, saved and asked three times
+per crawler).
 
-    python benchmarks/robots_memory.py [--origins 2000] [--shapes tiny,shop,news,large] [--traced] [--before DIR]
+Per shape: RSS grown per origin and in all (origins named as the proxy names them), how many origins
+stay compiled and what the rules cache counts for each (`estimated`: RobotsPolicy._size), so how
+many of them its budget (PARSED_BUDGET) holds; with --traced, the bytes tracemalloc sees freed
+when the cache lets go of every compiled origin (`held`: what they really hold, the tables that
+share patterns apart), and estimated / held. `--before DIR` runs the same against another
+checkout (`git worktree add --detach /tmp/before BASE`) for a before/after pair.
+
+    python benchmarks/robots_memory.py [--origins 2000] [--shapes tiny,shop,news,large,huge,crawlers] [--traced] [--before DIR]
 """
 
 from __future__ import annotations
@@ -17,12 +24,14 @@ import argparse
 import gc
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 OTHER_CHECKOUT = "ETIQUETTE_ROBOTS_MEMORY_OTHER"  # set in the before arm's environment
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -122,10 +131,48 @@ def large() -> str:
     return "\n".join(lines) + "\n"
 
 
-SHAPES = {"tiny": None, "shop": shop, "news": news, "large": large}
+def huge() -> str:
+    """A pathological robots.txt: 500 KiB (RFC 9309 §2.5's least a crawler must parse) of rules
+    of the site's own, a third of them wildcards."""
+    lines = ["User-agent: *"]
+    size, n = 14, 0
+    while size < 500 * 1024 - 200:
+        line = f"Disallow: /site-{{i}}/section-{n}/*.php$" if n % 3 == 0 else f"Disallow: /site-{{i}}/item-{n}/"
+        lines.append(line)
+        size += len(line) + 1
+        n += 1
+    return "\n".join(lines) + "\n"
 
 
-def child(shape: str, n: int, traced: bool) -> dict[str, object]:
+SHAPES = {"tiny": None, "shop": shop, "news": news, "large": large, "huge": huge, "crawlers": news}
+HUGE_ORIGINS = 50
+# The crawlers asking each origin, and the purposes they declare (the news file names GPTBot and
+# CCBot: groups of their own; Googlebot-News too; the others take `*`).
+CRAWLERS = {"crawlers": [("benchbot", ()), ("gptbot", ()), ("googlebot-news", ()), ("ccbot", ()),
+                         ("aibot", ("ai-train",))]}
+
+
+def request_path_us(policy: Any, entries: Any, config: Any, settings: Any, crawler: tuple[str, tuple[str, ...]],
+                    origins: list[str], evicted: bool) -> float:
+    """Median µs of the gate's per-request core calls (robots_gate._gate: find, is_fresh,
+    verdict_for_target, crawl_delay) for `origins`, each resting beside its compiled rules, or
+    (`evicted`) dropped from the rules cache first, as its eviction drops it: read back from
+    the state store and compiled again on the request."""
+    token, purposes = crawler
+    times = []
+    for origin in origins:
+        if evicted:
+            policy._drop(policy._parsed[origin])  # noqa: SLF001 - outside the time taken
+        t0 = time.perf_counter()
+        entry = entries.find(config, origin)
+        policy.is_fresh(entry)
+        policy.verdict_for_target(entry, "/page/1", token, purposes)
+        policy.crawl_delay(entry, token, settings)
+        times.append(time.perf_counter() - t0)
+    return round(statistics.median(times) * 1e6, 1)
+
+
+def child(shape: str, n: int, traced: bool, timed: bool) -> dict[str, object]:
     """One shape, in its own process."""
     same_checkout(OTHER_CHECKOUT)
     import etiquette_proxy.robots.policy as robots
@@ -134,14 +181,16 @@ def child(shape: str, n: int, traced: bool) -> dict[str, object]:
     from etiquette_proxy.state.local import DiskState
 
     make = SHAPES[shape]
+    if make is huge:
+        n = min(n, HUGE_ORIGINS)
+    crawlers = CRAWLERS.get(shape, [(TOKEN, ())])
     template = (TINY if make is None else make()).replace("{i}", "{0}")
     tmp = tempfile.TemporaryDirectory(prefix="etiquette-robots-memory-")
     state = DiskState(f"{tmp.name}/state")
     config = load_config("", overrides=["state.max_sites_in_memory=200000"])
-    origins = [f"http://site{i}.example:80" for i in range(n)]
     policy, settings = RobotsPolicy(), RobotsSettings()
     entries = entry_registry(lambda: state, policy)
-    gc.collect()
+    gc.collect()  # (a full collection empties the free lists: every block from here on is traced)
     base = rss_mb()
     if traced:
         tracemalloc.start()
@@ -149,31 +198,62 @@ def child(shape: str, n: int, traced: bool) -> dict[str, object]:
     for start in range(0, n, 500):
         with state._cache.transact():  # noqa: SLF001 - setup speed only (each save still one put)
             for i in range(start, min(n, start + 500)):
-                origin = origins[i]
+                origin = f"http://site{i}.example:80"  # the entry's own, as a fetch's in the proxy
                 body = template.format(i).encode()
                 entries.put(config, origin, policy.after_fetch(origin, FetchResult(200, body), None, settings))
                 entries.save(origin)
-                for path in PATHS:  # the first request compiles, as in the proxy
-                    policy.verdict(entries.find(config, origin), path, TOKEN)  # type: ignore[arg-type]
+                for token, purposes in crawlers:
+                    for path in PATHS:  # the first request compiles, as in the proxy
+                        policy.verdict(entries.find(config, origin), path, token, purposes)  # type: ignore[arg-type]
     build_s = time.perf_counter() - t0
     gc.collect()
+    grown = rss_mb() - base
+    compiled = len(policy._parsed)  # noqa: SLF001
+    estimated = policy._parsed_bytes / max(1, compiled)  # noqa: SLF001
     out: dict[str, object] = {
         "shape": shape, "origins": n, "text_bytes": len(template.format(n // 2).encode()),
-        "rss_per_origin": round((rss_mb() - base) * 2**20 / n),
-        "compiled": len(policy._parsed), "first_tier": len(entries),  # noqa: SLF001
-        "estimated_per_origin": round(policy._parsed_bytes / n),  # noqa: SLF001
-        "budget_mb": robots.PARSED_BUDGET // 2**20, "build_s": round(build_s, 1),
+        "rss_per_origin": round(grown * 2**20 / n), "rss_grown_mb": round(grown, 1),
+        "compiled": compiled, "first_tier": len(entries),
+        "estimated_per_origin": round(estimated), "budget_mb": robots.PARSED_BUDGET // 2**20,
+        "fit_in_budget": int(robots.PARSED_BUDGET // max(1.0, estimated)), "build_s": round(build_s, 1),
     }
+    if timed:
+        # origins compiled and resting (the most recently used: whatever the budget kept), then others
+        kept = [origin for origin in list(policy._parsed)[-400:] if origin not in entries]  # noqa: SLF001
+        count = 5 if make is huge else 200
+        out["path_compiled_us"] = request_path_us(policy, entries, config, settings, crawlers[0], kept[-count:], False)
+        out["path_reparsed_us"] = request_path_us(policy, entries, config, settings, crawlers[0],
+                                                  kept[-2 * count:-count] or kept[:1], True)
     if traced:
         out["traced_per_origin"] = round(tracemalloc.get_traced_memory()[0] / n)
+        # What the compiled origins hold: the bytes freed when the cache lets go of them all.
+        # The tables sharing patterns, groups and what entries say keep what they keep; what
+        # they hold only lately (each first holder's own object) goes too.
+        for name in ("_PATTERNS", "_GROUPS", "_SAYS"):
+            table = getattr(robots, name, None)
+            getattr(table, "_recent", table).clear()
+        own = getattr(policy, "_says_alike", None)
+        if own is not None:
+            own._recent.clear()  # noqa: SLF001
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        policy._parsed.clear()  # noqa: SLF001
+        policy._more.clear()  # noqa: SLF001
+        policy._recalled = None  # noqa: SLF001
+        gc.collect()
+        held = (before - tracemalloc.get_traced_memory()[0]) / max(1, compiled)
+        out["held_per_origin"] = round(held)
+        out["estimated_over_held"] = round(estimated / held, 2) if held else None
     return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--origins", type=int, default=2000)
-    ap.add_argument("--shapes", default="tiny,shop,news,large")
+    ap.add_argument("--shapes", default="tiny,shop,news,large,huge,crawlers")
     ap.add_argument("--traced", action="store_true", help="tracemalloc's bytes too (slower)")
+    ap.add_argument("--path", action="store_true",
+                    help="the request path's µs too: an origin compiled, and one read back and compiled again")
     ap.add_argument("--before", metavar="DIR", help="another checkout, measured first")
     a = ap.parse_args()
     shapes = a.shapes.split(",")
@@ -188,18 +268,22 @@ def main() -> int:
             arms.insert(0, ("before", env))
         for shape in shapes:
             for name, env in arms:
-                cmd = [sys.executable, __file__, "_child", shape, str(a.origins)] + (["traced"] if a.traced else [])
-                result = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout)
-                print(f"{name:>6} {shape:>5}: text {result['text_bytes']:>6} B, RSS {result['rss_per_origin']:>6} B"
-                      + (f", traced {result['traced_per_origin']:>6} B" if a.traced else "")
-                      + f" per origin; {result['compiled']} compiled, estimated {result['estimated_per_origin']} B"
-                      f" each (budget {result['budget_mb']} MB), built in {result['build_s']} s")
+                cmd = [sys.executable, __file__, "_child", shape, str(a.origins)]
+                cmd += (["traced"] if a.traced else []) + (["path"] if a.path else [])
+                r = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout)
+                print(f"{name:>6} {shape:>8}: {r['origins']} origins, text {r['text_bytes']:>6} B; RSS"
+                      f" {r['rss_per_origin']:>6} B per origin, {r['rss_grown_mb']} MB in all; {r['compiled']} compiled,"
+                      f" estimated {r['estimated_per_origin']} B each"
+                      + (f", held {r['held_per_origin']} B (x{r['estimated_over_held']})" if a.traced else "")
+                      + f"; {r['fit_in_budget']} fit in {r['budget_mb']} MB; built in {r['build_s']} s"
+                      + (f"; request path {r['path_compiled_us']} µs compiled, {r['path_reparsed_us']} µs read"
+                         " back and compiled" if a.path else ""))
                 sys.stdout.flush()
     return 0
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["_child"]:
-        print(json.dumps(child(sys.argv[2], int(sys.argv[3]), "traced" in sys.argv[4:])))
+        print(json.dumps(child(sys.argv[2], int(sys.argv[3]), "traced" in sys.argv[4:], "path" in sys.argv[4:])))
         sys.exit(0)
     sys.exit(main())

@@ -97,13 +97,68 @@ class FetchResult:
 # entry must be the very one: another fetch at the same instant would not do); its text, None
 # once it rests in a policy (RobotsPolicy.rest) that keeps it in the state store; and that policy.
 _KIND, _STATUS, _FAILURES, _NOTE, _STALE, _SIGNALS, _CHECKED, _AHEAD, _CHECK, _TEXT, _HOME = range(11)
-_SAYS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-_SAYS_LIMIT = 4096
 _FIELDS = ("origin", "kind", "status", "text", "fetched_at", "checked_at", "expires_at", "failures",
            "note", "stale", "signals")
 
 
-def _shared_says(says: tuple[Any, ...]) -> tuple[Any, ...]:
+class _Shared:
+    """One object for every origin holding a value many origins hold alike (a pattern, a group,
+    what an entry says), and whether an origin's object is that one (the rules cache's budget
+    counts what an origin holds alone: RobotsPolicy._size).
+
+    A value seen once is remembered lately with its origin (`recent`, cleared at its bound: most
+    are one site's own, seen again by it alone: its other tokens' rules, a parse after an
+    eviction); once another origin holds it too, that origin's object is kept for good (`kept`,
+    bounded, never cleared) and given to every later holder. A kept object's bytes are the
+    table's, counted by no origin; every other object is counted by each holder. The first
+    holder's object is never the one kept, so what an origin counts never changes while it
+    holds it, and the cache's count stays exact through any order of compiles and evictions.
+    Past `kept_limit`, an origin gets `recent`'s object, counted by each holder (more than they
+    hold between them).
+    """
+
+    __slots__ = ("_recent", "_kept", "_limit", "_kept_limit")
+
+    def __init__(self, limit: int, kept_limit: int):
+        self._recent: dict[Any, Any] = {}
+        self._kept: dict[Any, Any] = {}
+        self._limit = limit
+        self._kept_limit = kept_limit
+
+    def share(self, key: Any, value: Any, origin: str | None) -> Any:
+        """The object `origin` holds for `key`: the kept one, else `value` (or the one seen lately)."""
+        kept = self._kept.get(key)
+        if kept is not None:
+            return kept
+        recent = self._recent
+        seen = recent.get(key)
+        if seen is None:
+            if len(recent) >= self._limit:  # past the bound, afresh
+                recent.clear()
+            recent[key] = (value, origin)
+            return value
+        if seen[1] == origin or len(self._kept) >= self._kept_limit:
+            return seen[0]
+        del recent[key]
+        self._kept[key] = value  # not seen[0]: the first holder counts its object
+        return value
+
+    def holds(self, key: Any, value: Any) -> bool:
+        """Whether `value` is the object kept for `key` (counted by the table, not its holders)."""
+        try:
+            return self._kept.get(key) is value
+        except TypeError:  # an odd row's unhashable value: never kept
+            return False
+
+
+# What entries say: the shapes are few (a byte of the text's hash, a few notes and ttls). Those
+# resting in a policy are shared in its own table (RobotsPolicy._says_alike): a tuple naming the
+# policy, kept here for good, would keep the policy and its whole cache alive.
+_SAYS = _Shared(4096, 1024)
+_SAYS_CHARS = 256  # longer notes and signals (a site's own) are never kept
+
+
+def _shared_says(says: tuple[Any, ...], origin: str) -> tuple[Any, ...]:
     """`says` (the _KIND.._HOME tuple), as the one tuple shared by every entry saying the same."""
     kind, status, failures, note, stale, signals, checked, _, _, text, _ = says
     # Shared only where equal means identical: a tuple compares 0 equal to False and 200 to
@@ -111,19 +166,16 @@ def _shared_says(says: tuple[Any, ...]) -> tuple[Any, ...]:
     # a text of its own: nothing to share.
     if (checked is not None or not (text is None or text == "") or type(kind) is not str
             or type(note) is not str or type(failures) is not int or type(stale) is not bool
-            or type(signals) is not tuple or not (status is None or type(status) is int)):
+            or type(signals) is not tuple or not (status is None or type(status) is int)
+            or len(note) + sum([len(s) if type(s) is str else _SAYS_CHARS for s in signals]) > _SAYS_CHARS):
         return says
-    kept = _SAYS.get(says)
-    if kept is None:
-        if len(_SAYS) >= _SAYS_LIMIT:  # the shapes are few; past the bound, afresh
-            _SAYS.clear()
-        kept = _SAYS[says] = says
-    return kept
+    home = says[_HOME]
+    return (_SAYS if home is None else home._says_alike).share(says, says, origin)  # type: ignore[no-any-return]
 
 
-def _rehomed(says: tuple[Any, ...], text: str | None, home: RobotsPolicy | None) -> tuple[Any, ...]:
-    """`says` with another text in memory (None: in the state store) and policy to rest in."""
-    return _shared_says((*says[:_TEXT], text, home))
+def _rehomed(entry: RobotsEntry, text: str | None, home: RobotsPolicy | None) -> tuple[Any, ...]:
+    """What `entry` says, with another text in memory (None: in the state store) and policy to rest in."""
+    return _shared_says((*entry._says[:_TEXT], text, home), entry.origin)
 
 
 def _ahead(fetched: Any, expires: Any) -> float | None:
@@ -178,7 +230,8 @@ class RobotsEntry:
         _SET_FETCHED(self, fetched_at if ahead is None else None)
         checked = None if _same_time(checked_at, fetched_at) else checked_at
         check = hash(text) & 0xFF if type(text) is str else None
-        _SET_SAYS(self, _shared_says((kind, status, failures, note, stale, signals, checked, ahead, check, text, None)))
+        _SET_SAYS(self, _shared_says((kind, status, failures, note, stale, signals, checked, ahead, check, text, None),
+                                     origin))
         _SET_COMPILED(self, None)
         _SET_PATTERNS(self, None)
 
@@ -384,13 +437,12 @@ def _product_token(user_agent: str) -> str:
 
 
 # Compiled robots.txt rules kept for at most this many origins, and at most PARSED_BUDGET bytes
-# (estimated) in all: ~0.65 KB for a short file's group and ~0.17 KB for the entry resting
-# beside it, versus ~2.6 KB for a whole Protego object, so 100,000 origins stay compiled and
-# nothing is re-parsed or read back while the rules hold.
+# in all, each origin's as RobotsPolicy._size counts what it holds ("bytes held" below).
 PARSED_LIMIT = 1_000_000
 PARSED_BUDGET = 96 * 1024 * 1024
-# Rough bytes of an entry kept beside its rules (RobotsPolicy.rest): the object and its times.
-RESTING_BYTES = 170
+# A key's place in a dict of string keys (the cache's, `_more`): after it grows, a dict has 3 to
+# 6 index slots (4 bytes each) and 2 to 4 entries (16 bytes each) per key: at most 88 bytes.
+_SLOT_BYTES = 88
 
 _NOISE = re.compile("[\ufffd\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
@@ -589,51 +641,141 @@ class _Group:
         self.literal = literal  # (patterns, disallows) as Google compares them, where they differ
         self.said = said  # the group's Content-Signal / Content-Usage lines
 
-    def size(self, patterns: tuple[str, ...]) -> int:
-        """Rough bytes held with `patterns`, for the rules cache's budget."""
-        own = 250 + sum(90 + len(p) for p in patterns)
-        if self.literal is not None:
-            own += 60 + sum(60 + len(p) for p in self.literal[0])
-        return own + sum(s.size() for s in self.said)
+
+# Patterns many sites have (/wp-admin/, /cgi-bin/) are one string for all of them. Not
+# sys.intern: its table keeps a slot for every pattern while it lives, the many a single site
+# has alone too (48 bytes each). Longer ones are a site's own.
+_PATTERNS = _Shared(8192, 8192)
+_PATTERN_CHARS = 128
 
 
-# Patterns seen lately, each one string for every origin that has it. Not sys.intern: its table
-# keeps a slot for every pattern while it lives, the many a single site has alone too (48
-# bytes each); this one forgets them all at its bound, and the common ones come straight back.
-_PATTERNS: dict[str, str] = {}
-_PATTERNS_LIMIT = 8192
-
-
-def _shared_pattern(pattern: str) -> str:
-    kept = _PATTERNS.get(pattern)
-    if kept is None:
-        if len(_PATTERNS) >= _PATTERNS_LIMIT:
-            _PATTERNS.clear()
-        kept = _PATTERNS[pattern] = pattern
-    return kept
+def _shared_pattern(pattern: str, origin: str | None) -> str:
+    return pattern if len(pattern) > _PATTERN_CHARS else _PATTERNS.share(pattern, pattern, origin)  # type: ignore[no-any-return]
 
 
 # Groups that say the same are one object: (token, agent, disallows, asked_delay, said) -> it,
 # for the groups whose every pattern is a plain prefix (the others hold per-origin tuples).
-_GROUPS: dict[tuple[Any, ...], _Group] = {}
-_GROUPS_LIMIT = 4096
+_GROUPS = _Shared(4096, 1024)
+_GROUP_BYTES = 512  # larger groups (many rules, long signal lines) are never kept
 
 
-def _shared_group(group: _Group) -> _Group:
+def _group_key(group: _Group) -> tuple[Any, ...] | None:
+    """What a group shared by origins is known by; None: a group of one origin's own."""
     if group.prefixes is not None or group.literal is not None or len(group.said) > 4:
+        return None
+    return (group.token, group.agent, group.disallows, group.asked_delay, group.said)
+
+
+def _shared_group(group: _Group, origin: str | None) -> _Group:
+    key = _group_key(group)
+    if key is None or _group_bytes(group) > _GROUP_BYTES:
         return group
-    key = (group.token, group.agent, group.disallows, group.asked_delay, group.said)
-    kept = _GROUPS.get(key)
-    if kept is None:
-        if len(_GROUPS) >= _GROUPS_LIMIT:  # past the bound, afresh
-            _GROUPS.clear()
-        kept = _GROUPS[key] = group
-    return kept
+    return _GROUPS.share(key, group, origin)  # type: ignore[no-any-return]
 
 
-def _compile(text: str, token: str) -> tuple[tuple[str, ...], _Group]:
+# -- bytes held, for the rules cache's budget --------------------------------------------------
+#
+# What an origin's place in the cache holds alone, as the allocator gives it out (pymalloc's
+# 16-byte size classes up to 512 bytes, malloc's 8-byte header and 16-byte alignment above):
+# each object counted from sys.getsizeof, not guessed per rule. Objects a _Shared table keeps
+# are the table's (bounded), counted by no origin; the rest by each origin that holds them.
+
+def _alloc(n: int) -> int:
+    return (n + 15) & -16 if n <= 512 else (n + 23) & -16
+
+
+_FLOAT_BYTES = _alloc(sys.getsizeof(0.0))
+_TUPLE_BYTES = [_alloc(sys.getsizeof((None,) * n)) for n in range(64)]
+
+
+def _tuple_bytes(items: tuple[Any, ...] | None) -> int:
+    """The tuple alone (not its items); () and None are nothing."""
+    if not items:
+        return 0
+    n = len(items)
+    return _TUPLE_BYTES[n] if n < 64 else _alloc(sys.getsizeof(items))
+
+
+def _value_bytes(value: Any) -> int:
+    """Bytes `value` holds (a string, number, tuple or list of them, a signal line); None,
+    bools, small ints and one-character strings are the interpreter's own."""
+    kind = type(value)
+    if kind is str:
+        return _alloc(sys.getsizeof(value)) if len(value) > 1 else 0
+    if kind is float:
+        return _FLOAT_BYTES
+    if kind is int:
+        return 0 if -5 <= value <= 256 else _alloc(sys.getsizeof(value))
+    if kind is tuple or kind is list:
+        return _alloc(sys.getsizeof(value)) + sum([_value_bytes(v) for v in value]) if value else 0
+    if kind is Said:
+        return (_alloc(sys.getsizeof(value)) + _value_bytes(value.source) + _value_bytes(value.path)
+                + _value_bytes(value.grants) + _value_bytes(value.text))
+    if value is None or kind is bool:
+        return 0
+    return _alloc(sys.getsizeof(value))
+
+
+def _patterns_bytes(patterns: tuple[str, ...], counted: tuple[str, ...] = ()) -> int:
+    """A tuple of patterns and the strings in it no table keeps (but those in `counted`)."""
+    held = _PATTERNS.holds
+    size = _tuple_bytes(patterns)
+    if counted:
+        seen = {id(p) for p in counted}
+        return size + sum([_alloc(sys.getsizeof(p)) for p in patterns
+                           if len(p) > 1 and id(p) not in seen and not held(p, p)])
+    return size + sum([_alloc(sys.getsizeof(p)) for p in patterns if len(p) > 1 and not held(p, p)])
+
+
+_GROUP_OBJECT_BYTES = _alloc(sys.getsizeof(_Group("", None, 0, None, None, None, None, ())))
+
+
+def _group_bytes(group: _Group, patterns: tuple[str, ...] = ()) -> int:
+    """A group and what it holds apart from its `patterns` (the entry's: _patterns_bytes)."""
+    size = (_GROUP_OBJECT_BYTES + _tuple_bytes(group.prefixes) + _value_bytes(group.special)
+            + _value_bytes(group.disallows) + _value_bytes(group.asked_delay) + _value_bytes(group.said))
+    if group.literal is not None:  # (the rules as written: mostly the very strings of `patterns`)
+        written, disallows = group.literal
+        size += _tuple_bytes(group.literal) + _patterns_bytes(written, patterns) + _value_bytes(disallows)
+    return size  # (its token and its group's name: the crawler's own, interned)
+
+
+def _rules_bytes(patterns: tuple[str, ...], group: _Group) -> int:
+    """Compiled rules: the patterns and the group, unless a table keeps the group."""
+    size = _patterns_bytes(patterns)
+    key = _group_key(group)
+    if key is None or not _GROUPS.holds(key, group):
+        size += _group_bytes(group, patterns)
+    return size
+
+
+def _more_bytes(more: dict[str, tuple[tuple[str, ...], _Group]]) -> int:
+    """An origin's rules for further product tokens (RobotsPolicy._more): slot, dict, rules."""
+    return _SLOT_BYTES + _alloc(sys.getsizeof(more)) + sum(
+        [_TUPLE_BYTES[2] + _rules_bytes(patterns, group) for patterns, group in more.values()])
+
+
+_ENTRY_BYTES = _alloc(sys.getsizeof(object.__new__(RobotsEntry)))
+
+
+def _says_bytes(says: tuple[Any, ...]) -> int:
+    """What an entry says, unless a table keeps it: the tuple and its values but the policy."""
+    home = says[_HOME]
+    if (_SAYS if home is None else home._says_alike).holds(says, says):
+        return 0
+    return _alloc(sys.getsizeof(says)) + sum([_value_bytes(v) for v in says[:_HOME]])
+
+
+def _resting_bytes(entry: RobotsEntry) -> int:
+    """An entry resting beside its rules (RobotsPolicy.rest): it, its origin, times and says."""
+    return (_ENTRY_BYTES + _value_bytes(entry.origin) + _value_bytes(entry.expires_at)
+            + _value_bytes(entry._fetched) + _says_bytes(entry._says))
+
+
+def _compile(text: str, token: str, origin: str | None = None) -> tuple[tuple[str, ...], _Group]:
     """`text`'s rules as they apply to `token`: the group's patterns, in protego's priority
-    order, and the rest of what the group says."""
+    order, and the rest of what the group says. What many origins have alike is shared
+    (_Shared: `origin` is the one holding them)."""
     prepared = prepare(text)
     parser = Protego.parse(prepared.text)
     rule_set = parser._user_agents.get(token) if token != "*" else None
@@ -644,13 +786,14 @@ def _compile(text: str, token: str) -> tuple[tuple[str, ...], _Group]:
     if rule_set is None:
         rule_set = parser._user_agents.get("*")
     if rule_set is None:  # no group applies: everything allowed, no delay
-        return (), _shared_group(_Group(token, None, 0, None, None, None, None, said))
+        return (), _shared_group(_Group(token, None, 0, None, None, None, None, said), origin)
     # Common patterns (/wp-admin/, /cgi-bin/) are one string for every site (_shared_pattern).
     # A tuple of a list: one of a generator keeps the room it first took.
-    patterns = tuple([_shared_pattern(rule.value._pattern) for rule in rule_set._rules])
+    patterns = tuple([_shared_pattern(rule.value._pattern, origin) for rule in rule_set._rules])
     disallows = sum(1 << i for i, rule in enumerate(rule_set._rules) if rule.field == "disallow")
     special = tuple([i for i, p in enumerate(patterns) if "*" in p or p.endswith("$")])
-    prefixes = tuple([p for i, p in enumerate(patterns) if i not in special]) if special else None
+    # (one pass, not `i not in special` per pattern: a 500 KiB file has thousands of each)
+    prefixes = tuple([p for p in patterns if not ("*" in p or p.endswith("$"))]) if special else None
     # The rules as written (protego keeps each value's pattern under it), as Google compares
     # them: longest first, Allow first on a tie (RFC 9309 §2.2.2). Kept only where some
     # differs from protego's reading.
@@ -660,11 +803,11 @@ def _compile(text: str, token: str) -> tuple[tuple[str, ...], _Group]:
     literal_rules: tuple[tuple[str, ...], int] | None = None
     if any(p != q for (p, _), q in zip(rules, patterns, strict=True)):
         rules.sort(key=lambda r: (-len(r[0]), r[1]))
-        literal_rules = (tuple([_shared_pattern(p) for p, _ in rules]),
+        literal_rules = (tuple([_shared_pattern(p, origin) for p, _ in rules]),
                          sum(1 << i for i, (_, d) in enumerate(rules) if d))
     group = _Group(token, sys.intern(str(rule_set.user_agent)), disallows, prefixes, special or None,
                    _asked_delay(rule_set.crawl_delay, rule_set.request_rate), literal_rules, said)
-    return patterns, _shared_group(group)
+    return patterns, _shared_group(group, origin)
 
 
 def _first_match(patterns: tuple[str, ...], group: _Group, path: str) -> int:
@@ -770,6 +913,8 @@ class RobotsPolicy:
         self._recalled: RobotsEntry | None = None
         # Reads an origin's stored entry (read_text_from): where a resting entry's text is.
         self._read: Callable[[str], Any] | None = None
+        # What entries resting here say, shared (_shared_says)
+        self._says_alike = _Shared(1024, 1024)
 
     def is_fresh(self, entry: RobotsEntry | None) -> bool:
         """Whether the entry may be used without fetching again."""
@@ -953,8 +1098,8 @@ class RobotsPolicy:
         if entry._says[_HOME] is not None:
             # An entry held while its compiled rules were evicted, its text read back from the
             # state store: compiled again, it rests nowhere (as a newly fetched entry).
-            _SET_SAYS(entry, _rehomed(entry._says, text, None))
-        patterns, group = _compile(text, token)
+            _SET_SAYS(entry, _rehomed(entry, text, None))
+        patterns, group = _compile(text, token, origin)
         _SET_COMPILED(entry, group)
         _SET_PATTERNS(entry, patterns)
         parsed[origin] = entry
@@ -967,29 +1112,29 @@ class RobotsPolicy:
         (a few crawlers at most through one proxy)."""
         origin = entry.origin
         if self._parsed.get(origin) is not entry:
-            return _compile(entry.text, token)  # compiled by another policy: not kept here
+            return _compile(entry.text, token, origin)  # compiled by another policy: not kept here
         more = self._more.get(origin)
         found = more.get(token) if more is not None else None
         if found is not None:
             return found
         text = entry.text  # read back when the entry rests without it
+        before = self._size(entry)
         if more is None or len(more) >= 8:  # past a few, the latest
-            if more:
-                self._parsed_bytes -= sum(50 + g.size(p) for p, g in more.values())
             more = self._more[origin] = {}
-        found = more[token] = _compile(text, token)
-        self._parsed_bytes += 50 + found[1].size(found[0])
+        found = more[token] = _compile(text, token, origin)
+        self._parsed_bytes += self._size(entry) - before
         self._evict()
         return found
 
     def _size(self, entry: RobotsEntry) -> int:
-        """Rough bytes `entry`'s compiled rules hold, for the cache's budget."""
-        size = entry._compiled.size(entry._patterns)  # type: ignore[union-attr, arg-type]
-        if entry._says[_HOME] is self:
-            size += RESTING_BYTES
+        """Bytes `entry`'s place in the cache holds alone, for the cache's budget: its slot, its
+        compiled rules (for each token), and the entry itself while it rests here."""
+        size = _SLOT_BYTES + _rules_bytes(entry._patterns, entry._compiled)  # type: ignore[arg-type]
         more = self._more.get(entry.origin)
         if more:
-            size += sum(50 + g.size(p) for p, g in more.values())
+            size += _more_bytes(more)
+        if entry._says[_HOME] is self:
+            size += _resting_bytes(entry)
         return size
 
     def _same_text(self, kept: RobotsEntry, entry: RobotsEntry) -> bool:
@@ -1006,26 +1151,26 @@ class RobotsPolicy:
 
     def _take_over(self, kept: RobotsEntry, entry: RobotsEntry) -> None:
         """`entry` takes the rules compiled for `kept` (same origin, same text), in its place."""
-        if kept._says[_HOME] is self:
-            self._parsed_bytes -= RESTING_BYTES
+        before = self._size(kept)
         _SET_COMPILED(entry, kept._compiled)
         _SET_PATTERNS(entry, kept._patterns)
         self._parsed[entry.origin] = entry  # in its place
         _SET_COMPILED(kept, None)
         _SET_PATTERNS(kept, None)
         if kept._says[_TEXT] is not None:
-            _SET_SAYS(kept, _rehomed(kept._says, kept._says[_TEXT], None))
+            _SET_SAYS(kept, _rehomed(kept, kept._says[_TEXT], None))
         if self._recalled is kept:
             self._recalled = None
+        self._parsed_bytes += self._size(entry) - before
 
     def _rest(self, entry: RobotsEntry) -> None:
         """`entry`, compiled here, rests beside its rules: its text leaves memory (the state
         store holds it) unless there is no state store to read it back from."""
         says = entry._says
-        if says[_HOME] is not self:
-            self._parsed_bytes += RESTING_BYTES
         if says[_HOME] is not self or (self._read is not None and says[_TEXT] is not None):
-            _SET_SAYS(entry, _rehomed(says, None if self._read is not None else says[_TEXT], self))
+            before = self._size(entry)
+            _SET_SAYS(entry, _rehomed(entry, None if self._read is not None else says[_TEXT], self))
+            self._parsed_bytes += self._size(entry) - before
 
     def _unrest(self, entry: RobotsEntry) -> None:
         """`entry` rests here no more (a newer entry is in the registry, or none): its rules stay
@@ -1039,8 +1184,9 @@ class RobotsPolicy:
             text = self._read_back(entry)
             if text is None:
                 return  # forgotten (the newer entry another process saved already, say)
-        _SET_SAYS(entry, _rehomed(says, text, None))
-        self._parsed_bytes -= RESTING_BYTES
+        before = self._size(entry)
+        _SET_SAYS(entry, _rehomed(entry, text, None))
+        self._parsed_bytes += self._size(entry) - before
 
     def _drop(self, entry: RobotsEntry) -> None:
         """Forget `entry`'s compiled rules (it leaves the cache)."""
@@ -1053,7 +1199,7 @@ class RobotsPolicy:
     def _clear(self, entry: RobotsEntry) -> None:
         says = entry._says
         if says[_TEXT] is not None and says[_HOME] is not None:
-            _SET_SAYS(entry, _rehomed(says, says[_TEXT], None))
+            _SET_SAYS(entry, _rehomed(entry, says[_TEXT], None))
         # (without its text in memory it keeps its home: its text is read back if ever asked)
         _SET_COMPILED(entry, None)
         _SET_PATTERNS(entry, None)
@@ -1104,7 +1250,8 @@ class RobotsPolicy:
                 kept = entry
             if entry is kept:
                 self._rest(entry)
-                return True
+                self._evict()  # (the entry resting counts too)
+                return self._parsed.get(origin) is entry
             kept = self._parsed.get(origin)  # (_same_text may have forgotten it)
         if kept is not None:
             self._unrest(kept)
@@ -1129,6 +1276,7 @@ class RobotsPolicy:
         parsed[entry.origin] = entry  # the entry's own string stays the key
         self._moved += 1
         self._recalled = entry
+        self._evict()  # (the entry resting counts too; it is the most recent: it stays)
         return True
 
     def resting_entries(self) -> list[RobotsEntry]:
