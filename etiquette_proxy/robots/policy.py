@@ -110,11 +110,14 @@ class _Shared:
     are one site's own, seen again by it alone: its other tokens' rules, a parse after an
     eviction); once another origin holds it too, that origin's object is kept for good (`kept`,
     bounded, never cleared) and given to every later holder. A kept object's bytes are the
-    table's, counted by no origin; every other object is counted by each holder. The first
-    holder's object is never the one kept, so what an origin counts never changes while it
-    holds it, and the cache's count stays exact through any order of compiles and evictions.
-    Past `kept_limit`, an origin gets `recent`'s object, counted by each holder (more than they
-    hold between them).
+    table's, counted by no origin; every other object is counted by each holder. The object kept
+    is the table's own copy, made when it is kept (`_own_copy`), never one a caller passed: a
+    caller's object may be held by an origin already, and counted by it (the first holder's, an
+    object two parses give alike — urllib's quoting gives the one cached "%3F" for `Disallow: ?`
+    on every parse — or one seen before `recent` was cleared). So what an origin counts never
+    changes while it holds it, and the cache's count stays exact through any order of compiles
+    and evictions. Past `kept_limit`, or for a value the table cannot copy, an origin gets
+    `recent`'s object, counted by each holder (more than they hold between them).
     """
 
     __slots__ = ("_recent", "_kept", "_limit", "_kept_limit")
@@ -139,9 +142,15 @@ class _Shared:
             return value
         if seen[1] == origin or len(self._kept) >= self._kept_limit:
             return seen[0]
+        # Not `value`, nor seen[0]: either may be an object an origin holds and counts (the same
+        # object passed by two origins, or by one before `recent` was cleared); kept, it would
+        # count as the table's from then on, and that origin's count would drift.
+        kept = _own_copy(value)
+        if kept is None:
+            return seen[0]
         del recent[key]
-        self._kept[key] = value  # not seen[0]: the first holder counts its object
-        return value
+        self._kept[key] = kept
+        return kept
 
     def holds(self, key: Any, value: Any) -> bool:
         """Whether `value` is the object kept for `key` (counted by the table, not its holders)."""
@@ -149,6 +158,21 @@ class _Shared:
             return self._kept.get(key) is value
         except TypeError:  # an odd row's unhashable value: never kept
             return False
+
+
+def _own_copy(value: Any) -> Any:
+    """An object equal to `value` that no one holds yet (the one a _Shared table keeps), or None
+    for a value of a kind not kept (nothing is kept then). Strings of one character and empty
+    tuples are the interpreter's own, counted by no one: they are given back as they are."""
+    kind = type(value)
+    if kind is str:
+        return "".join([value[:1], value[1:]]) if len(value) > 1 else value
+    if kind is tuple:
+        return tuple([*value])  # (a tuple of a list: a new tuple; () stays the one ())
+    if kind is _Group:
+        return _Group(value.token, value.agent, value.disallows, value.prefixes, value.special,
+                      value.asked_delay, value.literal, value.said)
+    return None
 
 
 # What entries say: the shapes are few (a byte of the text's hash, a few notes and ttls). Those
