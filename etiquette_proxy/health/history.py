@@ -18,7 +18,7 @@ import math
 import struct
 from typing import Any
 
-from etiquette_proxy.health.score import _SPAN, LatencySketch, Tally
+from etiquette_proxy.health.score import _SPAN, LatencySketch, Tally, tally_counts
 
 DAY = 86400.0
 MAX_RAW_WINDOWS = 2000
@@ -363,15 +363,7 @@ def _parts_of(n: int, hard: int, challenge: int, soft: int, error: int,
 
 
 def _checked_tally_parts(state: Any) -> tuple[Any, ...] | None:
-    if (
-        not isinstance(state, list)
-        or len(state) != 6
-        or not all(_is_int(x) and x >= 0 for x in state[:5])
-    ):
-        raise ValueError("tally: expected [n, hard, challenge, soft, error, sketch]")
-    n, hard, challenge, soft, error = state[:5]
-    if hard + challenge + soft + error > n:
-        raise ValueError("tally: more signals than requests")
+    n, hard, challenge, soft, error = tally_counts(state)
     sketch = state[5]
     if not isinstance(sketch, list) or len(sketch) % 2 or len(sketch) > 400:
         raise ValueError("latency sketch: expected [bucket, count, ...]")

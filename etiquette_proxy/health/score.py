@@ -244,16 +244,23 @@ class Tally:
 
     @classmethod
     def from_state(cls, state: Any) -> Tally:
-        if (
-            not isinstance(state, list)
-            or len(state) != 6
-            or not all(_is_int(x) and x >= 0 for x in state[:5])
-        ):
-            raise ValueError("tally: expected [n, hard, challenge, soft, error, sketch]")
-        n, hard, challenge, soft, error = state[:5]
-        if hard + challenge + soft + error > n:
-            raise ValueError("tally: more signals than requests")
+        n, hard, challenge, soft, error = tally_counts(state)
         return cls(n, hard, challenge, soft, error, LatencySketch.from_state(state[5]))
+
+
+def tally_counts(state: Any) -> tuple[int, int, int, int, int]:
+    """The five counts of a stored tally ([n, hard, challenge, soft, error, sketch]), checked;
+    raises ValueError on anything else (the sketch is the caller's to read)."""
+    if (
+        not isinstance(state, list)
+        or len(state) != 6
+        or not all(_is_int(x) and x >= 0 for x in state[:5])
+    ):
+        raise ValueError("tally: expected [n, hard, challenge, soft, error, sketch]")
+    n, hard, challenge, soft, error = state[:5]
+    if hard + challenge + soft + error > n:
+        raise ValueError("tally: more signals than requests")
+    return n, hard, challenge, soft, error
 
 
 @dataclass(frozen=True)
