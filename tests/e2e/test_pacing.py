@@ -129,7 +129,7 @@ async def _herd(proxy_port: int, urls: list[str], spacing_s: float,
     return list(await asyncio.gather(*tasks)), sent
 
 
-def test_a_held_herd_reaches_the_site_at_its_rate_in_arrival_order_and_the_rest_is_refused_at_once(
+def test_a_held_herd_reaches_the_site_at_its_rate_and_the_rest_is_refused_at_once(
         start_proxy, fresh):
     # SPEC §5: releasing one wakes one; max_hold is decided from the place in line at arrival.
     site = fresh()
@@ -158,20 +158,65 @@ def test_a_held_herd_reaches_the_site_at_its_rate_in_arrival_order_and_the_rest_
     assert sorted(reached) == served
     lines = [r for r in proxy.audit() if r["outcome"] == "paused"]
     assert len(lines) == len(refused) and all(r["upstream_status"] is None for r in lines)
-    # The served reached it in the order they were sent (one connection each, 8 ms apart; SPEC
-    # §5: first in line, first out), within 5 places (the burst goes out together), all but a
-    # connection or three the loaded machine delays on its way in (one came 20 places late in a
-    # CI run: the proxy cannot send what it has not received). Releasing in another order
-    # (last in first out, by ticket hash) moves most of them further.
-    rank = {i: r for r, i in enumerate(sorted(reached))}
-    far = [i for pos, i in enumerate(reached) if abs(pos - rank[i]) > 5]
-    assert len(far) <= 3, (far, reached)
+    # The order they reached the site in is not asserted here: sent 8 ms apart on a loaded
+    # machine, a connection can reach the proxy places late (one came 20 places late, four 5+
+    # places in CI runs), and the proxy cannot send what it has not received. The next test pins
+    # the order against the proxy's own line, known exactly.
     # ... at the rate, never above: from the first to the last, no more than the burst (5) and
     # 20/s, give or take half a second of the proxy's own delays on a busy machine (the proxy
     # decides on time; a stalled event loop may send a few decided starts late and together).
     at = sorted(a.at for a in page_arrivals(site) if a.path.startswith("/h"))
     span = at[-1] - at[0]
     assert 10 * span <= len(at) - 1 <= 5 + 20 * (span + 0.5), (len(at), span)
+
+
+def _held(proxy: Proxy, site: Site) -> int:
+    """The site's line as the proxy shows it (/api/sites `live.held`)."""
+    with proxy.session() as s:
+        board = s.get("http://etiquette.proxy/api/sites", timeout=10).json()
+    entry = next((e for e in board["sites"] if e["site"] == f"127.0.0.1:{site.port}"), {})
+    return int(entry.get("live", {}).get("held", 0))
+
+
+def test_held_requests_reach_the_site_in_the_order_the_proxy_received_them(start_proxy, fresh):
+    # SPEC §5: requests wait in arrival order. Each request is sent only once the proxy shows
+    # the one before it held, so the proxy's line is known exactly: a loaded machine cannot
+    # reorder them on their way in. They wait out a pause the site asked for, then leave one at
+    # a time (one slot), and the site's own log must show the line's order.
+    site = fresh()
+    site.route("/busy", Answer(429, b"busy\n", {"Retry-After": "5"}))
+    proxy = start_proxy(sets=per_site(site, pacing__rate=20, pacing__burst=1, pacing__max_concurrency=1,
+                                      pacing__max_hold="60s"))
+    assert proxy.get(site.url("/busy")).status_code == 429  # the site is paused for 5 s
+    line = [7, 3, 11, 0, 9, 1, 5, 10, 2, 8, 4, 6]  # not the order of their names or of anything else
+    clients: list[socket.socket] = []
+    try:
+        for n, i in enumerate(line):
+            client = socket.create_connection(("127.0.0.1", proxy.port))
+            clients.append(client)
+            client.sendall(f"GET {site.url(f'/o{i}')} HTTP/1.1\r\nHost: 127.0.0.1:{site.port}\r\n"
+                           f"Connection: close\r\n\r\n".encode())
+            deadline = time.monotonic() + 4
+            while _held(proxy, site) < n + 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert not [a for a in page_arrivals(site) if a.path.startswith("/o")], "the pause ended too soon"
+            assert _held(proxy, site) == n + 1, f"the proxy does not show /o{i} held"
+        answers = []
+        for client in clients:
+            client.settimeout(30)
+            raw = b""
+            while chunk := client.recv(65536):
+                raw += chunk
+            answers.append(int(raw.split()[1]))
+    finally:
+        for client in clients:
+            client.close()
+    assert answers == [200] * len(line)
+    reached = [int(a.path[2:]) for a in page_arrivals(site) if a.path.startswith("/o")]
+    assert reached == line
+    # ... and none inside the pause the site asked for
+    busy = next(a.at for a in page_arrivals(site) if a.path == "/busy")
+    assert min(a.at for a in page_arrivals(site) if a.path.startswith("/o")) >= busy + 5 - SLACK
 
 
 def test_a_held_request_whose_client_went_away_never_reaches_the_site(start_proxy, fresh):
