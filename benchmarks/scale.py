@@ -23,6 +23,8 @@ sites   Each size runs in a fresh subprocess (so resident memory is that size's 
         mid-window and at a window's end (the event loop's stall per tick). Targets (issue 17):
         100,000 sites < 200 MB resident; per-decision cost flat (<= 1.5x) from 1k to 100k.
         `--max-sites-in-memory N` runs with that bound instead of the config's.
+        `--part P`: the "decision" figures time one step of it alone (the robots.txt entry's
+        lookup, entry + verdict, the budget's lookup, lookup + reserve + on_response).
         `--callgrind`: instead of timing, each size under callgrind's cache simulation (LL 4
         MiB, this VM's L2; needs valgrind and gcc): instructions and LL misses per decision.
 store   Builds a ValidatorStore of --store-urls entries (1 KiB bodies) in a temp dir (or
@@ -35,6 +37,7 @@ audit   AuditLog.write of typical records to a temp file: lines/s (with and with
     python benchmarks/scale.py [sites|store|audit|all] [--requests 3] [--store-urls 1000000] [--store-dir DIR]
     python benchmarks/scale.py sites [--max-sites-in-memory N]
     python benchmarks/scale.py sites --callgrind
+    python benchmarks/scale.py sites --part find|robots|budget-get|budget
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import argparse
 import gc
 import json
 import math
+import os
 import random
 import shutil
 import statistics
@@ -65,6 +69,8 @@ SIZES = (1_000, 10_000, 100_000)
 ROBOTS = ("User-agent: *\nDisallow: /private/\nDisallow: /cgi-bin/\nAllow: /private/open/\n"
           "Disallow: /only-{i}/\n\nUser-agent: badbot\nDisallow: /\n")
 UA_TOKEN = "benchbot"
+PARTS = ("decision", "find", "robots", "budget-get", "budget")
+PART_ENV = "ETIQUETTE_SCALE_PART"  # how `--part` reaches the per-size children
 CRAWL_S = 3600.0  # simulated crawl time over which the sites' health sees its requests
 
 
@@ -171,7 +177,20 @@ def sites_child(n: int, decisions: int, requests: int, marked: bool = False,
     paths = ["/page/1", "/private/x", "/a/b?c=d", "/private/open/z"]
     clock = time.perf_counter_ns
 
+    part = os.environ.get(PART_ENV, "decision")  # `--part`: one step of the decision alone
+
     def decision(origin: str, site: str, path: str) -> None:
+        if part != "decision":
+            if part == "find":
+                entries.find(config, origin)
+            elif part == "robots":
+                policy.verdict(entries.find(config, origin), path, UA_TOKEN)  # type: ignore[arg-type]
+            elif part == "budget-get":
+                budgets.get(config, site)
+            else:  # "budget"
+                budget = budgets.get(config, site)
+                budget.on_response(budget.reserve().ticket, 200, {})
+            return
         entry = entries.find(config, origin)
         assert entry is not None
         verdict = policy.verdict(entry, path, UA_TOKEN)
@@ -565,11 +584,18 @@ def run_sites(decisions: int, requests: int, bound: int | None = None, rounds: i
 
     print("targets:")
     print(check("100,000 sites < 200 MB resident", float(big["rss_total_mb"]) < 200, f"{big['rss_total_mb']} MB"))  # type: ignore[arg-type]
+    part = os.environ.get(PART_ENV, "decision")
     for label, key in (("any site", "fresh_p50_us"), ("a site in memory", "fresh_hot_p50_us")):
         ratio, detail = grown(key)
+        if part != "decision":  # one step alone: what it adds, not the target
+            print(f"  --part {part} alone, {label}: {detail}")
+            continue
         print(check(f"per-decision cost flat (<= 1.5x) from 1k to 100k sites, {label}", ratio <= 1.5, detail))
     for label, key in (("any site", "whole_p50_us"), ("a site in memory", "whole_hot_p50_us")):
         ratio, detail = grown(key)
+        if part != "decision":
+            print(f"  --part {part} + runaway guard + health, {label}: {detail}")
+            continue
         print(check(f"same, the whole per-site path (+ runaway guard + health), {label}", ratio <= 1.5, detail))
     ratio, detail = grown("floor_p50_us")
     print(f"  memory floor at the same sizes: {detail}")
@@ -703,6 +729,10 @@ def main() -> int:
     ap.add_argument("--max-sites-in-memory", type=int, default=None, metavar="N",
                     help="sites: state.max_sites_in_memory for this run (default: the config's)")
     ap.add_argument("--rounds", type=int, default=5, help="sites: alternating measuring rounds over the sizes")
+    ap.add_argument("--part", choices=PARTS, default="decision",
+                    help="sites: time one step of the decision instead of the whole (find: the robots.txt entry; "
+                         "robots: entry + verdict; budget-get: the budget's lookup; budget: lookup + reserve + "
+                         "on_response), to see which step grows with the number of sites")
     ap.add_argument("--callgrind", action="store_true",
                     help="sites: count instructions and cache misses per decision under callgrind instead of timing")
     args = ap.parse_args()
@@ -710,6 +740,7 @@ def main() -> int:
         ap.error("store-urls in 1..5M, lookups in 100..1M")
     if not 1 <= args.rounds <= 20:
         ap.error("rounds in 1..20")
+    os.environ[PART_ENV] = args.part
     header("scale: sites, validator store, audit log")
     if args.what in ("sites", "all") and args.callgrind:
         run_sites_counted(args.decisions, args.requests)
