@@ -177,20 +177,7 @@ def sites_child(n: int, decisions: int, requests: int, marked: bool = False,
     paths = ["/page/1", "/private/x", "/a/b?c=d", "/private/open/z"]
     clock = time.perf_counter_ns
 
-    part = os.environ.get(PART_ENV, "decision")  # `--part`: one step of the decision alone
-
     def decision(origin: str, site: str, path: str) -> None:
-        if part != "decision":
-            if part == "find":
-                entries.find(config, origin)
-            elif part == "robots":
-                policy.verdict(entries.find(config, origin), path, UA_TOKEN)  # type: ignore[arg-type]
-            elif part == "budget-get":
-                budgets.get(config, site)
-            else:  # "budget"
-                budget = budgets.get(config, site)
-                budget.on_response(budget.reserve().ticket, 200, {})
-            return
         entry = entries.find(config, origin)
         assert entry is not None
         verdict = policy.verdict(entry, path, UA_TOKEN)
@@ -198,6 +185,23 @@ def sites_child(n: int, decisions: int, requests: int, marked: bool = False,
             budget = budgets.get(config, site)
             turn = budget.reserve()
             budget.on_response(turn.ticket, 200, {})
+
+    # `--part`: one step of the decision alone, timed in its place (the whole is untouched)
+    def find(origin: str, site: str, path: str) -> None:
+        entries.find(config, origin)
+
+    def robots(origin: str, site: str, path: str) -> None:
+        policy.verdict(entries.find(config, origin), path, UA_TOKEN)  # type: ignore[arg-type]
+
+    def budget_get(origin: str, site: str, path: str) -> None:
+        budgets.get(config, site)
+
+    def budget_only(origin: str, site: str, path: str) -> None:
+        budget = budgets.get(config, site)
+        budget.on_response(budget.reserve().ticket, 200, {})
+
+    decision = {"decision": decision, "find": find, "robots": robots, "budget-get": budget_get,
+                "budget": budget_only}[os.environ.get(PART_ENV, "decision")]
 
     def decide(picks: list[int]) -> list[float]:
         """The old measure: the site's keys read from the setup's lists (100,000 strings built

@@ -118,6 +118,13 @@ class Proxy:
 
     # -- real clients -------------------------------------------------------------------------
 
+    def held(self, site: str) -> int:
+        """Requests the proxy holds for `site` ("127.0.0.1:PORT") now (/api/sites `live.held`)."""
+        with self.session() as s:
+            board = s.get("http://etiquette.proxy/api/sites", timeout=10).json()
+        entry = next((e for e in board["sites"] if e["site"] == site), {})
+        return int(entry.get("live", {}).get("held", 0))
+
     def session(self, ua: str = "testbot/1.0", verify: str | bool | None = None) -> requests.Session:
         """A requests session that reaches sites only through the proxy."""
         s = requests.Session()

@@ -219,14 +219,8 @@ def test_sigterm_finishes_requests_at_the_site_and_answers_held_ones(start_proxy
     for t in threads:
         t.start()
         time.sleep(0.05)
-    def held() -> int:
-        with proxy.session() as s:
-            board = s.get("http://etiquette.proxy/api/sites", timeout=10).json()
-        entry = next((e for e in board["sites"] if e["site"] == f"127.0.0.1:{site.port}"), {})
-        return int(entry.get("live", {}).get("held", 0))
-
     deadline = time.monotonic() + 15  # two at the site, two held by pacing (2 slots)
-    while (len([p for p in site.paths() if p.startswith("/slow")]) < 2 or held() < 2) \
+    while (len([p for p in site.paths() if p.startswith("/slow")]) < 2 or proxy.held(f"127.0.0.1:{site.port}") < 2) \
             and time.monotonic() < deadline:
         time.sleep(0.05)
     assert proxy.stop() == 0  # test_process.py pins the 5 s bound on an idle proxy

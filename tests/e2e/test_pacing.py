@@ -170,14 +170,6 @@ def test_a_held_herd_reaches_the_site_at_its_rate_and_the_rest_is_refused_at_onc
     assert 10 * span <= len(at) - 1 <= 5 + 20 * (span + 0.5), (len(at), span)
 
 
-def _held(proxy: Proxy, site: Site) -> int:
-    """The site's line as the proxy shows it (/api/sites `live.held`)."""
-    with proxy.session() as s:
-        board = s.get("http://etiquette.proxy/api/sites", timeout=10).json()
-    entry = next((e for e in board["sites"] if e["site"] == f"127.0.0.1:{site.port}"), {})
-    return int(entry.get("live", {}).get("held", 0))
-
-
 def test_held_requests_reach_the_site_in_the_order_the_proxy_received_them(start_proxy, fresh):
     # SPEC §5: requests wait in arrival order. Each request is sent only once the proxy shows
     # the one before it held, so the proxy's line is known exactly: a loaded machine cannot
@@ -197,10 +189,10 @@ def test_held_requests_reach_the_site_in_the_order_the_proxy_received_them(start
             client.sendall(f"GET {site.url(f'/o{i}')} HTTP/1.1\r\nHost: 127.0.0.1:{site.port}\r\n"
                            f"Connection: close\r\n\r\n".encode())
             deadline = time.monotonic() + 4
-            while _held(proxy, site) < n + 1 and time.monotonic() < deadline:
+            while proxy.held(f"127.0.0.1:{site.port}") < n + 1 and time.monotonic() < deadline:
                 time.sleep(0.01)
             assert not [a for a in page_arrivals(site) if a.path.startswith("/o")], "the pause ended too soon"
-            assert _held(proxy, site) == n + 1, f"the proxy does not show /o{i} held"
+            assert proxy.held(f"127.0.0.1:{site.port}") == n + 1, f"the proxy does not show /o{i} held"
         answers = []
         for client in clients:
             client.settimeout(30)
