@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -73,6 +74,8 @@ def _parser() -> argparse.ArgumentParser:
     sites.add_argument("action", nargs="?", choices=("list", "pause", "resume", "forget"), default="list")
     sites.add_argument("site", nargs="?", metavar="SITE", help="host:port, or host for every port")
     sites.add_argument("--for", dest="for_", metavar="DURATION", help="pause for this long (e.g. 90s, 10m, 2h)")
+    sites.add_argument("--proxy-auth", metavar="USER:PASSWORD",
+                       help="credentials for a proxy that asks for them (default: the config's listen.proxyauth)")
 
     report = sub.add_parser("report", help="summarise an audit log per site and grade the crawler's conduct")
     common(report)
@@ -185,7 +188,7 @@ def operate(config: Config, args: argparse.Namespace) -> int:
         if args.command == "env":
             return commands.env_command(state, args.proxy)
         if args.command == "sites":
-            return _sites(commands, state, args)
+            return _sites(commands, state, args, config)
         cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
         run_args = [f"--set={s}" for s in args.set]
         run_args += [f"--config={args.config}"] if args.config else []
@@ -199,7 +202,7 @@ def operate(config: Config, args: argparse.Namespace) -> int:
         return e.code
 
 
-def _sites(commands: Any, state: str, args: argparse.Namespace) -> int:
+def _sites(commands: Any, state: str, args: argparse.Namespace, config: Config) -> int:
     from etiquette_proxy.units import parse_duration
 
     for_s = None
@@ -210,7 +213,8 @@ def _sites(commands: Any, state: str, args: argparse.Namespace) -> int:
             for_s = parse_duration(args.for_)
         except ValueError as e:
             raise commands.CommandError(f"--for: {e}", 2) from None
-    return int(commands.sites_command(state, args.action, args.site, for_s, sys.stdout))
+    return int(commands.sites_command(state, args.action, args.site, for_s, sys.stdout,
+                                      args.proxy_auth or config.listen.proxyauth))
 
 
 def _audit_path(config: Config, args: argparse.Namespace, command: str) -> str | None:
@@ -321,9 +325,29 @@ def report(config: Config, args: argparse.Namespace) -> int:
     return run_report(path, since_s=since, site=args.site, as_json=args.json)
 
 
+# mitmproxy's advice when the port is taken names its own flag (`--mode regular@8082`), which
+# this command line does not take.
+_MITM_PORT_HINT = re.compile(r"Try specifying a different port by using `--mode [^`@]*@(\d+)`\.")
+
+
+class PortHint(logging.Filter):
+    """Rewrites mitmproxy's port-in-use hint into this CLI's flag."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            message = record.getMessage()
+            found = _MITM_PORT_HINT.search(message)
+            if found:
+                record.msg = (message[:found.start()] + f"Try another port: --listen-port {found.group(1)} "
+                              "(or --listen-port 0 for any free one).")
+                record.args = ()
+        return True
+
+
 def _setup_logging() -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(PortHint())
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.INFO)

@@ -7,6 +7,7 @@ etiquette_proxy/operate/controls.py). The state dir is `--state-dir`, else `ETIQ
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.client
 import json
@@ -85,8 +86,10 @@ def ca_command(state_dir: str, err: IO[str]) -> int:
     """Print the CA path; say on stderr which state dir was read and whether a proxy runs there."""
     url = read_url(state_dir)
     path = ensure_ca(state_dir)
-    if url:
+    if url and _listening(url):
         err.write(f"etiquette-proxy ca: the proxy at {url} (state dir {state_dir})\n")
+    elif url:
+        err.write(f"etiquette-proxy ca: {_gone(url, state_dir)}; this is its CA\n")
     else:
         err.write(f"etiquette-proxy ca: no proxy is running with state dir {state_dir}; this is its CA "
                   f"(another state dir? pass --state-dir)\n")
@@ -120,6 +123,9 @@ def env_command(state_dir: str, proxy: str | None) -> int:
     if not url:
         raise CommandError(f"no proxy is running with state dir {state_dir} (no {URL_FILE} there): start one "
                            "with `./run-proxy`, or pass --state-dir D or --proxy URL")
+    if not proxy and not _listening(url):
+        # Exporting a dead proxy's address would make every client fail with "connection refused".
+        raise CommandError(_gone(url, state_dir) + ": start it again with `./run-proxy`")
     sys.stdout.write(export_lines(client_files(state_dir, url)))
     return 0
 
@@ -127,15 +133,22 @@ def env_command(state_dir: str, proxy: str | None) -> int:
 # -- sites ----------------------------------------------------------------------------------------
 
 def _proxy_request(url: str, method: str, path: str, body: bytes = b"",
-                   headers: Mapping[str, str] | None = None) -> tuple[int, bytes]:
+                   headers: Mapping[str, str] | None = None, proxy_auth: str | None = None) -> tuple[int, bytes]:
     """One request to http://etiquette.proxy/PATH through the proxy at `url` (no proxy
-    variables, no no_proxy: straight to the proxy, in absolute form)."""
+    variables, no no_proxy: straight to the proxy, in absolute form). `proxy_auth`
+    (`user:password`, SPEC §12 `listen.proxyauth`) goes as Basic `Proxy-Authorization`."""
     parts = urlsplit(url)
+    sent = {"Host": HOST, **(headers or {})}
+    if proxy_auth:
+        sent["Proxy-Authorization"] = "Basic " + base64.b64encode(proxy_auth.encode("utf-8")).decode("ascii")
     conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 8080, timeout=30)
     try:
-        conn.request(method, f"http://{HOST}{path}", body=body or None,
-                     headers={"Host": HOST, **(headers or {})})
+        conn.request(method, f"http://{HOST}{path}", body=body or None, headers=sent)
         response = conn.getresponse()
+        if response.status == 407:
+            raise CommandError(f"the proxy at {url} asks for credentials (listen.proxyauth): pass "
+                               "--proxy-auth USER:PASSWORD" if not proxy_auth else
+                               f"the proxy at {url} refused the credentials given (407)")
         return response.status, response.read()
     except OSError as e:
         raise CommandError(f"cannot reach the proxy at {url}: {e}") from None
@@ -143,18 +156,27 @@ def _proxy_request(url: str, method: str, path: str, body: bytes = b"",
         conn.close()
 
 
+def _gone(url: str, state_dir: str) -> str:
+    """What to say when the state dir names a proxy that no longer listens (a kill -9 or a
+    crash leaves its proxy-url behind)."""
+    return (f"the proxy that last ran with state dir {state_dir} ({url}) is not running: "
+            f"it stopped without cleaning up (killed or crashed)")
+
+
 def running_url(state_dir: str) -> str:
     url = read_url(state_dir)
     if not url:
         raise CommandError(f"no proxy is running with state dir {state_dir} (pass --state-dir D)")
+    if not _listening(url):
+        raise CommandError(_gone(url, state_dir))
     return url
 
 
 def sites_command(state_dir: str, action: str, site: str | None, for_s: float | None,
-                  out: IO[str]) -> int:
+                  out: IO[str], proxy_auth: str | None = None) -> int:
     url = running_url(state_dir)
     if action == "list":
-        status, body = _proxy_request(url, "GET", "/api/sites")
+        status, body = _proxy_request(url, "GET", "/api/sites", proxy_auth=proxy_auth)
         if status != 200:
             raise CommandError(f"the proxy answered {status} to /api/sites")
         out.write(sites_table(json.loads(body)))
@@ -168,7 +190,7 @@ def sites_command(state_dir: str, action: str, site: str | None, for_s: float | 
     if for_s is not None:
         payload["for_s"] = for_s
     status, body = _proxy_request(url, "POST", ROUTE, json.dumps(payload).encode(), {
-        "Content-Type": "application/json", CLIENT_HEADER: "1", TOKEN_HEADER: token})
+        "Content-Type": "application/json", CLIENT_HEADER: "1", TOKEN_HEADER: token}, proxy_auth)
     try:
         answer = json.loads(body)
     except ValueError:

@@ -184,6 +184,7 @@ class RobotsGate:
         notes = notes_of(flow)
         notes.outcome = "served-stored"
         notes.reason = f"robots.txt from the proxy's cache ({entry.note})"
+        notes.extra["robots_cache"] = True  # `report` counts it as what it was, not a stored page
         notes.local = True
         status = entry.status if entry.status and entry.kind == "rules" else (entry.status or 404)
         flow.response = http.Response.make(

@@ -15,6 +15,10 @@ gets. Each variable is here because a client family reads it (README: "Point you
   `NODE_EXTRA_CA_CERTS` adds to Node's own roots, so it gets the proxy CA alone.
 - `WGETRC`: Debian's wget uses GnuTLS and ignores `SSL_CERT_FILE`; a wgetrc with
   `ca_certificate` is the only way without a flag.
+- Perl LWP: `PERL_LWP_ENV_PROXY=1` makes every `LWP::UserAgent->new` read the proxy variables
+  (otherwise only scripts that call `env_proxy` do); LWP::Protocol::https verifies with
+  IO::Socket::SSL against Mozilla::CA's bundle unless `PERL_LWP_SSL_CA_FILE` (or the older
+  `HTTPS_CA_FILE`) names another, so both name the combined bundle.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from collections.abc import Mapping
 PROXY_VARS = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "all_proxy")
 NO_PROXY_VARS = ("NO_PROXY", "no_proxy")
 BUNDLE_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO")
+PERL_CA_VARS = ("PERL_LWP_SSL_CA_FILE", "HTTPS_CA_FILE")
 
 # Where Debian, Fedora/RHEL, Alpine/openSUSE and macOS (Homebrew openssl) keep their roots.
 SYSTEM_BUNDLES = (
@@ -47,6 +52,8 @@ def client_env(proxy_url: str, ca_cert: str, bundle: str, wgetrc: str) -> dict[s
     env["NODE_EXTRA_CA_CERTS"] = ca_cert
     env["NODE_USE_ENV_PROXY"] = "1"  # Node >= 24: fetch/http honour HTTP(S)_PROXY only with this
     env["WGETRC"] = wgetrc
+    env.update(dict.fromkeys(PERL_CA_VARS, bundle))
+    env["PERL_LWP_ENV_PROXY"] = "1"
     return env
 
 

@@ -54,12 +54,14 @@ KNOWN_KEYS = frozenset(REQUIRED_KEYS) | {
     "health", "would", "would_reason", "would_wait_s", "bytes", "robots", "robots_fetch", "crawl_delay",
     "trimmed", "trap", "retired", "revived", "warning", "health_signal", "ceiling", "breaker",
     "ratelimit", "gone_status", "header_notes", "alert", "band_change", "event", "canary",
-    "marker_found", "action", "purposes", "signals", "client_gone",
+    "marker_found", "action", "purposes", "signals", "client_gone", "robots_cache",
     "seq", "chain", "signed", "not_signed", "would_sign",  # SPEC §11 chain, SPEC §9 identity
 }
 # A robots.txt that could not be fetched disallows everything (RFC 9309 §2.3.1.4): those 503s
 # are the proxy waiting for robots.txt, not a crawler trying a disallowed path.
 UNREACHABLE = "robots.txt unreachable"
+# The report's label for a `served-stored` line that answered a client's robots.txt from the cache.
+ROBOTS_FROM_CACHE = "robots.txt from cache"
 TOLERANCE_S = 0.05  # timestamps are to the millisecond; scheduling jitter on top
 NO_HINT_WAIT_S = 1.0  # a 429 without Retry-After: at least the proxy's smallest backoff
 
@@ -335,6 +337,10 @@ class Report:
         would = record.get("would")
         if would == "disallowed" and str(record.get("would_reason", "")).startswith(UNREACHABLE):
             would = "robots.txt unreachable"  # not a violation: robots.txt disallowed everything
+        if outcome == "served-stored" and record.get("robots_cache"):
+            # A client's own robots.txt answered from the proxy's robots cache (SPEC §4, e.g.
+            # wget -r): no page was served from the store and no site bytes were saved.
+            outcome = ROBOTS_FROM_CACHE
         if not c.count(record, outcome, str(would) if would else None):
             return  # the proxy's own robots.txt fetch
         if isinstance(record.get("purposes"), dict) and "disallowed" in (outcome, record.get("would")):

@@ -19,6 +19,9 @@ def test_every_variable_the_spec_names_and_no_proxy_emptied():
         assert env[key] == "/s/bundle.pem"  # the proxy CA plus the system roots
     assert env["NODE_EXTRA_CA_CERTS"] == "/s/ca.pem"  # Node adds it to its own roots
     assert env["NODE_USE_ENV_PROXY"] == "1" and env["WGETRC"] == "/s/wgetrc"
+    # Perl LWP: every UserAgent reads the proxy variables, and verifies against the bundle
+    assert env["PERL_LWP_ENV_PROXY"] == "1"
+    assert env["PERL_LWP_SSL_CA_FILE"] == env["HTTPS_CA_FILE"] == "/s/bundle.pem"
 
 
 def test_export_lines_survive_a_shell(tmp_path):
