@@ -31,7 +31,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeGuard
 
 from etiquette_proxy.audit.log import rfc3339_ms
 from etiquette_proxy.pacing.per_site import NAMESPACE
@@ -116,7 +116,7 @@ class SiteAsked:
             self.ceiling = float(ceiling) if _number(ceiling) and ceiling > 0 else None
 
 
-def _number(x: Any) -> bool:
+def _number(x: Any) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
@@ -152,26 +152,33 @@ def recent_records(path: str, since: float, max_bytes: int = SCAN_BYTES) -> tupl
             step = min(_BLOCK, pos - floor)
             pos -= step
             f.seek(pos)
-            lines = (f.read(step) + carry).split(b"\n")
-            carry = lines.pop(0) if pos > floor else b""  # maybe the tail of a line further back
-            first_ts = None  # the block's oldest line: once it is older than `since`, done
+            block = f.read(step) + carry
+            carry = b""
+            if pos > floor:  # the block may begin inside a line: that part goes with the next block
+                cut = block.find(b"\n")
+                if cut < 0:
+                    carry = block
+                    continue
+                carry, block = block[:cut], block[cut + 1:]
+            # Most blocks hold no line that can carry a pause: only their oldest line is looked at.
+            lines = block.split(b"\n") if any(w in block for w in _WANTED) else ()
             for line in lines:
                 match = _TS.match(line)
-                if match is None:
-                    continue  # blank, torn, or not ours
-                if first_ts is None:
-                    first_ts = match.group(1)
-                if match.group(1) < floor_ts:
-                    continue  # one line out of order (a clock step, a torn line) stops nothing
-                if any(w in line for w in _WANTED):
-                    try:
-                        record = json.loads(line)
-                    except ValueError:
-                        continue
-                    if isinstance(record, dict):
-                        found.append(record)
-            if first_ts is not None and first_ts < floor_ts:
-                return found, False
+                # Older than `since` (one line out of order, a clock step, stops nothing), blank,
+                # torn, or not ours: skipped.
+                if match is None or match.group(1) < floor_ts or not any(w in line for w in _WANTED):
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict):
+                    found.append(record)
+            first = _TS.match(block)  # the block starts at a line's start
+            if first is None:  # a blank or torn line first: the first line that has a `ts`
+                first = next((m for line in (lines or block.split(b"\n")) if (m := _TS.match(line))), None)
+            if first is not None and first.group(1) < floor_ts:
+                return found, False  # this block reaches back beyond `since`: done
         return found, floor > 0
 
 

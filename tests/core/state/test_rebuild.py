@@ -38,7 +38,8 @@ def settings_of(site: str) -> PacingSettings:
     return SETTINGS
 
 
-def throttled(budget: SiteBudget, clock: FakeClock, retry_after: str | None = "600") -> tuple[ThrottleDecision, dict[str, Any]]:
+def throttled(budget: SiteBudget, clock: FakeClock,
+              retry_after: str | None = "600") -> tuple[ThrottleDecision, dict[str, Any]]:
     """One request through `budget` answered 429 (+ Retry-After); the decision and its line."""
     turn = budget.reserve()
     if turn.action == "wait":
@@ -256,3 +257,16 @@ def test_an_event_line_of_a_rebuild_is_read_as_its_pause(tmp_path: Path, budget:
 
 def test_stdout_as_the_log_reads_nothing(clock: FakeClock) -> None:
     assert rebuild_from_log(MemoryState(), "-", defaults(), clock()).files == ()
+
+
+def test_a_ratelimit_pause_is_rebuilt_too(budget: SiteBudget, clock: FakeClock) -> None:
+    # draft-ietf-httpapi-ratelimit-headers: remaining=0 with a reset is a pause the site asked for.
+    turn = budget.reserve()
+    decision = budget.on_response(turn.ticket, 200, {"ratelimit": "limit=10, remaining=0, reset=30"})
+    assert not decision.throttled and decision.paused_until == clock() + 30.0
+    line = audit_record(ts=clock(), outcome="fetched", method="GET", url=f"http://{SITE}/", site=SITE, status=200,
+                        upstream_status=200, waited_s=0.0, rate=decision.rate, reason="", client_ua="bot",
+                        ratelimit=decision.reason, pause_s=decision.pause_s, **asked_fields(decision))
+    store = MemoryState()
+    restore(store, sites_asked([json.loads(json.dumps(line))]), settings_of, clock())
+    assert reloaded(store, clock).paused_for_s() == pytest.approx(30.0, abs=0.002)
