@@ -60,12 +60,13 @@ def read_lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-@pytest.mark.parametrize("damage", ["kept", "emptied", "garbled", "wal_removed_after_kill_9"])
+@pytest.mark.parametrize("damage", ["kept", "emptied", "garbled", "wal_removed_after_kill_9",
+                                    "validator_store_garbled"])
 def test_a_paused_site_is_not_reached_after_its_state_store_is_lost(start_proxy, make_site, damage: str) -> None:
     site = paused_site(make_site)
     first = start_proxy(name="st", sets=FAST_PACING)
     throttle(first, site)
-    db = first.state_dir / "state" / "cache.db"
+    db = first.state_dir / ("store" if damage == "validator_store_garbled" else "state") / "cache.db"
     if damage == "wal_removed_after_kill_9":
         first.kill9()
         assert (db.parent / "cache.db-wal").exists()  # what the crash left for SQLite to replay
@@ -75,7 +76,7 @@ def test_a_paused_site_is_not_reached_after_its_state_store_is_lost(start_proxy,
         assert first.stop() == 0
     if damage == "emptied":
         db.write_bytes(b"")
-    elif damage == "garbled":
+    elif damage in ("garbled", "validator_store_garbled"):
         db.write_bytes(os.urandom(db.stat().st_size or 8192))
     second = start_proxy(name="st", sets=FAST_PACING)  # start-up succeeds whatever was done
     assert_not_reached(second, site)
@@ -83,6 +84,9 @@ def test_a_paused_site_is_not_reached_after_its_state_store_is_lost(start_proxy,
     damaged = lines_with("is damaged", stderr)
     if damage == "kept":
         assert lines_with(LOST, stderr) == [] and damaged == []  # a whole store claims no loss
+        return
+    if damage == "validator_store_garbled":  # stored pages lost; the pacing state is whole
+        assert lines_with(LOST, stderr) == [] and len(damaged) == 1 and str(db) in damaged[0], stderr
         return
     site_key = f"127.0.0.1:{site.port}"
     rebuilt = lines_with(LOST, stderr)
