@@ -50,6 +50,7 @@ from etiquette_proxy.pacing.rates import Rates
 from etiquette_proxy.pacing.restraints import Restraints, restraint_note
 from etiquette_proxy.pacing.throttle import ThrottleDecision
 from etiquette_proxy.sites import SiteRegistry
+from etiquette_proxy.state.rebuild import asked_fields
 from etiquette_proxy.state.redis_store import SharedStateUnavailable
 from etiquette_proxy.state.shared_line import SharedLine
 from etiquette_proxy.state.shared_pacing import Reservation
@@ -566,12 +567,14 @@ class Pacing:
                 notes.extra["ceiling"] = round(decision.ceiling, 4)
             if decision.breaker_open:
                 notes.extra["breaker"] = "open"
+            notes.extra.update(asked_fields(decision))  # what a restart rebuilds from (SPEC §12)
             log.warning("%s: %s; pause %.1fs, rate now %.3g/s", notes.site, decision.reason,
                         decision.pause_s, decision.rate)
         elif decision.reason:
             notes.extra["ratelimit"] = decision.reason
             if decision.pause_s:
                 notes.extra["pause_s"] = decision.pause_s
+                notes.extra.update(asked_fields(decision))
 
     def error(self, flow: http.HTTPFlow) -> None:
         self._give_back(flow, notes_of(flow))

@@ -15,13 +15,16 @@ from etiquette_addons.runtime import Runtime, expand_dir
 from etiquette_addons.side_fetch import UpstreamPath
 from mitmproxy import ctx, exceptions, http
 
-from etiquette_proxy.audit.log import AuditLog
+from etiquette_proxy.audit.log import AuditLog, audit_record
+from etiquette_proxy.clock import wall
 from etiquette_proxy.config import ConfigError, load_config_file
 from etiquette_proxy.events import Broadcast
 from etiquette_proxy.file_modes import private_umask, secure_tree
 from etiquette_proxy.revalidation.store import ValidatorStore
-from etiquette_proxy.state.local import DiskState
+from etiquette_proxy.state.local import DiskState, MovedAside, open_checked
+from etiquette_proxy.state.rebuild import SCAN_BYTES, rebuild_from_log
 from etiquette_proxy.state.redis_store import RedisShared
+from etiquette_proxy.visibility.page import HOST as OWN_SITE
 from etiquette_proxy.webbotauth import key_file_warning, signer_from_config
 
 log = logging.getLogger(__name__)
@@ -98,12 +101,15 @@ class Settings:
         rt.state_dir = expand_dir(config.state.dir)
         private_umask()  # SPEC §12: every file made from here on (SQLite, stored bodies) is 0600
         os.makedirs(rt.state_dir, mode=0o700, exist_ok=True)
-        rt.state = DiskState(os.path.join(rt.state_dir, "state"))
+        # SPEC §12: each SQLite store checked first; a damaged one moved aside, a fresh one used.
+        rt.state, moved_state = open_checked(os.path.join(rt.state_dir, "state"), DiskState)
         self._share(config)
-        rt.store = ValidatorStore.from_config(config, os.path.join(rt.state_dir, "store"))
+        rt.store, moved_store = open_checked(os.path.join(rt.state_dir, "store"),
+                                             lambda d: ValidatorStore.from_config(config, d))
         secure_tree(rt.state_dir)  # an existing dir and files made under an earlier umask
         audit_path = config.audit.log or os.path.join(rt.state_dir, "audit.jsonl")
         rt.audit = AuditLog(audit_path if audit_path == "-" else os.path.expanduser(audit_path))
+        self._state_checked([m for m in (moved_state, moved_store) if m is not None], rt.audit.path)
         rt.upstream = UpstreamPath(ca_file=config.upstream.ca_file, insecure=config.upstream.insecure,
                                    proxy=config.upstream.proxy, signer=signer)
         # MITMPROXY-NOTES: the eager strategy opens TCP+TLS to the site even for requests we
@@ -120,6 +126,34 @@ class Settings:
         if current != changes:
             ctx.options.update(**changes)
         log.info("etiquette-proxy: mode %s, state in %s, audit log %s", config.mode, rt.state_dir, audit_path)
+
+    def _state_checked(self, moved: list[MovedAside], audit_path: str) -> None:
+        """SPEC §12: one line for each store moved aside (stderr and the audit log), then what
+        sites asked for put back from the audit log where the store lost it (one line)."""
+        rt = self.rt
+        for each in moved:
+            log.warning("etiquette-proxy: %s", each.line())
+            rt.record(audit_record(
+                ts=wall(), outcome="failed", method="-", url=f"file://{each.path}", site=OWN_SITE,
+                status=None, upstream_status=None, waited_s=0.0, rate=None, reason=each.line(),
+                client_ua=None, event="state_damaged", moved_to=each.moved_to))
+        now = wall()
+        try:
+            rebuilt = rebuild_from_log(rt.state, audit_path, rt.config, now)
+        except Exception:  # noqa: BLE001 - the store as it is beats no start at all
+            log.exception("etiquette-proxy: pauses could not be rebuilt from the audit log %s", audit_path)
+            return
+        for path in rebuilt.cut_short:
+            log.warning("etiquette-proxy: audit log %s read back only %d MiB from its end for pauses",
+                        path, SCAN_BYTES // 2**20)
+        if rebuilt.restored:
+            log.warning("etiquette-proxy: %s", rebuilt.line(now))
+        for each in rebuilt.restored:
+            rt.record(audit_record(
+                ts=wall(), outcome="paused", method="-", url=f"http://{each.site}/", site=each.site,
+                status=None, upstream_status=None, waited_s=0.0, rate=None,
+                reason=f"rebuilt from the audit log: {each.describe(now)}", client_ua=None,
+                event="state_rebuilt", ceiling=each.ceiling, **each.fields()))
 
     def _share(self, config) -> None:  # type: ignore[no-untyped-def]
         """SPEC §10 `state.backend: redis`: pacing shared through one Redis (kept across reloads

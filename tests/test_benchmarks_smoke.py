@@ -126,3 +126,12 @@ def test_line_cost_benchmark_runs_at_tiny_size() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "CPU µs per flow, 200 pages with validators: median" in proc.stdout
+
+
+def test_state_check_benchmark_runs_at_tiny_size() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "state_check.py"), "--log-mb", "1", "--rows", "100", "--runs", "1"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "rebuild_from_log (empty store)" in proc.stdout and "damage()" in proc.stdout

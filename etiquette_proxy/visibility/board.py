@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 
 StatusProvider = Callable[[str], Mapping[str, Any]]
 
+# Event lines that are no request (SPEC §3 operator actions; SPEC §12 start-up's state check).
+_NOT_REQUESTS = frozenset({"operator", "state_damaged", "state_rebuilt"})
 RECENT_KEYS = ("ts", "site", "outcome", "status", "method", "url", "reason", "waited_s", "would", "event")
 RATE_WINDOW_S = 10.0  # "requests/s now" on the dashboard: decisions in the last 10 s
 LATEST_KEPT = 100_000  # arrival times kept for that rate (bounded)
@@ -511,9 +513,10 @@ class SiteBoard:
         site = record.get("site")
         if not isinstance(site, str) or not site:
             return
-        if record.get("event") == "operator":  # an operator's action, not a request: recent only
+        event = record.get("event")
+        if event in _NOT_REQUESTS:  # an operator's action or start-up's, not a request: recent only
             self._recent.append(record)
-            if record.get("action") == "pause" or site in self._sites:
+            if record.get("action") == "pause" or event == "state_rebuilt" or site in self._sites:
                 self._tally(site)  # listed (and shown paused) before any request
             return
         self._records += 1

@@ -461,10 +461,14 @@ class SiteBudget:
                     _CALM.clear()
                 calm = _CALM[key] = ThrottleDecision(throttled=False, rate=rate, ceiling=key[1])
             return calm
+        throttle = self.throttle
         return ThrottleDecision(
-            throttled=throttled, rate=rate, ceiling=self.throttle.ceiling,
+            throttled=throttled, rate=rate, ceiling=throttle.ceiling,
             pause_s=round(pause, 3), retry_after=retry.raw if retry else None,
             breaker_open=breaker, reason=reason, notes=notes,
+            # Since added: the pause's and breaker's ends, for the audit line (state/rebuild.py).
+            paused_until=throttle.paused_until if throttle.paused_until > now else None,
+            breaker_until=throttle.breaker_until if throttle.breaker_until > now else None,
         )
 
     # -- internals: rates --------------------------------------------------------------------
