@@ -84,6 +84,8 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--since", metavar="DURATION", help="only lines from the last DURATION (e.g. 30m, 24h, 7d)")
     report.add_argument("--site", metavar="S", help="only this site (host:port, or host for every port)")
     report.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    report.add_argument("--html", metavar="FILE",
+                        help="write the report as one self-contained HTML page with plots to FILE")
 
     keygen = sub.add_parser("keygen", help="write an Ed25519 key for Web Bot Auth and print its key directory")
     common(keygen)
@@ -321,8 +323,8 @@ def report(config: Config, args: argparse.Namespace) -> int:
         return 2
     files = audit_files(path)
     if len(files) > 1 or files[:1] not in ([], [path]):  # `run --workers N` wrote one file per worker
-        return report_merged(files, since_s=since, site=args.site, as_json=args.json)
-    return run_report(path, since_s=since, site=args.site, as_json=args.json)
+        return report_merged(files, since_s=since, site=args.site, as_json=args.json, html=args.html)
+    return run_report(path, since_s=since, site=args.site, as_json=args.json, html=args.html)
 
 
 # mitmproxy's advice when the port is taken names its own flag (`--mode regular@8082`), which

@@ -512,18 +512,41 @@ def render_json(report: Report) -> str:
     return json.dumps(report.as_dict(), indent=1, ensure_ascii=False) + "\n"
 
 
+def new_report(since_ts: str | None, site: str | None, html: str | None) -> Report:
+    """The report to feed: with `html` (`report --html FILE`), one that also keeps timelines."""
+    if html is None:
+        return Report(since_ts=since_ts, site=site)
+    from etiquette_proxy.visibility.html_report import HtmlReport
+
+    return HtmlReport(since_ts=since_ts, site=site)
+
+
+def finish_output(report: Report, source: str, as_json: bool, html: str | None, out: IO[str], err: IO[str]) -> int:
+    """Warnings on `err`, then the report: the HTML page to `html`, else JSON or text on `out`."""
+    for warning in report.skipped.warnings():
+        err.write(f"warning: {warning}\n")
+    if html is not None:
+        from etiquette_proxy.visibility.html_report import HtmlReport, write_html
+
+        assert isinstance(report, HtmlReport)
+        return write_html(report, source, html, err)
+    out.write(render_json(report) if as_json else render_text(report, source))
+    return 0
+
+
 def run_report(path: str, since_s: float | None = None, site: str | None = None, as_json: bool = False,
                out: IO[str] | None = None, err: IO[str] | None = None, now: float | None = None,
                show_progress: bool | None = None, offset: int = 0,
-               clock: Callable[[], float] = time.monotonic) -> int:
+               clock: Callable[[], float] = time.monotonic, html: str | None = None) -> int:
     """The `report` command: 0, or 2 when the log cannot be read; `offset`: read from there
-    (`wrap` reports only its own run of a log kept across runs); `clock` paces the progress line."""
+    (`wrap` reports only its own run of a log kept across runs); `clock` paces the progress line;
+    `html`: write the page there instead of the text."""
     import sys
 
     out = out or sys.stdout
     err = err or sys.stderr
     cutoff = since_cutoff(since_s, time.time() if now is None else now) if since_s is not None else None
-    report = Report(since_ts=cutoff, site=site)
+    report = new_report(cutoff, site, html)
     try:
         stream = open(path, "rb")  # noqa: SIM115 - closed by the with below, after the error path
     except OSError as e:
@@ -539,10 +562,7 @@ def run_report(path: str, since_s: float | None = None, site: str | None = None,
         read_log(stream, report, total, progress)
         if progress is not None:
             err.write("\r" + " " * 60 + "\r")
-    for warning in report.skipped.warnings():
-        err.write(f"warning: {warning}\n")
-    out.write(render_json(report) if as_json else render_text(report, path))
-    return 0
+    return finish_output(report, path, as_json, html, out, err)
 
 
 def _progress_printer(err: IO[str], path: str, clock: Callable[[], float] = time.monotonic) -> Progress:
