@@ -1,4 +1,7 @@
-"""StateStore over diskcache (SQLite) in `<state-dir>/state` (SPEC §10)."""
+"""StateStore over diskcache (SQLite) in `<state-dir>/state` (SPEC §10).
+
+A write the disk cannot take is said once a minute and the caller goes on (write_failures.py):
+this is policy state a request does not wait on, unlike the audit log."""
 
 from __future__ import annotations
 
@@ -9,6 +12,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import diskcache
+
+from etiquette_proxy.state.write_failures import WriteFailures, end_failed_transaction, guarded_write
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +31,10 @@ class DiskState:
         # memory.
         self._cache = diskcache.Cache(directory, eviction_policy="none", size_limit=2**40,
                                       sqlite_cache_size=2**8, sqlite_mmap_size=0)
+        self.write_failures = WriteFailures(f"state store {directory}")
+
+    def _write_failed(self) -> None:
+        end_failed_transaction(self._cache)
 
     @staticmethod
     def _key(namespace: str, key: str) -> str:
@@ -42,9 +51,11 @@ class DiskState:
             self.forget(namespace, key)
             return None
 
+    @guarded_write(None)
     def put(self, namespace: str, key: str, value: Any, expire_s: float | None = None) -> None:
         self._cache.set(self._key(namespace, key), json.dumps(value, separators=(",", ":")), expire=expire_s)
 
+    @guarded_write(None)
     def forget(self, namespace: str, key: str) -> None:
         self._cache.delete(self._key(namespace, key))
 
