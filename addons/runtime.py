@@ -71,8 +71,11 @@ class Runtime:
     def record(self, record: Mapping[str, Any], hold: bool = True) -> None:
         """Write one audit line, then hand it to every `recorded` handler (a failing one is logged).
         `hold`: kept for later if the log cannot be written now (AuditLog.write)."""
-        if self.audit is not None:
-            self.audit.write(record, hold)  # never changes it: the handlers get the same record
+        if self.audit is not None:  # never changes the record: the handlers get the same one
+            if hold:
+                self.audit.write(record)
+            else:
+                self.audit.write(record, hold=False)
         self.recorded.emit(record)
 
     def signed_keyid(self) -> str | None:
