@@ -56,6 +56,7 @@ KNOWN_KEYS = frozenset(REQUIRED_KEYS) | {
     "ratelimit", "gone_status", "header_notes", "alert", "band_change", "event", "canary",
     "marker_found", "action", "purposes", "signals", "client_gone",
     "seq", "chain", "signed", "not_signed", "would_sign",  # SPEC §11 chain, SPEC §9 identity
+    "gap",  # SPEC §11: the audit_gap event's what and when (etiquette_proxy/audit/log.py Gap)
 }
 # A robots.txt that could not be fetched disallows everything (RFC 9309 §2.3.1.4): those 503s
 # are the proxy waiting for robots.txt, not a crawler trying a disallowed path.
