@@ -948,8 +948,9 @@ def test_no_canary_leaves_while_the_audit_log_cannot_be_written(tmp_path, monkey
 
     rt = runtime(tmp_path)
     rt.audit = AuditLog(str(tmp_path / "audit.jsonl"), write=write)
-    rt.audit.write(audit_record(ts=0.0, outcome="fetched", method="GET", url="http://example.com/", site="example.com:80",
-                                status=200, upstream_status=200, waited_s=0.0, rate=1.0, reason="ok", client_ua=None))
+    rt.audit.write(audit_record(ts=0.0, outcome="fetched", method="GET", url="http://example.com/",
+                                site="example.com:80", status=200, upstream_status=200, waited_s=0.0, rate=1.0,
+                                reason="ok", client_ua=None))
     fetched: list[str] = []
 
     async def fake_fetch(url, *, path, headers, timeout, max_bytes):
