@@ -119,3 +119,18 @@ def test_while_the_log_cannot_be_written_the_gate_answers_503_and_only_counts_it
     written = [json.loads(line) for line in lines(tmp_path)]
     assert [r.get("event") for r in written] == [None, "audit_gap"]
     assert written[0]["upstream_status"] == 200 and written[1]["gap"]["refused"] == 1
+
+
+def test_the_log_gate_stands_before_any_site_contact_and_again_as_the_request_leaves(tmp_path):
+    from etiquette_addons.audit_log import AuditLogGate
+    from etiquette_addons.chain import members
+    from etiquette_addons.connections import ConnectionLimits
+    from etiquette_addons.pacing import Pacing
+    from etiquette_addons.robots_gate import RobotsGate
+
+    rt = Runtime(config=load_config_file(None, []))
+    rt.state_dir = str(tmp_path)
+    kinds = [type(m) for m in members(rt)]
+    first, last = (i for i, kind in enumerate(kinds) if kind is AuditLogGate)
+    assert first < kinds.index(RobotsGate) < kinds.index(Pacing) < last  # robots.txt fetches, pacing's hold
+    assert kinds[last + 1] is ConnectionLimits  # the request leaves right after it

@@ -74,11 +74,12 @@ def new_stderr(proxy, since: int) -> list[str]:
 
 
 def test_a_full_disk_under_the_audit_log_stops_requests_until_it_is_written_and_the_chain_holds(
-        small_disk, start_proxy, site: Site):
+        small_disk, start_proxy, site: Site, make_site, tls_files):
     site.route("/robots.txt", Answer(404))
+    secure = make_site(tls=tls_files)
     disk = small_disk("audit", "256k")
     audit = disk / "audit.jsonl"
-    proxy = start_proxy("--audit-log", str(audit), sets=FAST_PACING)
+    proxy = start_proxy("--audit-log", str(audit), sets=[*FAST_PACING, f"upstream.ca_file={tls_files.ca}"])
     proxy.audit_path = audit
     with proxy.session() as s:
         for n in range(3):
@@ -106,9 +107,12 @@ def test_a_full_disk_under_the_audit_log_stops_requests_until_it_is_written_and_
     for n in range(5):
         status, headers, body = proxy.curl(site.url(f"/refused/curl/{n}"))
         refused.append((status, headers.get("x-etiquette-decision", ""), body.decode()))
+        status, headers, body = proxy.curl(secure.url(f"/refused/https/{n}"))  # inside a CONNECT tunnel
+        refused.append((status, headers.get("x-etiquette-decision", ""), body.decode()))
         status, raw = proxy.urllib_get(site.url(f"/refused/urllib/{n}"))
         refused.append((status, "paused" if GAP_REASON in raw.decode() else "?", raw.decode()))
     assert len(site.paths()) == reached, "a request reached the site while its line could not be written"
+    assert secure.connections == 0  # not even a TCP connection (nor robots.txt) over HTTPS
     for status, decision, body in refused:
         assert (status, decision) == (503, "paused") and GAP_REASON in body and str(audit) in body, body
     said = new_stderr(proxy, quiet)
