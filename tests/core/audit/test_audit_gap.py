@@ -14,8 +14,9 @@ import pytest
 
 from etiquette_proxy.audit import log as audit_log
 from etiquette_proxy.audit.chain import verify_file
-from etiquette_proxy.audit.log import GAP_EVENT, PROBE_EVERY_S, AuditLog, audit_record
+from etiquette_proxy.audit.log import GAP_EVENT, PROBE_EVERY_S, AuditLog
 from etiquette_proxy.clock import FakeClock
+from tests.core.audit.test_audit_chain import record
 
 
 class Disk:
@@ -35,14 +36,6 @@ class Disk:
         n = os.write(fd, bytes(data[: self.room]))
         self.room -= n
         return n
-
-
-def record(n: int, **kw):
-    base = dict(outcome="fetched", method="GET", url=f"http://a.test/{n}", site="a.test:80", status=200,
-                upstream_status=200, waited_s=0.0, rate=1.0, reason="ok", client_ua="x/1",
-                ts=1_800_000_000 + n)
-    base.update(kw)
-    return audit_record(**base)
 
 
 @pytest.fixture
