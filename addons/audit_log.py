@@ -1,4 +1,5 @@
-"""The X-Etiquette-Decision header and the audit line for every flow (SPEC §10).
+"""The X-Etiquette-Decision header and the audit line for every flow (SPEC §10), and the gate
+that keeps requests in while the audit log cannot be written (SPEC §11).
 
 AuditWriter is the last addon of the chain: by the time its hooks run, every other addon has
 written its part of the decision into the flow's notes.
@@ -8,9 +9,10 @@ from __future__ import annotations
 
 import logging
 
+from etiquette_addons.answers import answer_locally
 from etiquette_addons.fields import field_value
 from etiquette_addons.mitm_patches import ANSWERED_WITH
-from etiquette_addons.notes import FORWARDED, FlowNotes, notes_of, request_url
+from etiquette_addons.notes import FORWARDED, FlowNotes, notes_of, request_url, skip
 from etiquette_addons.runtime import Runtime
 from etiquette_addons.side_fetch import TLS_HINT
 from mitmproxy import http
@@ -23,6 +25,33 @@ log = logging.getLogger(__name__)
 
 DECISION_HEADER = "X-Etiquette-Decision"
 _DECISION_FIELD = DECISION_HEADER.encode("ascii")
+# notes.facts: answered 503 by AuditLogGate; the line is counted in the gap, not held (the
+# request never left, and a crawler retrying through a long gap would fill the memory held).
+LOG_REFUSED = "audit_log_refused"
+LOG_RETRY_S = 5  # Retry-After on those 503s: the log is tried again at most once a second
+
+
+class AuditLogGate:
+    """SPEC §11, no request leaves unlogged: while the audit log cannot be written, a new request
+    is answered locally 503 `paused`, the reason naming the log and the error.
+
+    In the chain twice: early, before robots.txt or anything else would reach the site for it,
+    and again last before the request leaves, for requests held by pacing while the log failed.
+    Both modes: in observe mode the log is the whole product.
+    """
+
+    def __init__(self, runtime: Runtime):
+        self.rt = runtime
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        audit = self.rt.audit
+        if audit is None or audit.gap is None or skip(flow):
+            return
+        why = audit.refusal()  # tries the log again (at most once a second)
+        if why is None:
+            return
+        answer_locally(flow, 503, "paused", why, LOG_RETRY_S)
+        notes_of(flow).facts[LOG_REFUSED] = True
 
 
 def final_outcome(notes: FlowNotes, flow: http.HTTPFlow) -> str:
@@ -113,7 +142,7 @@ class AuditWriter:
                 record["would"] = notes.would
             if "bytes" not in extra and flow.response is not None and flow.response.raw_content is not None:
                 record["bytes"] = len(flow.response.raw_content)
-            self.rt.record(record)
+            self.rt.record(record, hold=not notes.facts.get(LOG_REFUSED))
         except Exception:  # noqa: BLE001 - never let logging take a flow down
             log.exception("could not write the audit line for %s", request.url)
 

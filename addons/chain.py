@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from etiquette_addons.audit_log import AuditWriter
+from etiquette_addons.audit_log import AuditLogGate, AuditWriter
 from etiquette_addons.connections import ConnectionLimits, StopGate
 from etiquette_addons.controls import OperatorControls
 from etiquette_addons.dashboard import Dashboard
@@ -155,6 +155,7 @@ def members(rt: Runtime) -> list[Any]:
         Settings(rt, listening),  # options, config, state, audit log; starts each flow's notes
         StopGate(rt),  # SPEC §12: while stopping, new requests are answered, never started
         dashboard,  # http://etiquette.proxy/ answered here, before any gate sees it
+        AuditLogGate(rt),  # SPEC §11: audit log not writable -> local 503, before anything reaches a site
         TargetCheck(rt),  # SPEC §4, §12: control bytes, port 0, Host vs authority -> local 400
         SiteGrouping(rt),  # SPEC §5 pacing.group_by: the site key every later addon reads
         controls,  # SPEC §3 `sites pause`: before robots, nothing goes out
@@ -166,6 +167,7 @@ def members(rt: Runtime) -> list[Any]:
         RefusalTrimmer(rt),  # SPEC §7: page-only headers off refusals (responseheaders)
         health,  # SPEC §8: the request leaves now (its send time)
         RequestSigning(rt),  # SPEC §9: signed last, after every header the proxy adds
+        AuditLogGate(rt),  # SPEC §11 again as the request leaves: the log may have failed while it was held
         ConnectionLimits(rt),  # SPEC §12: timeouts from here (read_timeout), connection limits
         AuditWriter(rt, rates),  # decision header and audit line: last, after every decision is made
     ]

@@ -586,6 +586,8 @@ class HealthWatch:
 
     async def canary(self, site: str, url: str, marker: str) -> None:
         """Fetch one canary through the same upstream path; bypasses pacing's pause on purpose."""
+        if self.rt.audit is not None and self.rt.audit.refusal() is not None:
+            return  # SPEC §11: nothing leaves while its line cannot be written; the next round
         ua = self.rt.config.identity.user_agent or "etiquette-proxy-canary"
         if self.robots_allows is not None:
             try:

@@ -68,10 +68,14 @@ class Runtime:
     def observe(self) -> bool:
         return bool(self.config.mode == "observe")
 
-    def record(self, record: Mapping[str, Any]) -> None:
-        """Write one audit line, then hand it to every `recorded` handler (a failing one is logged)."""
-        if self.audit is not None:
-            self.audit.write(record)  # never changes it: the handlers get the same record
+    def record(self, record: Mapping[str, Any], hold: bool = True) -> None:
+        """Write one audit line, then hand it to every `recorded` handler (a failing one is logged).
+        `hold`: kept for later if the log cannot be written now (AuditLog.write)."""
+        if self.audit is not None:  # never changes the record: the handlers get the same one
+            if hold:
+                self.audit.write(record)
+            else:
+                self.audit.write(record, hold=False)
         self.recorded.emit(record)
 
     def signed_keyid(self) -> str | None:

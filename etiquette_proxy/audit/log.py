@@ -11,12 +11,16 @@ One process writes one file: two writers appending to the same file would break 
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import math
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from hashlib import sha256
 from typing import Any
@@ -152,14 +156,90 @@ def _one_shot_encoder() -> Callable[[Any], str]:
 _encode = _one_shot_encoder()
 
 
-class AuditLog:
-    """Appends audit lines to a file (or stdout for "-"), flushed as written."""
+HOLD_MAX_BYTES = 4 * 1024**2  # lines held while the log cannot be written (Gap)
+PROBE_EVERY_S = 1.0  # while failing, a write is tried again at most this often (AuditLog.refusal)
+GAP_EVENT = "audit_gap"
+# The gap is the proxy's own event, not a site's: it is filed under the name the proxy's own
+# pages answer on, so no site's counts change.
+GAP_SITE = "etiquette.proxy"
+GAP_URL = "http://etiquette.proxy/audit-log"
 
-    def __init__(self, path: str, clock: Clock = wall):
+log = logging.getLogger(__name__)
+
+
+def describe(error: OSError) -> str:
+    """`No space left on device`: the system's words for an error, without the errno prefix."""
+    return error.strerror or str(error) or type(error).__name__
+
+
+@dataclass
+class Gap:
+    """A time the audit log could not be written, and what happened meanwhile (SPEC §11).
+
+    Started by the first write that fails, ended by the first that succeeds. No new request
+    leaves meanwhile (the gate answers it 503 `paused` with `reason()`), but requests already at
+    a site when the log failed still end: their lines are held here, unchained, and written on
+    recovery, followed by one event line (`event()`) saying how long the gap lasted and what it
+    held.
+    Held lines are bounded by HOLD_MAX_BYTES: only requests that had left before the failure
+    (a site's concurrency, the proxy's own robots.txt and canary fetches) end during a gap, so a
+    few MiB hold thousands of them; past it a line is counted as lost, never written, and the
+    event line and the recovery's stderr line say how many.
+    """
+
+    error: OSError  # the last failure seen: what the 503s and the event line name
+    since: float  # wall clock, when the first write failed
+    held: list[str] = field(default_factory=list)  # each line's JSON up to its `"seq":`
+    held_bytes: int = 0
+    lost: int = 0  # lines past HOLD_MAX_BYTES: never written
+    refused: int = 0  # requests answered 503 because of the gap (their lines are not held)
+
+    def hold(self, head: str) -> None:
+        """Keep one line's text for the recovery; counted as lost past the bound."""
+        if self.held_bytes + len(head) > HOLD_MAX_BYTES:
+            self.lost += 1
+            return
+        self.held.append(head)
+        self.held_bytes += len(head)
+
+    def reason(self, path: str) -> str:
+        """Why a request is answered locally while the gap lasts (the 503's body and its line)."""
+        return f"audit log not writable: {describe(self.error)} ({path}); not sent to the site"
+
+    def event(self, until: float) -> dict[str, Any]:
+        """The event line written on recovery, right after the lines held."""
+        since = rfc3339_ms(self.since)
+        reason = (f"audit log not writable for {max(0.0, until - self.since):.1f}s from {since} "
+                  f"({describe(self.error)}): the {len(self.held)} line(s) before this one were held "
+                  f"in memory and written late, {self.lost} lost; {self.refused} request(s) answered "
+                  f"503 paused, not sent")
+        gap = {"from": since, "to": rfc3339_ms(until), "error": describe(self.error),
+               "held": len(self.held), "lost": self.lost, "refused": self.refused}
+        return line_record(until, "paused", "-", GAP_URL, GAP_SITE, None, None, 0.0, None, reason, None,
+                           {"event": GAP_EVENT, "gap": gap})
+
+
+class AuditLog:
+    """Appends audit lines to a file (or stdout for "-"), flushed as written.
+
+    SPEC §11, no request leaves unlogged: a line is written whole or not at all (a short write
+    is cut back to the line before it, so the chain goes on from what is really in the file);
+    a write that fails starts a Gap, and `refusal()` says so until a write succeeds again.
+    `write` is the system call, injected so tests can fail it at any byte.
+    """
+
+    def __init__(self, path: str, clock: Clock = wall, monotonic: Clock = time.monotonic,
+                 write: Callable[[int, bytes | memoryview], int] = os.write):
         self.path = path
         self.clock = clock
+        self.monotonic = monotonic
+        self._write = write
         self._lock = threading.Lock()
         self.head, self.seq = ZERO, 0  # the chain so far: last line's chain value and seq
+        self.gap: Gap | None = None
+        self._probed = -float("inf")
+        self._cut_to: int | None = None  # a short write's start, when cutting it back failed
+        self._fragment = False  # a short write's bytes that could not be cut (a pipe)
         if path == "-":
             self._fd = sys.stdout.fileno()
             self._owned = False
@@ -181,8 +261,11 @@ class AuditLog:
             if f.read(1) != b"\n":
                 os.write(self._fd, b"\n")
 
-    def write(self, record: Mapping[str, Any]) -> None:
-        """Append one record as one chained line, in one write (the record is not changed)."""
+    def write(self, record: Mapping[str, Any], hold: bool = True) -> None:
+        """Append one record as one chained line, in one write (the record is not changed).
+
+        While the log cannot be written the line is held for the recovery (`hold`), or only
+        counted: the gate's own 503s (`hold=False`) left nothing at a site."""
         if type(record) is not dict or "chain" in record or "seq" in record:
             # the chain's own keys come last, from here
             record = {k: v for k, v in record.items() if k not in ("chain", "seq")}
@@ -190,6 +273,14 @@ class AuditLog:
         head = text[:-1] + "," if len(text) > 2 else "{"
         with self._lock:
             if self._fd < 0:
+                return
+            gap = self.gap
+            if gap is not None:
+                if hold:
+                    gap.hold(head)
+                else:
+                    gap.refused += 1
+                self._probe(self.monotonic())
                 return
             seq = self.seq + 1
             # The bytes hashed are exactly the bytes written (errors="replace" included).
@@ -200,18 +291,120 @@ class AuditLog:
             data = b"".join((body, b',"chain":"', value_bytes, b'"}\n'))
             if not self._owned:
                 sys.stdout.flush()
-            n = os.write(self._fd, data)
-            if n < len(data):  # a short write (full disk, a pipe): the rest, still in order
-                view = memoryview(data)[n:]
-                while view:
-                    view = view[os.write(self._fd, view):]
+            try:
+                n = self._write(self._fd, data)
+                if n < len(data):  # a short write (full disk, a pipe): the rest, or none of it
+                    self._write_rest(data, n)
+            except OSError as e:
+                gap = self._fail(e)
+                if hold:
+                    gap.hold(head)
+                else:
+                    gap.refused += 1
+                return
             self.head, self.seq = value, seq
             self._head_bytes = value_bytes
+
+    def refusal(self) -> str | None:
+        """None while lines can be written; else why a request must not leave (SPEC §11).
+
+        Asked by the gate for every new request. While the log is failing, a write of what is
+        held is tried at most every PROBE_EVERY_S: a request is what needs the answer, so it is
+        asked when one comes (and when a held line comes in), with no timer to own; a log that
+        recovers while no request comes writes its held lines with the next one, or on close."""
+        if self.gap is None:
+            return None
+        with self._lock:
+            self._probe(self.monotonic())
+            return None if self.gap is None else self.gap.reason(self.path)
+
+    def _probe(self, now: float) -> None:
+        if now - self._probed >= PROBE_EVERY_S:
+            self._probed = now
+            self._recover()
+
+    def _fail(self, error: OSError) -> Gap:
+        """A write failed: a gap starts (one stderr line)."""
+        gap = self.gap = Gap(error, self.clock())
+        self._probed = self.monotonic()
+        log.error("audit log %s not writable: %s; new requests are answered 503 paused until it is, "
+                  "lines of requests already at a site are held in memory (up to %d MiB)",
+                  self.path, describe(error), HOLD_MAX_BYTES // 1024**2)
+        return gap
+
+    def _recover(self) -> bool:
+        """Write the gap's event line and every held line, chained, in one go or not at all."""
+        gap = self.gap
+        if gap is None or self._fd < 0:
+            return gap is None
+        try:
+            if self._cut_to is not None:  # a short write's bytes are still in the file
+                os.ftruncate(self._fd, self._cut_to)
+                self._cut_to = None
+            until = self.clock()
+            text = _encode(gap.event(until))
+            head, seq = self._head_bytes, self.seq
+            lines = [b"\n"] if self._fragment else []  # a fragment nothing could cut: torn, ended
+            # Held lines first, then the event: the file stays in time order.
+            for line_head in (*gap.held, text[:-1] + ","):
+                seq += 1
+                body = f'{line_head}"seq":{seq}'.encode("utf-8", errors="replace")
+                head = sha256(head + body).hexdigest().encode("ascii")
+                lines.append(b"".join((body, b',"chain":"', head, b'"}\n')))
+            data = b"".join(lines)
+            if not self._owned:
+                sys.stdout.flush()
+            n = self._write(self._fd, data)
+            if n < len(data):
+                self._write_rest(data, n)
+        except OSError as e:
+            gap.error = e
+            return False
+        self.head, self.seq, self._head_bytes = head.decode("ascii"), seq, head
+        self.gap, self._fragment = None, False
+        log.warning("audit log %s writable again after %.1fs: %d held line(s) written, %d lost, "
+                    "%d request(s) were answered 503 paused meanwhile",
+                    self.path, max(0.0, until - gap.since), len(gap.held), gap.lost, gap.refused)
+        return True
+
+    def _write_rest(self, data: bytes, written: int) -> None:
+        """Finish a short write, or cut what was written back off and raise (whole lines only)."""
+        view = memoryview(data)
+        try:
+            while written < len(data):
+                n = self._write(self._fd, view[written:])
+                if n <= 0:
+                    raise OSError(errno.EIO, "write wrote nothing")
+                written += n
+        except OSError:
+            self._cut(written)
+            raise
+
+    def _cut(self, written: int) -> None:
+        """Take the last `written` bytes (a line's start) back out of the file."""
+        if not self._owned:  # a pipe cannot be cut: the fragment is ended as a torn line first
+            self._fragment = True
+            return
+        start = -1
+        try:
+            start = os.fstat(self._fd).st_size - written
+            os.ftruncate(self._fd, start)
+        except OSError:
+            # Tried again before anything else is written (_recover); a gap is open meanwhile.
+            self._cut_to = start if start >= 0 else None
+            self._fragment = start < 0
 
     def close(self) -> None:
         """Flush to disk and close (SIGTERM: the log is complete on exit)."""
         with self._lock:
+            if self._fd >= 0 and self.gap is not None and not self._recover():
+                gap = self.gap
+                log.error("audit log %s still not writable on exit (%s): %d held line(s) lost",
+                          self.path, describe(gap.error), len(gap.held) + gap.lost)
             if self._owned and self._fd >= 0:
-                os.fsync(self._fd)
+                try:
+                    os.fsync(self._fd)
+                except OSError as e:
+                    log.error("audit log %s: could not be synced to disk on exit: %s", self.path, describe(e))
                 os.close(self._fd)
             self._fd = -1

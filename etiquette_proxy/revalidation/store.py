@@ -37,6 +37,11 @@ kept past its diskcache expiry reads as absent, as the row would. body() keeps t
 read (up to HOT_BODY_BYTES) under the same rule: a revalidated answer is served without
 reading and hashing its body again.
 
+A write the disk cannot take (state dir full, read-only) is said once a minute, never a
+traceback per request, and the write is skipped: put() and refresh() answer False as if the
+response were not storable, the other verbs do nothing (etiquette_proxy/state/write_failures.py).
+The hot sets are dropped before each write, so a failed one leaves nothing stale in memory.
+
 Eviction may drop an entry's body before its metadata (or the other way round). `body()`
 checks size and SHA-256 against the entry, so a missing or replaced body reads as None and is
 never served. Gone records share the same eviction: losing one only means the URL is fetched
@@ -63,6 +68,7 @@ import diskcache
 from diskcache.core import MODE_PICKLE
 
 from etiquette_proxy.revalidation.validators import StoredEntry
+from etiquette_proxy.state.write_failures import WriteFailures, end_failed_transaction, guarded_write
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +162,13 @@ class ValidatorStore:
         # except _as_dict, which is never kept).
         self._records: dict[tuple[str, str, Any], tuple[Any, Any]] = {}
         self._known = _KnownRecords(self._data_version)
+        self.write_failures = WriteFailures(f"validator store {directory}")
+
+    def _write_failed(self) -> None:
+        end_failed_transaction(self._cache)
+        self._hot.clear()  # a failed cull may have dropped rows the hot sets still name
+        self._known.clear()
+        self._bodies.clear()
 
     @classmethod
     def from_config(cls, config: Any, directory: str | Path) -> ValidatorStore:
@@ -232,6 +245,7 @@ class ValidatorStore:
         self._bodies.put(entry, raw, version)
         return raw
 
+    @guarded_write(False)
     def put(self, entry: StoredEntry, body: bytes,
             records: Mapping[str, dict[str, Any]] | None = None) -> bool:
         """Store `entry` and its body (and `records` of ENTRY_RECORDS namespaces in its row);
@@ -255,6 +269,7 @@ class ValidatorStore:
         self._wrote(2, len(body) + len(row))
         return True
 
+    @guarded_write(False)
     def refresh(self, entry: StoredEntry,
                 records: Mapping[str, dict[str, Any]] | None = None) -> bool:
         """Replace an entry's headers after a 304, keeping its body (a use: the body row is
@@ -277,6 +292,7 @@ class ValidatorStore:
         self._wrote(2, len(row))
         return True
 
+    @guarded_write(None)
     def touch(self, entry: StoredEntry) -> None:
         """Count a use of `entry` (served from the store): its rows become the most recent."""
         with self._cache.transact():
@@ -284,6 +300,7 @@ class ValidatorStore:
             self._touch(f"b|{entry.url}")
         self._wrote(2, 0)
 
+    @guarded_write(None)
     def forget(self, key: str) -> None:
         """Drop the entry and body for a URL key (records riding in its row are kept)."""
         self._hot.pop(key, None)
@@ -323,6 +340,7 @@ class ValidatorStore:
                 return self._row_record(key, row, namespace, parse)
         return self._own_record(namespace, key, parse)
 
+    @guarded_write(None)
     def put_record(self, namespace: str, key: str, record: dict[str, Any],
                    ttl_s: float | None = None) -> None:
         """Store a JSON-able record; `ttl_s` lets diskcache expire it (cleanup only)."""
@@ -345,6 +363,7 @@ class ValidatorStore:
             self._cache.set(cache_key, data, expire=ttl_s)
         self._wrote(1, len(data))
 
+    @guarded_write(None)
     def forget_record(self, namespace: str, key: str) -> None:
         """Drop a record."""
         cache_key = f"{_checked(namespace)}|{key}"

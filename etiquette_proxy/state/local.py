@@ -1,5 +1,8 @@
 """StateStore over diskcache (SQLite) in `<state-dir>/state` (SPEC §10), and the check every
-SQLite store in the state dir gets at start (SPEC §12: a damaged file is moved aside and named)."""
+SQLite store in the state dir gets at start (SPEC §12: a damaged file is moved aside and named).
+
+A write the disk cannot take is said once a minute and the caller goes on (write_failures.py):
+this is policy state a request does not wait on, unlike the audit log."""
 
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ from typing import Any, TypeVar
 
 import diskcache
 from diskcache.core import DBNAME
+
+from etiquette_proxy.state.write_failures import WriteFailures, end_failed_transaction, guarded_write
 
 T = TypeVar("T")
 # PRAGMA quick_check reads every page: done on files up to this size (the state store is small;
@@ -38,6 +43,10 @@ class DiskState:
         # memory.
         self._cache = diskcache.Cache(directory, eviction_policy="none", size_limit=2**40,
                                       sqlite_cache_size=2**8, sqlite_mmap_size=0)
+        self.write_failures = WriteFailures(f"state store {directory}")
+
+    def _write_failed(self) -> None:
+        end_failed_transaction(self._cache)
 
     @staticmethod
     def _key(namespace: str, key: str) -> str:
@@ -54,9 +63,11 @@ class DiskState:
             self.forget(namespace, key)
             return None
 
+    @guarded_write(None)
     def put(self, namespace: str, key: str, value: Any, expire_s: float | None = None) -> None:
         self._cache.set(self._key(namespace, key), json.dumps(value, separators=(",", ":")), expire=expire_s)
 
+    @guarded_write(None)
     def forget(self, namespace: str, key: str) -> None:
         self._cache.delete(self._key(namespace, key))
 

@@ -72,3 +72,65 @@ def test_the_line_is_audit_records_key_for_key_in_order(tmp_path, extra, would):
     assert list(written)[:-2] == list(want) and list(written)[-2:] == ["seq", "chain"]
     assert notes.extra == extra  # the notes are not changed by writing them
     assert flow.response.headers.get_all(DECISION_HEADER) == ["fetched"]
+
+
+def test_while_the_log_cannot_be_written_the_gate_answers_503_and_only_counts_its_own_lines(tmp_path):
+    """SPEC §11: AuditLogGate refuses a request while the log fails; its line is counted in the
+    gap, while the line of a request already at the site is held and written on recovery."""
+    import errno
+    import os
+
+    from etiquette_addons.audit_log import AuditLogGate
+
+    room: list[int | None] = [None]
+
+    def write(fd, data):
+        if room[0] == 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return os.write(fd, data)
+
+    rt = Runtime(config=load_config_file(None, ["pacing.rate=4"]))
+    clock = [0.0]
+    rt.audit = AuditLog(str(tmp_path / "audit.jsonl"), monotonic=lambda: clock[0], write=write)
+    gate, audit = AuditLogGate(rt), AuditWriter(rt)
+    calm = tflow.tflow()
+    gate.request(calm)
+    assert calm.response is None  # a log that writes: the gate does nothing
+
+    at_site = tflow.tflow(resp=tutils.tresp())
+    notes_of(at_site).upstream_status = 200
+    room[0] = 0
+    audit.response(at_site)  # its line fails: held
+    refused = tflow.tflow()
+    gate.request(refused)
+    assert refused.response is not None and refused.response.status_code == 503
+    body = refused.response.text
+    assert "(paused): audit log not writable: No space left on device" in body and "audit.jsonl" in body
+    audit.responseheaders(refused)
+    audit.response(refused)
+    assert refused.response.headers[DECISION_HEADER] == "paused"
+    assert notes_of(refused).outcome == "paused" and rt.audit.gap.refused == 1
+
+    room[0] = None
+    clock[0] += 1.0
+    later = tflow.tflow()
+    gate.request(later)
+    assert later.response is None
+    written = [json.loads(line) for line in lines(tmp_path)]
+    assert [r.get("event") for r in written] == [None, "audit_gap"]
+    assert written[0]["upstream_status"] == 200 and written[1]["gap"]["refused"] == 1
+
+
+def test_the_log_gate_stands_before_any_site_contact_and_again_as_the_request_leaves(tmp_path):
+    from etiquette_addons.audit_log import AuditLogGate
+    from etiquette_addons.chain import members
+    from etiquette_addons.connections import ConnectionLimits
+    from etiquette_addons.pacing import Pacing
+    from etiquette_addons.robots_gate import RobotsGate
+
+    rt = Runtime(config=load_config_file(None, []))
+    rt.state_dir = str(tmp_path)
+    kinds = [type(m) for m in members(rt)]
+    first, last = (i for i, kind in enumerate(kinds) if kind is AuditLogGate)
+    assert first < kinds.index(RobotsGate) < kinds.index(Pacing) < last  # robots.txt fetches, pacing's hold
+    assert kinds[last + 1] is ConnectionLimits  # the request leaves right after it

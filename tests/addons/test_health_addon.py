@@ -619,6 +619,9 @@ class Lines:
     def write(self, record) -> None:
         self.records.append({k: v for k, v in dict(record).items() if k != "ts"})
 
+    def refusal(self) -> None:
+        return None  # always writable
+
 
 class StepTime:
     """addons/health.py's `time`: a fixed wall time, a monotonic one that steps on every read (a
@@ -928,3 +931,33 @@ def test_the_ticker_hands_the_loop_back_between_sites_and_closes_each_window_onc
         assert sorted(writes) == sorted(f"{h}:80" for h in hosts)  # each window stored once
         outcome[sliced] = [watch.status(f"{h}:80") for h in hosts]
     assert outcome[True] == outcome[False]
+
+
+def test_no_canary_leaves_while_the_audit_log_cannot_be_written(tmp_path, monkeypatch):
+    """SPEC §11: a canary is a request to the site like any other; with its line unwritable
+    it waits for the next round, and nothing is written or held for it."""
+    import errno
+    import os
+
+    room: list[int | None] = [0]
+
+    def write(fd, data):
+        if room[0] == 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return os.write(fd, data)
+
+    rt = runtime(tmp_path)
+    rt.audit = AuditLog(str(tmp_path / "audit.jsonl"), write=write)
+    rt.audit.write(audit_record(ts=0.0, outcome="fetched", method="GET", url="http://example.com/",
+                                site="example.com:80", status=200, upstream_status=200, waited_s=0.0, rate=1.0,
+                                reason="ok", client_ua=None))
+    fetched: list[str] = []
+
+    async def fake_fetch(url, *, path, headers, timeout, max_bytes):
+        fetched.append(url)
+        raise SideFetchError("not reached")
+
+    monkeypatch.setattr(health_addon, "fetch", fake_fetch)
+    watch = HealthWatch(rt)
+    asyncio.run(watch.canary("example.com:80", "http://example.com/c", "words"))
+    assert fetched == [] and len(rt.audit.gap.held) == 1  # the one line from before, nothing more
