@@ -41,6 +41,7 @@ from etiquette_proxy.operate.controls import (
     write_private,
 )
 from etiquette_proxy.visibility.page import HOST, pause_words
+from etiquette_proxy.visibility.report import BELOW_GRADE_EXIT, Gate, Report, load_report, publish
 
 STATE_ENV = "ETIQUETTE_STATE_DIR"
 CA_NAME = "mitmproxy-ca-cert.pem"
@@ -275,8 +276,10 @@ def _exit_code(returncode: int) -> int:
 
 
 def wrap_command(cmd: Sequence[str], run_args: Sequence[str], state_dir: str, kept: bool,
-                 audit_log: str | None, report: str, err: IO[str]) -> int:
-    """Start the proxy, run CMD through it, stop the proxy, print the run's report."""
+                 audit_log: str | None, report: str, err: IO[str], gate: Gate | None = None) -> int:
+    """Start the proxy, run CMD through it, stop the proxy, print the run's report; with a
+    `gate`, judge the run: BELOW_GRADE_EXIT when below `--require-grade`, whatever CMD's code
+    (a conduct failure is the one thing the gate is there to catch), else CMD's code."""
     if not cmd:
         raise CommandError("nothing to run: etiquette-proxy wrap [run options] -- CMD [ARGS...]", 2)
     if audit_log == "-":
@@ -323,12 +326,20 @@ def wrap_command(cmd: Sequence[str], run_args: Sequence[str], state_dir: str, ke
                 signal.signal(sig, handler)
     finally:
         _stop(proxy)
-    if report != "none":
-        from etiquette_proxy.visibility.report import run_report
-
-        err.flush()
-        if not kept and not audit_log:
-            err.write("etiquette-proxy wrap: this run's state dir is temporary (keep it with --keep-state)\n")
-        run_report(audit_path, as_json=report == "json", out=err, err=err, offset=offset,
-                   show_progress=False)
-    return code
+    if report == "none" and gate is None:
+        return code
+    err.flush()
+    if report != "none" and not kept and not audit_log:
+        err.write("etiquette-proxy wrap: this run's state dir is temporary (keep it with --keep-state)\n")
+    run = Report()
+    try:
+        run = load_report(audit_path, err=err, offset=offset, show_progress=False)
+    except FileNotFoundError:
+        run.finish()  # the proxy wrote no line: the tool sent nothing through it
+    except OSError as e:
+        err.write(f"etiquette-proxy wrap: cannot read {audit_path}: {e.strerror}\n")
+        return code or 2
+    verdict = publish(run, audit_path, None if report == "none" else err, err, report == "json", gate, "wrap", code)
+    if verdict == BELOW_GRADE_EXIT:
+        return verdict
+    return code or verdict  # a JUnit file that cannot be written is a failure a CI must see
