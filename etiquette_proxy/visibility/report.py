@@ -214,7 +214,7 @@ class SiteConduct(SiteCounts):
         waste = self.waste_share
         if waste and self.rechecks >= 10 and round(20 * waste):
             out.append((round(20 * waste), f"{waste:.0%} of re-checks re-downloaded an unchanged page "
-                        f"({self.unchanged_downloads} of {self.rechecks}, {_bytes(self.wasted_bytes)})"))
+                        f"({self.unchanged_downloads} of {self.rechecks}, {_bytes(self.wasted_bytes).replace(NBSP, ' ')})"))
         return sorted(out, key=lambda p: -p[0])
 
     @property
