@@ -94,6 +94,7 @@ class EtiquetteProxy:
 
     def assert_grade(self, grade: str = "B", since: int = 0) -> None:
         """AssertionError naming what each site saw when the conduct is below `grade`."""
+        __tracebackhide__ = True  # the failure is the client's conduct, not this line
         from etiquette_proxy.visibility.report import render_text
 
         report = self.report(since)
