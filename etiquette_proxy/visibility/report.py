@@ -213,8 +213,9 @@ class SiteConduct(SiteCounts):
                             f"429s in {self.reached_since_429} requests that reached the site from the first on)"))
         waste = self.waste_share
         if waste and self.rechecks >= 10 and round(20 * waste):
+            wasted = _bytes(self.wasted_bytes).replace(NBSP, " ")
             out.append((round(20 * waste), f"{waste:.0%} of re-checks re-downloaded an unchanged page "
-                        f"({self.unchanged_downloads} of {self.rechecks}, {_bytes(self.wasted_bytes).replace(NBSP, ' ')})"))
+                        f"({self.unchanged_downloads} of {self.rechecks}, {wasted})"))
         return sorted(out, key=lambda p: -p[0])
 
     @property
@@ -503,7 +504,8 @@ def judge(report: Report, required: str) -> ConductVerdict:
 def gate_text(verdict: ConductVerdict, command: str, tool_code: int | None = None) -> str:
     """The gate's stderr: one line when the run passed; else the exit status and every fault."""
     if verdict.passed:
-        return f"etiquette-proxy {command}: conduct grade {verdict.grade or '–'} meets --require-grade {verdict.required}\n"
+        return (f"etiquette-proxy {command}: conduct grade {verdict.grade or '–'} meets "
+                f"--require-grade {verdict.required}\n")
     tool = f"; the tool exited {tool_code}" if tool_code is not None else ""
     head = (f"etiquette-proxy {command}: conduct below --require-grade {verdict.required} "
             f"(exit {BELOW_GRADE_EXIT}{tool})")
