@@ -25,10 +25,8 @@ removed when the session ends.
 from __future__ import annotations
 
 import os
-import selectors
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -41,10 +39,6 @@ if TYPE_CHECKING:
     from etiquette_proxy.visibility.report import ConductVerdict, Report
 
 MARKER = "etiquette_proxy"
-READY_PREFIX = "etiquette-proxy listening on "
-START_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 10.0
-STATE_ENV = "ETIQUETTE_STATE_DIR"
 GRADES = ("A", "B", "C", "D", "E", "F")
 _SUMMARY = pytest.StashKey[str]()
 
@@ -102,19 +96,11 @@ class EtiquetteProxy:
         if not verdict.passed:
             raise AssertionError(failure_text(verdict, render_text(report, self.audit_log)))
 
-    def stop(self) -> int | None:
+    def stop(self) -> int:
         """SIGTERM, as the proxy expects (SPEC §3: a clean stop, the audit log flushed)."""
-        proc = self._process
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
-        return proc.returncode
+        from etiquette_proxy.operate.child_proxy import stop_child_proxy
+
+        return stop_child_proxy(self._process)
 
 
 def failure_text(verdict: ConductVerdict, report_text: str) -> str:
@@ -127,27 +113,17 @@ def start_proxy(mode: str = "observe", sets: Sequence[str] = (), config: str | N
                 state_dir: str | None = None) -> EtiquetteProxy:
     """`etiquette-proxy run` on a free loopback port with its own state dir (temporary unless
     given), and the environment `etiquette-proxy env` prints for it."""
+    from etiquette_proxy.operate.child_proxy import START_TIMEOUT_S, STATE_ENV, start_child_proxy, stop_child_proxy
+
     directory = state_dir or tempfile.mkdtemp(prefix="etiquette-pytest-")
-    cli = [sys.executable, "-m", "etiquette_addons.cli"]
-    cmd = [*cli, "run", "--listen-host", "127.0.0.1", "--listen-port", "0", "--state-dir", directory,
-           "--mode", mode, *(f"--set={s}" for s in sets), *([f"--config={config}"] if config else [])]
-    child_env = {k: v for k, v in os.environ.items() if k != STATE_ENV}
-    log_path = os.path.join(directory, "proxy.log")
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=child_env,
-                                start_new_session=True)
-    line = _first_line(proc, START_TIMEOUT_S)
-    if not line.startswith(READY_PREFIX):
-        _end(proc)
-        with open(log_path, errors="replace") as f:
-            tail = f.read()[-2000:]
-        raise RuntimeError(f"etiquette-proxy did not start ({' '.join(cmd)}):\n{tail}")
-    url = line.strip()[len(READY_PREFIX):]
+    run_args = ["--mode", mode, *(f"--set={s}" for s in sets), *([f"--config={config}"] if config else [])]
+    proc, url = start_child_proxy(directory, run_args, os.path.join(directory, "proxy.log"))
     try:
-        printed = subprocess.run([*cli, "env", "--state-dir", directory], env=child_env, capture_output=True,
+        printed = subprocess.run([sys.executable, "-m", "etiquette_addons.cli", "env", "--state-dir", directory],
+                                 env={k: v for k, v in os.environ.items() if k != STATE_ENV}, capture_output=True,
                                  text=True, timeout=START_TIMEOUT_S, check=True).stdout
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
-        _end(proc)
+        stop_child_proxy(proc)
         raise RuntimeError(f"etiquette-proxy env failed: {getattr(e, 'stderr', '') or e}") from None
     return EtiquetteProxy(directory, url, {**os.environ, **exported(printed)}, proc, mode)
 
@@ -161,23 +137,6 @@ def exported(lines: str) -> dict[str, str]:
             key, _, value = words[1].partition("=")
             out[key] = value
     return out
-
-
-def _first_line(proc: subprocess.Popen[str], timeout: float) -> str:
-    assert proc.stdout is not None
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        if not sel.select(timeout):
-            return ""
-    return proc.stdout.readline()
-
-
-def _end(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-    if proc.stdout is not None:
-        proc.stdout.close()
 
 
 # -- pytest hooks and the fixture ----------------------------------------------------------------

@@ -25,28 +25,17 @@ SCHEMA = xmlschema.XMLSchema(str(Path(__file__).resolve().parents[1] / "data" / 
 FAST = [f"--set={s}" for s in FAST_PACING]
 RETRY_AFTER_S = 1
 
-# Reads a disallowed path and, answered 429, asks again at once.
-NAIVE = """
-import sys, urllib.error, urllib.request
-for url in sys.argv[1:]:
-    try:
-        with urllib.request.urlopen(url, timeout=60) as r:
-            print(r.status, url)
-    except urllib.error.HTTPError as e:
-        print(e.code, url)
-        if e.code == 429:
-            with urllib.request.urlopen(url, timeout=60) as r:
-                print(r.status, url, "again at once")
-"""
-
-# Reads robots.txt first and skips what it disallows; answered 429, waits Retry-After.
-POLITE = """
+# `client.py naive URL...` reads a disallowed path and, answered 429, asks again at once;
+# `client.py polite URL...` reads robots.txt first, skips what it disallows, and waits Retry-After.
+CLIENT = """
 import sys, time, urllib.error, urllib.request, urllib.robotparser
 from urllib.parse import urljoin
-robots = urllib.robotparser.RobotFileParser(urljoin(sys.argv[1], "/robots.txt"))
-robots.read()
-for url in sys.argv[1:]:
-    if not robots.can_fetch("politebot", url):
+polite, urls = sys.argv[1] == "polite", sys.argv[2:]
+robots = urllib.robotparser.RobotFileParser(urljoin(urls[0], "/robots.txt"))
+if polite:
+    robots.read()
+for url in urls:
+    if polite and not robots.can_fetch("politebot", url):
         print("skipped", url)
         continue
     try:
@@ -55,9 +44,10 @@ for url in sys.argv[1:]:
     except urllib.error.HTTPError as e:
         print(e.code, url)
         if e.code == 429:
-            time.sleep(float(e.headers["Retry-After"]))
+            if polite:
+                time.sleep(float(e.headers["Retry-After"]))
             with urllib.request.urlopen(url, timeout=60) as r:
-                print(r.status, url, "after the wait")
+                print(r.status, url, "again")
 """
 
 
@@ -81,10 +71,11 @@ def scraped_site(site: Site) -> tuple[Site, list[str]]:
     return site, [site.url("/"), site.url("/private/x.html"), site.url("/limited"), site.url("/a.html")]
 
 
-def script(tmp_path: Path, name: str, text: str) -> str:
-    path = tmp_path / f"{name}.py"
-    path.write_text(text)
-    return str(path)
+def client(tmp_path: Path, conduct: str, epilogue: str = "") -> list[str]:
+    """The command line of the client script, `naive` or `polite`."""
+    path = tmp_path / "client.py"
+    path.write_text(CLIENT + epilogue)
+    return [sys.executable, str(path), conduct]
 
 
 def wrap(tmp_path: Path, *cmd: str, opts: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
@@ -108,7 +99,7 @@ def junit_cases(path: Path) -> tuple[ET.Element, dict[str, ET.Element]]:
 def test_wrap_observe_naive_script_exits_3_naming_both_faults_the_site_saw(site, tmp_path):
     site, urls = scraped_site(site)
     junit = tmp_path / "naive.xml"
-    done = wrap(tmp_path, sys.executable, script(tmp_path, "naive", NAIVE), *urls,
+    done = wrap(tmp_path, *client(tmp_path, "naive"), *urls,
                 opts=("--mode", "observe", "--require-grade", "B", "--junit", str(junit)))
     assert "200 " + urls[1] in done.stdout  # the tool itself succeeded ...
     assert done.returncode == 3, done.stderr  # ... and the gate failed the run
@@ -131,7 +122,7 @@ def test_wrap_observe_naive_script_exits_3_naming_both_faults_the_site_saw(site,
 def test_wrap_observe_polite_script_exits_0_and_its_junit_passes(site, tmp_path):
     site, urls = scraped_site(site)
     junit = tmp_path / "polite.xml"
-    done = wrap(tmp_path, sys.executable, script(tmp_path, "polite", POLITE), *urls,
+    done = wrap(tmp_path, *client(tmp_path, "polite"), *urls,
                 opts=("--mode", "observe", "--require-grade", "B", "--junit", str(junit)))
     assert done.returncode == 0, done.stderr
     assert "skipped " + urls[1] in done.stdout
@@ -144,8 +135,7 @@ def test_wrap_observe_polite_script_exits_0_and_its_junit_passes(site, tmp_path)
 
 def test_wrap_enforce_makes_the_naive_script_pass_and_its_exit_code_passes_through(site, tmp_path):
     site, urls = scraped_site(site)
-    failing_tool = NAIVE + "sys.exit(4)\n"
-    done = wrap(tmp_path, sys.executable, script(tmp_path, "naive", failing_tool), *urls,
+    done = wrap(tmp_path, *client(tmp_path, "naive", epilogue="sys.exit(4)\n"), *urls,
                 opts=("--mode", "enforce", "--require-grade", "A", "--report", "none"))
     assert done.returncode == 4, done.stderr  # at or above the grade: the tool's own code
     assert "403 " + urls[1] in done.stdout
@@ -166,7 +156,7 @@ def test_wrap_gate_fails_closed_when_nothing_went_through_the_proxy(tmp_path):
 
 def test_report_junit_and_require_grade_on_a_kept_log(site, tmp_path):
     site, urls = scraped_site(site)
-    wrap(tmp_path, sys.executable, script(tmp_path, "naive", NAIVE), *urls, opts=("--mode", "observe"))
+    wrap(tmp_path, *client(tmp_path, "naive"), *urls, opts=("--mode", "observe"))
     log = tmp_path / "state" / "audit.jsonl"
     junit = tmp_path / "report.xml"
     # --junit alone: judged against the pass mark (B), the exit status as before
@@ -191,7 +181,7 @@ import pytest
 import requests
 
 URLS = {urls!r}
-SCRIPT = {script!r}
+CLIENT = {client!r}
 
 
 @pytest.mark.etiquette_proxy(set=["pacing.rate=1000", "pacing.burst=100"])
@@ -200,7 +190,7 @@ def test_client(etiquette_proxy):
         f.write(etiquette_proxy.state_dir + "\\n" + etiquette_proxy.url)
     assert etiquette_proxy.mode == "observe"
     assert etiquette_proxy.env["HTTPS_PROXY"] == etiquette_proxy.url == etiquette_proxy.proxies["http"]
-    subprocess.run([sys.executable, SCRIPT, *URLS], env=etiquette_proxy.env, check=True, timeout=60)
+    subprocess.run([*CLIENT, *URLS], env=etiquette_proxy.env, check=True, timeout=60)
     # an in-process client through the same proxy
     with requests.Session() as s:
         s.trust_env = False
@@ -210,13 +200,13 @@ def test_client(etiquette_proxy):
 '''
 
 
-def pytest_session(tmp_path: Path, urls: list[str], client: str, *args: str) -> tuple[
+def pytest_session(tmp_path: Path, urls: list[str], conduct: str, *args: str) -> tuple[
         subprocess.CompletedProcess[str], list[str]]:
     """A pytest session in its own directory, the plugin loaded through its entry point."""
     project = tmp_path / "scraper"
     project.mkdir()
     record = tmp_path / "fixture.txt"
-    (project / "test_scraper.py").write_text(SESSION.format(urls=urls, script=script(tmp_path, "client", client),
+    (project / "test_scraper.py").write_text(SESSION.format(urls=urls, client=client(tmp_path, conduct),
                                                              record=str(record)))
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
                           cwd=project, env=clean_env(), capture_output=True, text=True, timeout=120, check=False)
@@ -225,7 +215,7 @@ def pytest_session(tmp_path: Path, urls: list[str], client: str, *args: str) -> 
 
 def test_pytest_fixture_passes_a_polite_client_and_cleans_up(site, tmp_path):
     site, urls = scraped_site(site)
-    done, (state_dir, url) = pytest_session(tmp_path, urls, POLITE, "--etiquette-require-grade", "B")
+    done, (state_dir, url) = pytest_session(tmp_path, urls, "polite", "--etiquette-require-grade", "B")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed" in done.stdout
     assert f"etiquette-proxy (observe): 6 request(s); grade A (127.0.0.1:{site.port} A)" in done.stdout
@@ -240,7 +230,7 @@ def test_pytest_fixture_passes_a_polite_client_and_cleans_up(site, tmp_path):
 
 def test_pytest_fixture_fails_a_naive_client_with_the_reasons(site, tmp_path):
     site, urls = scraped_site(site)
-    done, (state_dir, _) = pytest_session(tmp_path, urls, NAIVE, "--etiquette-require-grade", "B")
+    done, (state_dir, _) = pytest_session(tmp_path, urls, "naive", "--etiquette-require-grade", "B")
     out = done.stdout
     assert done.returncode == 1, out + done.stderr
     assert "1 failed, 1 error" in out  # assert_grade in the test; the session's grade at teardown
