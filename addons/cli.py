@@ -35,6 +35,13 @@ def _parser() -> argparse.ArgumentParser:
         run.add_argument("--mode", choices=("enforce", "observe"),
                          help="observe: forward everything, log what would be done")
 
+    def gate_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--require-grade", metavar="GRADE", type=_grade,
+                       help="exit 3 when the conduct grade is below GRADE (A-F), naming what each site saw")
+        p.add_argument("--junit", metavar="FILE",
+                       help="write the conduct as JUnit XML: one test case per site, failing below "
+                            "--require-grade (default B, the report's pass mark)")
+
     run = sub.add_parser("run", help="run the proxy (the default command)")
     common(run)
     run.add_argument("--listen-host", metavar="H", help="address to listen on (default 127.0.0.1)")
@@ -55,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
 
     wrap = sub.add_parser("wrap", help="run CMD through a proxy of its own; its report on stderr at the end",
                           usage="etiquette-proxy wrap [run options] [--keep-state] [--report json|text|none] "
-                                "-- CMD [ARGS...]")
+                                "[--require-grade GRADE] [--junit FILE] -- CMD [ARGS...]")
     common(wrap)
     run_options(wrap)
     wrap.add_argument("--keep-state", action="store_true",
@@ -63,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
                            "so robots.txt, pauses and stored pages carry over between runs")
     wrap.add_argument("--report", choices=("text", "json", "none"), default="text",
                       help="the run's conduct report on stderr at the end (default text)")
+    gate_options(wrap)
     wrap.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
 
     env = sub.add_parser("env", help="print export lines that point a shell's clients at a running proxy")
@@ -86,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--json", action="store_true", help="print JSON instead of the table")
     report.add_argument("--html", metavar="FILE",
                         help="write the report as one self-contained HTML page with plots to FILE")
+    gate_options(report)
 
     keygen = sub.add_parser("keygen", help="write an Ed25519 key for Web Bot Auth and print its key directory")
     common(keygen)
@@ -102,6 +111,24 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("audit_log", metavar="AUDIT_LOG", nargs="?",
                         help="audit log to check (default <state-dir>/audit.jsonl)")
     return parser
+
+
+def _grade(text: str) -> str:
+    from etiquette_proxy.visibility.report import parse_grade
+
+    try:
+        return parse_grade(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _gate(args: argparse.Namespace) -> Any:
+    """The conduct gate `wrap` and `report` were asked for (None: neither flag)."""
+    from etiquette_proxy.visibility.report import Gate
+
+    if args.require_grade is None and args.junit is None:
+        return None
+    return Gate(require=args.require_grade, junit=args.junit)
 
 
 def _overrides(args: argparse.Namespace) -> list[str]:
@@ -198,7 +225,8 @@ def operate(config: Config, args: argparse.Namespace) -> int:
         run_args += [f"--audit-log={args.audit_log}"] if args.audit_log else []
         with commands.wrap_state_dir(args.state_dir, args.keep_state, config.state.dir) as (directory, kept):
             audit_log = args.audit_log or config.audit.log  # the report reads the log the proxy writes
-            return commands.wrap_command(cmd, run_args, directory, kept, audit_log, args.report, sys.stderr)
+            return commands.wrap_command(cmd, run_args, directory, kept, audit_log, args.report, sys.stderr,
+                                         _gate(args))
     except commands.CommandError as e:
         print(f"etiquette-proxy {args.command}: {e}", file=sys.stderr)
         return e.code
@@ -323,8 +351,9 @@ def report(config: Config, args: argparse.Namespace) -> int:
         return 2
     files = audit_files(path)
     if len(files) > 1 or files[:1] not in ([], [path]):  # `run --workers N` wrote one file per worker
-        return report_merged(files, since_s=since, site=args.site, as_json=args.json, html=args.html)
-    return run_report(path, since_s=since, site=args.site, as_json=args.json, html=args.html)
+        return report_merged(files, since_s=since, site=args.site, as_json=args.json, gate=_gate(args),
+                             html=args.html)
+    return run_report(path, since_s=since, site=args.site, as_json=args.json, gate=_gate(args), html=args.html)
 
 
 # mitmproxy's advice when the port is taken names its own flag (`--mode regular@8082`), which

@@ -12,7 +12,6 @@ import contextlib
 import http.client
 import json
 import os
-import selectors
 import shutil
 import signal
 import subprocess
@@ -22,6 +21,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 from urllib.parse import urlsplit
 
+from etiquette_proxy.operate.child_proxy import STATE_ENV, ChildProxyError, start_child_proxy, stop_child_proxy
 from etiquette_proxy.operate.client_env import (
     BUNDLE_NAME,
     WGETRC_NAME,
@@ -41,12 +41,9 @@ from etiquette_proxy.operate.controls import (
     write_private,
 )
 from etiquette_proxy.visibility.page import HOST, pause_words
+from etiquette_proxy.visibility.report import BELOW_GRADE_EXIT, Gate, Report, load_report, publish
 
-STATE_ENV = "ETIQUETTE_STATE_DIR"
 CA_NAME = "mitmproxy-ca-cert.pem"
-READY_PREFIX = "etiquette-proxy listening on "
-START_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 10.0
 # Signals a wrapper passes on (SIGINT only when no terminal delivers it to the tool itself).
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -248,35 +245,16 @@ def _listening(url: str) -> bool:
         return False
 
 
-def _ready_line(proc: subprocess.Popen[str], timeout: float) -> str:
-    assert proc.stdout is not None
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        if not sel.select(timeout):
-            return ""
-    return proc.stdout.readline()
-
-
-def _stop(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    if proc.stdout is not None:
-        proc.stdout.close()
-
-
 def _exit_code(returncode: int) -> int:
     """The child's code; killed by signal N -> 128 + N, as a shell reports it."""
     return 128 - returncode if returncode < 0 else returncode
 
 
 def wrap_command(cmd: Sequence[str], run_args: Sequence[str], state_dir: str, kept: bool,
-                 audit_log: str | None, report: str, err: IO[str]) -> int:
-    """Start the proxy, run CMD through it, stop the proxy, print the run's report."""
+                 audit_log: str | None, report: str, err: IO[str], gate: Gate | None = None) -> int:
+    """Start the proxy, run CMD through it, stop the proxy, print the run's report; with a
+    `gate`, judge the run: BELOW_GRADE_EXIT when below `--require-grade`, whatever CMD's code
+    (a conduct failure is the one thing the gate is there to catch), else CMD's code."""
     if not cmd:
         raise CommandError("nothing to run: etiquette-proxy wrap [run options] -- CMD [ARGS...]", 2)
     if audit_log == "-":
@@ -289,24 +267,11 @@ def wrap_command(cmd: Sequence[str], run_args: Sequence[str], state_dir: str, ke
     audit_path = os.path.abspath(os.path.expanduser(audit_log)) if audit_log else os.path.join(
         state_dir, "audit.jsonl")
     offset = os.path.getsize(audit_path) if os.path.exists(audit_path) else 0
-    log_path = os.path.join(state_dir, "wrap-proxy.log")
-    proxy_cmd = [sys.executable, "-m", "etiquette_addons.cli", "run", "--listen-host", "127.0.0.1",
-                 "--listen-port", "0", *run_args, "--state-dir", state_dir]
-    proxy_env = {k: v for k, v in os.environ.items() if k != STATE_ENV}
-    with open(log_path, "ab") as log_file:
-        os.chmod(log_path, 0o600)
-        # Its own session: a Ctrl-C at the terminal reaches the tool, and the proxy outlives it
-        # long enough to log the tool's last requests.
-        proxy = subprocess.Popen(proxy_cmd, stdout=subprocess.PIPE, stderr=log_file, text=True,
-                                 env=proxy_env, start_new_session=True)
     try:
-        line = _ready_line(proxy, START_TIMEOUT_S)
-        if not line.startswith(READY_PREFIX):
-            _stop(proxy)
-            with open(log_path, errors="replace") as f:
-                tail = f.read()[-2000:]
-            raise CommandError(f"the proxy did not start (log {log_path}):\n{tail}")
-        url = line.strip()[len(READY_PREFIX):]
+        proxy, url = start_child_proxy(state_dir, run_args, os.path.join(state_dir, "wrap-proxy.log"))
+    except ChildProxyError as e:
+        raise CommandError(str(e)) from None
+    try:
         env = {**os.environ, **client_files(state_dir, url)}
         try:
             child = subprocess.Popen(list(cmd), env=env)
@@ -322,13 +287,21 @@ def wrap_command(cmd: Sequence[str], run_args: Sequence[str], state_dir: str, ke
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
     finally:
-        _stop(proxy)
-    if report != "none":
-        from etiquette_proxy.visibility.report import run_report
-
-        err.flush()
-        if not kept and not audit_log:
-            err.write("etiquette-proxy wrap: this run's state dir is temporary (keep it with --keep-state)\n")
-        run_report(audit_path, as_json=report == "json", out=err, err=err, offset=offset,
-                   show_progress=False)
-    return code
+        stop_child_proxy(proxy)
+    if report == "none" and gate is None:
+        return code
+    err.flush()
+    if report != "none" and not kept and not audit_log:
+        err.write("etiquette-proxy wrap: this run's state dir is temporary (keep it with --keep-state)\n")
+    run = Report()
+    try:
+        run = load_report(audit_path, err=err, offset=offset, show_progress=False)
+    except FileNotFoundError:
+        run.finish()  # the proxy wrote no line: the tool sent nothing through it
+    except OSError as e:
+        err.write(f"etiquette-proxy wrap: cannot read {audit_path}: {e.strerror}\n")
+        return code or 2
+    verdict = publish(run, audit_path, None if report == "none" else err, err, report == "json", gate, "wrap", code)
+    if verdict == BELOW_GRADE_EXIT:
+        return verdict
+    return code or verdict  # a JUnit file that cannot be written is a failure a CI must see

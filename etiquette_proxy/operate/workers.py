@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from etiquette_proxy.audit.chain import ChainCheck, ChainVerdict
-from etiquette_proxy.visibility.report import finish_output, new_report, since_cutoff
+from etiquette_proxy.visibility.report import Gate, new_report, publish, since_cutoff
 
 MAX_WORKERS = 64
 # Restart back-off: the first restart is quick (a kill -9 costs only the requests in flight on
@@ -147,9 +147,10 @@ class RestartBackoff:
 
 def report_merged(paths: Sequence[str], since_s: float | None = None, site: str | None = None,
                   as_json: bool = False, out: IO[str] | None = None, err: IO[str] | None = None,
-                  now: float | None = None, html: str | None = None) -> int:
+                  now: float | None = None, gate: Gate | None = None, html: str | None = None) -> int:
     """`report` over the worker files of one log (`audit_files`), read as one log ordered by
-    `ts`; the chain verdict checks each file's own chain. 0, or 2 when a file cannot be read."""
+    `ts`; the chain verdict checks each file's own chain. 0, 2 when a file cannot be read,
+    BELOW_GRADE_EXIT under `gate` (report.publish)."""
     out = out or sys.stdout
     err = err or sys.stderr
     cutoff = since_cutoff(since_s, time.time() if now is None else now) if since_s is not None else None
@@ -166,4 +167,4 @@ def report_merged(paths: Sequence[str], since_s: float | None = None, site: str 
             report.feed(line, last=not line.endswith(b"\n"))
     report.finish()
     report.chain = chain.finish()  # the merged order interleaves the chains: each checked on its own
-    return finish_output(report, ", ".join(paths), as_json, html, out, err)
+    return publish(report, ", ".join(paths), out, err, as_json, gate, html=html)

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from email.utils import parsedate_to_datetime
 from typing import IO, Any
+from urllib.parse import urlsplit
 
 from etiquette_proxy.audit.chain import ChainCheck, ChainVerdict
 from etiquette_proxy.audit.log import OUTCOMES, REQUIRED_KEYS, rfc3339_ms
@@ -74,11 +75,41 @@ RUBRIC = (
     ("waste", "unchanged re-downloads: -20 x share (with >= 10 re-checks)", 20, 20),
 )
 GRADES = ((90, "A"), (80, "B"), (70, "C"), (60, "D"), (50, "E"), (0, "F"))
+LETTERS = tuple(letter for _, letter in GRADES)  # best first
+# The report's own pass mark (README "Conduct grades"): seed 001's polite loop (A) passes and
+# its naive loop, which waits out every 429 but keeps its pace (C), does not; one disallowed
+# path reached (-15: B) is still a pass, one with a 429 ignored beside it (C) is not.
+PASS_MARK = "B"
+# `wrap`/`report --require-grade`: the conduct was below the grade asked for. The command line
+# itself exits 0, 1 (a command error), 2 (a usage or config error) and 127 (no such tool); wrap
+# passes a tool's own code through and 128 + N for a tool killed by signal N.
+BELOW_GRADE_EXIT = 3
+EXAMPLES = 3  # requests named per fault
 
 
 def grade_of(points: int) -> str:
     """The letter for a number of points (A >= 90 ... F < 50)."""
     return next(letter for floor, letter in GRADES if points >= floor)
+
+
+def parse_grade(text: str) -> str:
+    """A grade letter from the command line (case ignored); ValueError naming the letters."""
+    letter = text.strip().upper()
+    if letter not in LETTERS:
+        raise ValueError(f"{text!r} is not a grade (expected one of {', '.join(LETTERS)})")
+    return letter
+
+
+def meets(grade: str, required: str) -> bool:
+    """`grade` is `required` or better."""
+    return LETTERS.index(grade) <= LETTERS.index(required)
+
+
+def request_words(record: Mapping[str, Any]) -> str:
+    """`GET /path?query` of an audit line: how a site's access log names a request."""
+    parts = urlsplit(str(record.get("url", "")))
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return _clip(f"{record.get('method', '?')} {target}", 60)
 
 
 def parse_epoch(ts: str) -> float:
@@ -119,7 +150,8 @@ class SiteConduct(SiteCounts):
     reached: int = 0  # lines that reached the site (upstream_status set), robots fetches included
     honoured: int = 0
     too_soon: int = 0
-    too_soon_examples: list[tuple[float, float]] = field(default_factory=list)  # (gap, asked)
+    too_soon_examples: list[tuple[float, float, str]] = field(default_factory=list)  # (gap, asked, the 429's request)
+    violation_examples: list[tuple[str, str]] = field(default_factory=list)  # (request, robots.txt rule)
     reached_since_429: int = 0
     changed: int = 0
     unchanged_downloads: int = 0
@@ -128,7 +160,7 @@ class SiteConduct(SiteCounts):
     health_max: float | None = None
     first_ts: str = ""
     last_ts: str = ""
-    _pending: tuple[float, float] | None = None  # (epoch of the 429, wait asked)
+    _pending: tuple[float, float, str] | None = None  # (epoch of the 429, wait asked, its request)
 
     # -- derived ---------------------------------------------------------------------------
 
@@ -162,21 +194,30 @@ class SiteConduct(SiteCounts):
         return self.unchanged_downloads / n if n else None
 
     def penalties(self) -> list[tuple[int, str]]:
-        """(points lost, why) under the rubric, worst first."""
+        """(points lost, what the site saw) under the rubric, worst first; each names up to
+        EXAMPLES of the requests at fault, as the site's own access log would show them."""
         out: list[tuple[int, str]] = []
         if self.violations:
+            seen = "; ".join(f"{req} ({rule})" if rule else req for req, rule in self.violation_examples)
             out.append((min(60, 15 * self.violations),
-                        f"{self.violations} request(s) robots.txt disallowed reached the site"))
+                        f"{self.violations} request(s) robots.txt disallowed reached the site: "
+                        + seen + _more(self.violations, len(self.violation_examples))))
         if self.too_soon:
-            out.append((min(60, 15 * self.too_soon), f"{self.too_soon} of {self.received_429} 429s not honoured"))
+            seen = "; ".join(f"{req} answered 429 asking {asked:g} s, the next request came {gap:.2f} s later"
+                             for gap, asked, req in self.too_soon_examples)
+            out.append((min(60, 15 * self.too_soon), f"{self.too_soon} of {self.received_429} 429s not honoured: "
+                        + seen + _more(self.too_soon, len(self.too_soon_examples))))
         if self.received_429 >= 3 and self.reached_since_429:
             share = self.received_429 / self.reached_since_429
             if share > 0.10:
                 out.append((30 if share > 0.25 else 20,
-                            f"429s kept coming: {share:.0%} of requests after the first"))
+                            f"429s kept coming: {share:.0%} of requests after the first ({self.received_429} "
+                            f"429s in {self.reached_since_429} requests that reached the site from the first on)"))
         waste = self.waste_share
         if waste and self.rechecks >= 10 and round(20 * waste):
-            out.append((round(20 * waste), f"{waste:.0%} of re-checks re-downloaded an unchanged page"))
+            wasted = _bytes(self.wasted_bytes).replace(NBSP, " ")
+            out.append((round(20 * waste), f"{waste:.0%} of re-checks re-downloaded an unchanged page "
+                        f"({self.unchanged_downloads} of {self.rechecks}, {wasted})"))
         return sorted(out, key=lambda p: -p[0])
 
     @property
@@ -200,11 +241,12 @@ class SiteConduct(SiteCounts):
             "penalties": [{"points": p, "why": why} for p, why in self.penalties()],
             "requests": self.requests, "outcomes": dict(self.outcomes), "would": dict(self.would),
             "robots": {"violations": self.violations, "stopped": self.stopped, "fetches": self.robots_fetches,
+                       "violation_examples": [{"request": r, "rule": rule} for r, rule in self.violation_examples],
                        "refused_for_purpose": self.for_purpose, "unreachable": self.robots_unreachable},
             "events": dict(self.events),
             "429": {"received": self.received_429, "honoured": self.honoured, "too_soon": self.too_soon,
-                    "too_soon_examples": [{"gap_s": round(g, 3), "asked_s": round(w, 3)}
-                                          for g, w in self.too_soon_examples],
+                    "too_soon_examples": [{"gap_s": round(g, 3), "asked_s": round(w, 3), "request": r}
+                                          for g, w, r in self.too_soon_examples],
                     "reached_since_first": self.reached_since_429},
             "rechecks": {"total": self.rechecks, "revalidated_share": self.revalidated_share,
                          "unchanged_downloads": self.unchanged_downloads, "wasted_bytes": self.wasted_bytes},
@@ -312,7 +354,7 @@ class Report:
         if upstream is not None:
             c.reached += 1
             if c._pending is not None:
-                at, asked = c._pending
+                at, asked, asked_by = c._pending
                 try:
                     gap = parse_epoch(ts) - at
                 except ValueError:
@@ -321,8 +363,8 @@ class Report:
                     c.honoured += 1
                 else:
                     c.too_soon += 1
-                    if len(c.too_soon_examples) < 3:
-                        c.too_soon_examples.append((gap, asked))
+                    if len(c.too_soon_examples) < EXAMPLES:
+                        c.too_soon_examples.append((gap, asked, asked_by))
                 c._pending = None
             if c.received_429:
                 c.reached_since_429 += 1
@@ -335,7 +377,7 @@ class Report:
                     pass  # an unreadable stamp cannot be judged
                 else:
                     hint = wait_asked(record, at)
-                    c._pending = (at, NO_HINT_WAIT_S if hint is None else hint)
+                    c._pending = (at, NO_HINT_WAIT_S if hint is None else hint, request_words(record))
         would = record.get("would")
         if would == "disallowed" and str(record.get("would_reason", "")).startswith(UNREACHABLE):
             would = "robots.txt unreachable"  # not a violation: robots.txt disallowed everything
@@ -345,6 +387,8 @@ class Report:
             outcome = ROBOTS_FROM_CACHE
         if not c.count(record, outcome, str(would) if would else None):
             return  # the proxy's own robots.txt fetch
+        if would == "disallowed" and len(c.violation_examples) < EXAMPLES:
+            c.violation_examples.append((request_words(record), str(record.get("would_reason", ""))))
         if isinstance(record.get("purposes"), dict) and "disallowed" in (outcome, record.get("would")):
             c.for_purpose += 1
         if outcome == "disallowed" and str(record.get("reason", "")).startswith(UNREACHABLE):
@@ -381,6 +425,93 @@ class Report:
             "rubric": [{"what": what, "points_each": each, "at_most": most} for _, what, each, most in RUBRIC],
             "grades": {letter: floor for floor, letter in GRADES},
         }
+
+
+# -- the conduct gate (wrap/report --require-grade, --junit, the pytest plugin) -----------------
+
+NOTHING_SEEN = ("no request went through the proxy: nothing to grade (does the client use the proxy's "
+                "environment? README: Point your client at it)")
+
+
+@dataclass(frozen=True)
+class SiteVerdict:
+    """One site against the grade required: `faults` are what the site saw, worst first."""
+
+    site: str
+    grade: str | None  # None: the proxy never reached the site, which saw nothing to judge
+    points: int | None
+    passed: bool
+    faults: tuple[tuple[int, str], ...]  # (points lost, what the site saw)
+
+    def summary(self, required: str) -> str:
+        """One line: `grade C (70 points), below B: <first fault>; ...`."""
+        if self.grade is None:
+            return "no grade: the proxy never reached this site"
+        head = f"grade {self.grade} ({self.points} points)"
+        if self.passed:
+            return f"{head}, meets {required}"
+        return f"{head}, below {required}: " + "; ".join(why.split(":", 1)[0] for _, why in self.faults)
+
+
+@dataclass(frozen=True)
+class ConductVerdict:
+    """A run's conduct against a required grade. A run that sent no request through the proxy
+    fails: a gate that passes because it saw nothing would pass a client that went around it
+    (STYLE: gates fail closed). Sites the proxy never reached pass: they saw nothing."""
+
+    required: str
+    sites: tuple[SiteVerdict, ...]
+    requests: int  # client requests in the part of the log read
+
+    @property
+    def nothing_seen(self) -> bool:
+        return self.requests == 0
+
+    @property
+    def passed(self) -> bool:
+        return not self.nothing_seen and all(s.passed for s in self.sites)
+
+    @property
+    def grade(self) -> str | None:
+        """The run's grade: its worst site's (None when no site was graded)."""
+        graded = [s.grade for s in self.sites if s.grade is not None]
+        return max(graded, key=LETTERS.index) if graded else None
+
+    @property
+    def failing(self) -> tuple[SiteVerdict, ...]:
+        return tuple(s for s in self.sites if not s.passed)
+
+    def lines(self) -> list[str]:
+        """What failed and why, site by site (empty when the run passed)."""
+        if self.nothing_seen:
+            return [NOTHING_SEEN]
+        out = []
+        for s in self.failing:
+            out.append(f"{s.site}: grade {s.grade} ({s.points} points), below {self.required}")
+            out += [f"  -{points} {why}" for points, why in s.faults]
+        return out
+
+
+def judge(report: Report, required: str) -> ConductVerdict:
+    """Each site's grade against `required` (a letter A-F)."""
+    sites = []
+    for name in sorted(report.sites):
+        c = report.sites[name]
+        grade = c.grade if c.graded else None
+        sites.append(SiteVerdict(name, grade, c.points if c.graded else None,
+                                 grade is None or meets(grade, required), tuple(c.penalties())))
+    return ConductVerdict(required, tuple(sites), sum(c.requests for c in report.sites.values()))
+
+
+def gate_text(verdict: ConductVerdict, command: str, tool_code: int | None = None) -> str:
+    """The gate's stderr: one line when the run passed; else the exit status and every fault."""
+    if verdict.passed:
+        return (f"etiquette-proxy {command}: conduct grade {verdict.grade or '–'} meets "
+                f"--require-grade {verdict.required}\n")
+    tool = f"; the tool exited {tool_code}" if tool_code is not None else ""
+    head = (f"etiquette-proxy {command}: conduct below --require-grade {verdict.required} "
+            f"(exit {BELOW_GRADE_EXIT}{tool})")
+    return "\n".join([head] + ["  " + line for line in verdict.lines()]) + "\n"
 
 
 # -- reading a file -----------------------------------------------------------------------------
@@ -433,6 +564,10 @@ def _bytes(n: float) -> str:
             return f"{n:.0f}{NBSP}{unit}" if unit == "B" else f"{n:.1f}{NBSP}{unit}"
         n /= 1024
     return f"{n:.1f} GiB"
+
+
+def _more(total: int, shown: int) -> str:
+    return f"; and {total - shown} more" if total > shown else ""
 
 
 def _clip(text: str, width: int) -> str:
@@ -488,7 +623,7 @@ def render_text(report: Report, source: str) -> str:
         if c.received_429:
             text = f"{_n(c.received_429)} received: {_n(c.honoured)} honoured, {_n(c.too_soon)} too soon"
             if c.too_soon_examples:
-                examples = (f"next after {g:.2f}{NBSP}s, asked {w:g}{NBSP}s" for g, w in c.too_soon_examples)
+                examples = (f"next after {g:.2f}{NBSP}s, asked {w:g}{NBSP}s" for g, w, _ in c.too_soon_examples)
                 text += " (" + "; ".join(examples) + ")"
             out += _wrap("429s", text)
         else:
@@ -513,6 +648,19 @@ def render_json(report: Report) -> str:
     return json.dumps(report.as_dict(), indent=1, ensure_ascii=False) + "\n"
 
 
+@dataclass(frozen=True)
+class Gate:
+    """What a command checks the conduct against: `--require-grade` (exit BELOW_GRADE_EXIT
+    when below) and `--junit FILE` (failing cases below `--require-grade`, else PASS_MARK)."""
+
+    require: str | None = None
+    junit: str | None = None
+
+    @property
+    def threshold(self) -> str:
+        return self.require or PASS_MARK
+
+
 def new_report(since_ts: str | None, site: str | None, html: str | None) -> Report:
     """The report to feed: with `html` (`report --html FILE`), one that also keeps timelines."""
     if html is None:
@@ -522,38 +670,19 @@ def new_report(since_ts: str | None, site: str | None, html: str | None) -> Repo
     return HtmlReport(since_ts=since_ts, site=site)
 
 
-def finish_output(report: Report, source: str, as_json: bool, html: str | None, out: IO[str], err: IO[str]) -> int:
-    """Warnings on `err`, then the report: the HTML page to `html`, else JSON or text on `out`."""
-    for warning in report.skipped.warnings():
-        err.write(f"warning: {warning}\n")
-    if html is not None:
-        from etiquette_proxy.visibility.html_report import HtmlReport, write_html
-
-        assert isinstance(report, HtmlReport)
-        return write_html(report, source, html, err)
-    out.write(render_json(report) if as_json else render_text(report, source))
-    return 0
-
-
-def run_report(path: str, since_s: float | None = None, site: str | None = None, as_json: bool = False,
-               out: IO[str] | None = None, err: IO[str] | None = None, now: float | None = None,
-               show_progress: bool | None = None, offset: int = 0,
-               clock: Callable[[], float] = time.monotonic, html: str | None = None) -> int:
-    """The `report` command: 0, or 2 when the log cannot be read; `offset`: read from there
-    (`wrap` reports only its own run of a log kept across runs); `clock` paces the progress line;
-    `html`: write the page there instead of the text."""
+def load_report(path: str, since_s: float | None = None, site: str | None = None, err: IO[str] | None = None,
+                now: float | None = None, show_progress: bool | None = None, offset: int = 0,
+                clock: Callable[[], float] = time.monotonic, html: str | None = None) -> Report:
+    """Read the log at `path` (from `offset`: `wrap` judges only its own run of a log kept
+    across runs) into a finished Report; OSError when it cannot be opened. Progress goes to
+    `err` on a terminal or for a log over 64 MiB, paced by `clock`. With `html`, the report
+    keeps each site's timeline for the page."""
     import sys
 
-    out = out or sys.stdout
     err = err or sys.stderr
     cutoff = since_cutoff(since_s, time.time() if now is None else now) if since_s is not None else None
     report = new_report(cutoff, site, html)
-    try:
-        stream = open(path, "rb")  # noqa: SIM115 - closed by the with below, after the error path
-    except OSError as e:
-        err.write(f"etiquette-proxy report: cannot read {path}: {e.strerror}\n")
-        return 2
-    with stream:
+    with open(path, "rb") as stream:
         total = os.fstat(stream.fileno()).st_size
         if 0 < offset <= total:
             stream.seek(offset)
@@ -563,7 +692,86 @@ def run_report(path: str, since_s: float | None = None, site: str | None = None,
         read_log(stream, report, total, progress)
         if progress is not None:
             err.write("\r" + " " * 60 + "\r")
-    return finish_output(report, path, as_json, html, out, err)
+    return report
+
+
+def publish(report: Report, source: str, out: IO[str] | None, err: IO[str], as_json: bool = False,
+            gate: Gate | None = None, command: str = "report", tool_code: int | None = None,
+            html: str | None = None) -> int:
+    """Warnings on `err`, the report on `out` (None: not shown) or, with `html`, the page written
+    there (a report made by `new_report(..., html)`), the JUnit file, the gate's verdict on `err`.
+    0; BELOW_GRADE_EXIT when below `--require-grade`; 2 when the page or the JUnit file cannot
+    be written (a CI that reads it would otherwise miss the run)."""
+    text = render_text(report, source)
+    code = 0
+    if html is not None:
+        from etiquette_proxy.visibility.html_report import HtmlReport, write_html
+
+        assert isinstance(report, HtmlReport)
+        for warning in report.skipped.warnings():
+            err.write(f"warning: {warning}\n")
+        code = write_html(report, source, html, err)
+    elif out is not None:
+        for warning in report.skipped.warnings():
+            err.write(f"warning: {warning}\n")
+        out.write(render_json(report) if as_json else text)
+    gate = gate or Gate()
+    verdict = judge(report, gate.threshold)
+    if gate.junit:
+        code = _write_junit(gate.junit, verdict, report, source, text, command, err) or code
+    if gate.require:
+        err.flush()
+        err.write(gate_text(verdict, command, tool_code))
+        if not verdict.passed:
+            return BELOW_GRADE_EXIT
+    return code
+
+
+def _write_junit(path: str, verdict: ConductVerdict, report: Report, source: str, text: str, command: str,
+                 err: IO[str]) -> int:
+    import socket
+
+    from etiquette_proxy.visibility.junit import junit_timestamp, junit_xml
+
+    sites = report.sites.values()
+    first = min((c.first_ts for c in sites), default="") or rfc3339_ms(time.time())
+    last = max((c.last_ts for c in sites), default="") or first
+    xml = junit_xml(verdict, timestamp=junit_timestamp(first), hostname=socket.gethostname(),
+                    time_s=_span(first, last), site_times={c.site: _span(c.first_ts, c.last_ts) for c in sites},
+                    properties=(("audit_log", source),), system_out=text)
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(xml)
+    except OSError as e:
+        err.write(f"etiquette-proxy {command}: --junit: cannot write {path}: {e.strerror}\n")
+        return 2
+    return 0
+
+
+def _span(first: str, last: str) -> float:
+    try:
+        return parse_epoch(last) - parse_epoch(first)
+    except ValueError:
+        return 0.0
+
+
+def run_report(path: str, since_s: float | None = None, site: str | None = None, as_json: bool = False,
+               out: IO[str] | None = None, err: IO[str] | None = None, now: float | None = None,
+               show_progress: bool | None = None, offset: int = 0,
+               clock: Callable[[], float] = time.monotonic, gate: Gate | None = None,
+               html: str | None = None) -> int:
+    """The `report` command: 0, 2 when the log cannot be read, BELOW_GRADE_EXIT (see `publish`);
+    `html`: the page written there instead of the text."""
+    import sys
+
+    out = out or sys.stdout
+    err = err or sys.stderr
+    try:
+        report = load_report(path, since_s, site, err, now, show_progress, offset, clock, html)
+    except OSError as e:
+        err.write(f"etiquette-proxy report: cannot read {path}: {e.strerror}\n")
+        return 2
+    return publish(report, path, out, err, as_json, gate, html=html)
 
 
 def _progress_printer(err: IO[str], path: str, clock: Callable[[], float] = time.monotonic) -> Progress:

@@ -145,7 +145,7 @@ def test_report_on_the_runs_audit_log(scenario):
     data = json.loads(report(str(proxy.audit_path), "--json", "--site", key).stdout)
     (entry,) = data["sites"]
     assert entry["robots"] == {"violations": 0, "stopped": 2, "fetches": 1, "refused_for_purpose": 0,
-                               "unreachable": 0}
+                               "unreachable": 0, "violation_examples": []}
     assert entry["429"]["received"] == 1
     assert entry["429"]["honoured"] + entry["429"]["too_soon"] == 1
     assert entry["outcomes"]["fetched"] == 3 and entry["grade"] in "ABCDEF"

@@ -123,3 +123,25 @@ def test_restart_backoff_doubles_for_a_crash_loop_and_resets_after_a_stable_run(
 def test_restart_backoff_rejects_impossible_steps():
     with pytest.raises(ValueError, match="first_s"):
         RestartBackoff(FakeClock(), first_s=0)
+
+
+def test_report_merged_gates_the_workers_conduct_as_one_run(tmp_path: Path):
+    """`report --require-grade`/`--junit` over `run --workers N` files: one verdict for all."""
+    from etiquette_proxy.visibility.report import BELOW_GRADE_EXIT, Gate
+
+    clock = FakeClock()
+    for index, would in ((1, None), (2, "disallowed")):
+        log = AuditLog(str(tmp_path / f"audit.w{index}.jsonl"), clock=clock)
+        clock.advance(1.0)
+        record = {"ts": f"2026-01-01T00:00:0{index}.000Z", "site": "a.test:80", "outcome": "fetched", "status": 200,
+                  "upstream_status": 200, "method": "GET", "url": f"http://a.test/{index}"}
+        log.write({**record, **({"would": would, "would_reason": "Disallow: /2"} if would else {})})
+        log.close()
+    files = audit_files(str(tmp_path / "audit.jsonl"))
+    junit = tmp_path / "conduct.xml"
+    err = io.StringIO()
+    assert report_merged(files, out=io.StringIO(), err=err, gate=Gate(require="A", junit=str(junit))) == \
+        BELOW_GRADE_EXIT
+    assert "a.test:80: grade B (85 points), below A" in err.getvalue()
+    assert "GET /2 (Disallow: /2)" in err.getvalue()
+    assert junit.read_text().count("<testcase") == 1 and 'failures="1"' in junit.read_text()

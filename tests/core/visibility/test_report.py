@@ -68,7 +68,7 @@ def test_a_loop_that_ignores_retry_after_fails():
     site = run(*seed001(NAIVE, False)).sites[SITE]
     assert site.too_soon == 13 and site.honoured == 0
     assert site.grade == "F"
-    assert site.too_soon_examples[0] == (pytest.approx(0.3), 2.0)
+    assert site.too_soon_examples[0] == (pytest.approx(0.3), 2.0, "GET /p")
 
 
 def test_honour_is_judged_on_the_next_request_that_reached_the_site():
