@@ -5,8 +5,10 @@ clock (`redis.call('TIME')`), so processes on several machines agree on one sche
 
 - a pause (a 429's Retry-After, backoff or breaker, seen by any instance) answers "wait until
   it ends", with its reason;
-- a concurrency lease per started request, a sorted set scored by its expiry: a worker that
-  dies holding leases frees them when they expire, never holds a slot forever;
+- a concurrency lease per started request, a sorted set scored by its expiry: short (a few
+  seconds, `LEASE_TTL_S`), renewed by its holder while the request is at the site
+  (`RENEW_LUA`), released when it ends; a worker that dies holding leases stops renewing them,
+  and they expire within one lease length (SPEC §10: a lease lives only as long as its holder);
 - GCRA (the generic cell rate algorithm, a token bucket kept as one "theoretical arrival time")
   at the rate and burst the caller's budget has now: a start now, or a start booked at the
   next free slot within the caller's horizon (its max_hold), or how long it would be;
@@ -172,6 +174,34 @@ if wait > 0 then return {string.format('%.6f', wait), 'departures'} end
 return {'0', ''}
 """
 
+# One site's leases held by one instance, renewed (and those it ended, released) in one call.
+# KEYS[1] the lease set. ARGV: lease ttl s, the number R of leases to release, those R lease
+# ids, then the live lease ids. A live lease gets `now + ttl` on the server clock, never less
+# than it has (GT: a start booked ahead keeps its later expiry); one that expired meanwhile
+# (its holder could not reach a frozen Redis for longer than the ttl) is added back, since its
+# request is still at the site and holds a slot there. Reply: how many leases are live.
+RENEW_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local ttl = tonumber(ARGV[1])
+local r = tonumber(ARGV[2])
+if r > 0 then redis.call('ZREM', KEYS[1], unpack(ARGV, 3, 2 + r)) end
+local expiry = string.format('%.6f', now + ttl)
+local n = 0
+local args = {'GT'}
+for i = 3 + r, #ARGV do
+  args[#args + 1] = expiry; args[#args + 1] = ARGV[i]
+  n = n + 1
+  if #args >= 1001 then redis.call('ZADD', KEYS[1], unpack(args)); args = {'GT'} end
+end
+if #args > 1 then redis.call('ZADD', KEYS[1], unpack(args)) end
+if n > 0 then
+  local keep = math.ceil(ttl * 1000) + 1000
+  if redis.call('PTTL', KEYS[1]) < keep then redis.call('PEXPIRE', KEYS[1], keep) end
+end
+return n
+"""
+
 # KEYS[1] the site's hash. ARGV: pause s (0: none), its reason, the contract JSON.
 # Extends the pause on the server's clock (never shortens it), stores the contract, bumps its
 # version; replies with the new version.
@@ -188,6 +218,14 @@ local v = redis.call('HINCRBY', KEYS[1], 'v', 1)
 redis.call('EXPIRE', KEYS[1], 86400)
 return v
 """
+
+
+# SPEC §10: a lease lives only as long as its holder. Its holder renews it every
+# LEASE_RENEW_S, so a live holder misses three renewals (a busy event loop, one Redis call
+# timing out) before its lease expires; a dead holder's leases expire within LEASE_TTL_S, and
+# the site's full concurrency is back within 5 s of a worker's death or of Redis thawing.
+LEASE_TTL_S = 3.0
+LEASE_RENEW_S = 0.75
 
 
 def site_keys(prefix: str, site: str) -> tuple[str, str, str]:
