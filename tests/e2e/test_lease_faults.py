@@ -1,0 +1,206 @@
+"""Concurrency leases through the real proxy (SPEC §10: a lease lives only as long as its holder):
+`run --workers 2` on one real redis-server, a local site with a concurrency cap of 2 that logs
+when every request was at it. The site's own log is the truth: after Redis freezes and thaws,
+or a worker is killed with -9, the site has 2 requests in flight again within 5 s; a request
+that stays at the site longer than a lease keeps its slot (never more than 2 in flight)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import requests
+
+from etiquette_proxy.state.redis_store import PREFIX
+from etiquette_proxy.state.shared_pacing import LEASE_TTL_S, site_keys
+from tests.e2e.proxy import Proxy
+from tests.e2e.redis_server import RedisServer
+from tests.e2e.sites import Answer, Arrival, Site
+from tests.e2e.test_workers import workers_of
+
+CAP = 2
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path / "redis")
+    yield server
+    if server.proc is not None:
+        os.kill(server.proc.pid, signal.SIGCONT)  # never left stopped by a failing test
+    server.stop()
+
+
+class AtTheSite:
+    """A route that keeps each request `seconds` at the site and logs (arrived, answered, path)
+    on the site's own clock."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.visits: list[tuple[float, float, str]] = []
+        self.active = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, arrival: Arrival) -> Answer:
+        with self._lock:
+            self.active += 1
+        threading.Event().wait(self.seconds)
+        with self._lock:
+            self.active -= 1
+            self.visits.append((arrival.at, time.monotonic(), arrival.path))
+        return Answer(200, b"<html><body>page</body></html>", {"Content-Type": "text/html"})
+
+
+def in_flight_at(visits: list[tuple[float, float, str]], t: float) -> int:
+    return sum(1 for start, end, _ in visits if start <= t < end)
+
+
+def peak(visits: list[tuple[float, float, str]]) -> int:
+    """The most requests at the site at once (an answer and the next arrival at one instant:
+    the answer first)."""
+    return max((in_flight_at(visits, start) for start, _, _ in visits), default=0)
+
+
+def first_full(visits: list[tuple[float, float, str]], after: float) -> float | None:
+    """The first moment after `after` when CAP requests that arrived after it are at the site."""
+    fresh = [v for v in visits if v[0] > after]
+    moments = sorted(start for start, _, _ in fresh if in_flight_at(fresh, start) >= CAP)
+    return moments[0] if moments else None
+
+
+def start_fleet(start_proxy, redis_server: RedisServer, site: Site, rate: float, burst: int) -> Proxy:
+    site.route("/robots.txt", Answer(404))
+    key = f'sites."127.0.0.1:{site.port}"'
+    sets = ["state.backend=redis", f"state.url={redis_server.url}", f"{key}.pacing.rate={rate}",
+            f"{key}.pacing.burst={burst}", f"{key}.pacing.max_concurrency={CAP}"]
+    proxy = start_proxy("--workers", "2", sets=sets)
+    assert proxy.get(site.url("/robots-known")).status_code == 200  # robots.txt fetched before the load
+    return proxy
+
+
+class Load:
+    """`clients` threads fetching one page after another, each on a new connection (so the
+    supervisor hands them to both workers), until stopped; every status kept with its time."""
+
+    def __init__(self, proxy: Proxy, site: Site, prefix: str, clients: int):
+        self.statuses: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._client, args=(proxy, site, f"{prefix}{n}"))
+                         for n in range(clients)]
+        for t in self._threads:
+            t.start()
+
+    def _client(self, proxy: Proxy, site: Site, name: str) -> None:
+        for i in range(2000):  # bounded; stopped long before
+            if self._stop.is_set():
+                return
+            try:
+                with proxy.session() as s:
+                    status = s.get(site.url(f"/{name}-{i}"), timeout=20).status_code
+            except requests.RequestException:
+                status = 0
+            with self._lock:
+                self.statuses.append((time.monotonic(), status))
+            if status != 200:
+                self._stop.wait(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(60)
+
+
+def test_full_concurrency_is_back_within_5s_of_redis_thawing(start_proxy, redis_server, site):
+    # The issue's case: a site at 4/s with concurrency 2; Redis stopped (SIGSTOP) while
+    # requests are at the site and ending.
+    route = AtTheSite(0.5)
+    site.default = route  # type: ignore[assignment]
+    proxy = start_fleet(start_proxy, redis_server, site, rate=4, burst=1)
+    assert redis_server.proc is not None
+    load = Load(proxy, site, "freeze", clients=4)
+    try:
+        time.sleep(3.0)
+        os.kill(redis_server.proc.pid, signal.SIGSTOP)
+        frozen = time.monotonic()
+        time.sleep(3.0)
+        os.kill(redis_server.proc.pid, signal.SIGCONT)
+        thawed = time.monotonic()
+        time.sleep(6.0)
+    finally:
+        os.kill(redis_server.proc.pid, signal.SIGCONT)
+        load.stop()
+    visits = route.visits
+    assert first_full(visits, 0.0) is not None and first_full(visits, 0.0) < frozen  # 2 at once before
+    # SPEC §10: fail closed meanwhile (503, nothing reaches the site), never more than the cap.
+    assert [v for v in visits if frozen + 0.3 < v[0] < thawed] == []
+    assert any(status == 503 for t, status in load.statuses if frozen < t < thawed + 0.5)
+    assert peak(visits) <= CAP, visits
+    # Back within 5 s of the thaw: 2 at the site at once, and the rate (4/s) flowing again.
+    back = first_full(visits, thawed)
+    assert back is not None and back - thawed < 5.0, f"2 in flight again {back and back - thawed}s after SIGCONT"
+    assert len([v for v in visits if thawed < v[0] < thawed + 5.0]) >= 6, visits
+
+
+def test_full_concurrency_is_back_within_5s_of_a_worker_killed_holding_leases(start_proxy, redis_server, site):
+    route = AtTheSite(2.0)
+    site.default = route  # type: ignore[assignment]
+    proxy = start_fleet(start_proxy, redis_server, site, rate=20, burst=2)
+    leases_key = site_keys(PREFIX, f"127.0.0.1:{site.port}")[1]
+    load = Load(proxy, site, "kill", clients=4)
+    try:
+        with redis.Redis.from_url(redis_server.url) as r:
+            victim, deadline = None, time.monotonic() + 15
+            while victim is None and time.monotonic() < deadline:  # bounded
+                holders = {m.decode().split(":")[1] for m in r.zrange(leases_key, 0, -1)}
+                if route.active == CAP:
+                    victim = next((pid for pid in workers_of(proxy) if str(pid) in holders), None)
+                time.sleep(0.05)
+        assert victim is not None, "no worker held a lease while the site had 2 in flight"
+        time.sleep(0.3)
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        time.sleep(7.0)
+    finally:
+        load.stop()
+    visits = route.visits
+    # The killed worker's request may still be at the site, but its lease no longer counts
+    # within one lease length: two requests started after the kill are at the site together.
+    back = first_full(visits, killed)
+    assert back is not None and back - killed < 5.0, f"2 in flight again {back and back - killed}s after kill -9"
+    assert peak(visits) <= CAP, visits
+
+
+def test_a_request_longer_than_a_lease_keeps_its_slot(start_proxy, redis_server, site):
+    route = AtTheSite(0.2)
+    long = AtTheSite(LEASE_TTL_S + 2.5)  # held past its lease's first expiry, twice over
+    site.default = route  # type: ignore[assignment]
+    site.route("/long-0", long).route("/long-1", long)
+    proxy = start_fleet(start_proxy, redis_server, site, rate=20, burst=2)
+    statuses: list[int] = []
+    longs = [threading.Thread(target=lambda n=n: statuses.append(proxy.get(site.url(f"/long-{n}"),
+                                                                           timeout=30).status_code))
+             for n in range(2)]
+    for t in longs:
+        t.start()
+    deadline = time.monotonic() + 10
+    while long.active < CAP and time.monotonic() < deadline:  # bounded
+        time.sleep(0.05)
+    assert long.active == CAP
+    load = Load(proxy, site, "short", clients=3)  # on both workers, waiting for a slot
+    for t in longs:
+        t.join(30)
+    time.sleep(1.0)
+    load.stop()
+    assert statuses == [200, 200]
+    visits = long.visits + route.visits
+    assert peak(visits) <= CAP, visits
+    long_ended = min(end for _, end, _ in long.visits)
+    early = [v for v in route.visits if v[0] < long_ended and v[2] != "/robots-known"]
+    assert early == [], "a request reached the site while both slots were held by long requests"
+    assert any(status == 200 for _, status in load.statuses)
