@@ -57,6 +57,7 @@ TRAPS = "etiquette:traps:"  # per site, path and parameter: a HyperLogLog of the
 TRAPS_TTL_S = 30 * 86400  # an idle count goes after this; refreshed with every value added
 HEALTH = "etiquette:health:"  # per site and window start: every instance's counters, summed
 OPERATOR_ACTIONS = "etiquette:operator:actions"  # stream: resume/forget taken through any instance
+LEASE_CLOCK = "etiquette:pacing:lease-clock"  # hash: when Redis last heard a reservation or renewal
 OPERATOR = "etiquette:operator"  # hash: site or host -> pause end on the server clock, -1 open-ended
 # ARGV: site or host, seconds (-1: until resumed). The end is kept on the server clock.
 OPERATOR_PAUSE_LUA = """
@@ -141,7 +142,7 @@ class RedisShared:
         limit, span = departure_window(rate, burst)
         try:
             reply = await self._call(self._eval(
-                self._reserve, [*site_keys(PREFIX, site), OPERATOR],
+                self._reserve, [*site_keys(PREFIX, site), OPERATOR, LEASE_CLOCK],
                 [repr(rate), burst, max_concurrency, lease, repr(self.lease_ttl_s), known_version,
                  repr(max(0.0, horizon_s)), limit, repr(span), site, host_of(site)]))
         except SharedStateUnavailable:
@@ -221,7 +222,8 @@ class RedisShared:
         for lease, horizon in zip(leases, horizons, strict=True):
             args += [lease, repr(max(0.0, horizon))]
         try:
-            reply = await self._call(self._eval(self._reserve_many, [*site_keys(PREFIX, site), OPERATOR], args))
+            reply = await self._call(self._eval(self._reserve_many,
+                                                [*site_keys(PREFIX, site), OPERATOR, LEASE_CLOCK], args))
         except SharedStateUnavailable:
             # Not heard: the frees are told later, and the asks may have been granted by a
             # slow or frozen server after all: released to be sure.
@@ -300,7 +302,7 @@ class RedisShared:
             return
         try:
             await self._call(asyncio.gather(*(
-                self._eval(self._renew, [site_keys(PREFIX, site)[1]],
+                self._eval(self._renew, [site_keys(PREFIX, site)[1], LEASE_CLOCK],
                            [repr(self.lease_ttl_s), len(ended), *ended, *live])
                 for site, (live, ended) in batch.items())))
         except SharedStateUnavailable:

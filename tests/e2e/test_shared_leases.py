@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from etiquette_proxy.state.redis_store import PREFIX, RedisShared, SharedStateUnavailable
-from etiquette_proxy.state.shared_pacing import site_keys
+from etiquette_proxy.state.shared_pacing import LEASE_SETTLE_S, site_keys
 from tests.e2e.redis_server import RedisServer
 
 
@@ -151,5 +151,60 @@ def test_a_lease_that_expired_during_a_freeze_is_added_back_while_its_request_li
         finally:
             os.kill(redis_server.proc.pid, signal.SIGCONT)
             await holder.close()
+
+    asyncio.run(main())
+
+
+def test_after_a_freeze_a_lease_still_at_the_site_is_not_taken_before_its_holder_renews(redis_server):
+    # Redis frozen longer than a lease while a request is at the site; on the thaw another
+    # process asks before the holder could renew. The lease expired on the server clock, but
+    # Redis heard nobody during the freeze: it waits for the holder (LEASE_SETTLE_S) rather
+    # than give the slot away (SPEC §10: one cap).
+    async def main() -> None:
+        holder = RedisShared(redis_server.url, lease_ttl_s=1.0, renew_s=0.25)
+        other = RedisShared(redis_server.url, lease_ttl_s=1.0, renew_s=0.25)
+        site = "settle:80"
+        assert redis_server.proc is not None
+        try:
+            [lease] = await ask(holder, site, cap=1)
+            holder.close_channel()  # its renewals are made by hand below, after the other's asks
+            os.kill(redis_server.proc.pid, signal.SIGSTOP)
+            await asyncio.sleep(2.0)
+            os.kill(redis_server.proc.pid, signal.SIGCONT)
+            for _ in range(5):
+                assert await ask(other, site, cap=1) == [], "the slot was given away before its holder spoke"
+                await asyncio.sleep(0.1)
+            for _ in range(10):  # past the settling: renewed (by hand, as the task would), it holds the slot
+                await holder.renew()
+                assert await ask(other, site, cap=1) == []
+                await asyncio.sleep(0.2)
+            holder.leases.end(site, lease)
+            await holder.renew()
+            assert len(await ask(other, site, cap=1)) == 1
+        finally:
+            os.kill(redis_server.proc.pid, signal.SIGCONT)
+            await holder.close()
+            await other.close()
+
+    asyncio.run(main())
+
+
+def test_a_dead_holders_lease_expired_during_a_freeze_goes_once_redis_settled(redis_server):
+    async def main() -> None:
+        holder = RedisShared(redis_server.url, lease_ttl_s=1.0, renew_s=0.25)
+        other = RedisShared(redis_server.url, lease_ttl_s=1.0, renew_s=0.25)
+        site = "settle-dead:80"
+        assert redis_server.proc is not None
+        try:
+            assert len(await ask(holder, site, cap=1)) == 1
+            holder.close_channel()  # dies
+            os.kill(redis_server.proc.pid, signal.SIGSTOP)
+            await asyncio.sleep(2.0)
+            os.kill(redis_server.proc.pid, signal.SIGCONT)
+            waited = await until_granted(other, site, cap=1, n=1, seconds=5.0)
+            assert waited < LEASE_SETTLE_S + 1.0, waited
+        finally:
+            os.kill(redis_server.proc.pid, signal.SIGCONT)
+            await other.close()
 
     asyncio.run(main())
