@@ -64,13 +64,13 @@ def freeze_round(directory: Path, freeze_s: float, at_s: float) -> tuple[float |
     load = Load(proxy, site, "freeze", clients=4)
     try:
         time.sleep(2.5)
-        os.kill(server.proc.pid, signal.SIGSTOP)
+        server.pause()
         time.sleep(freeze_s)
-        os.kill(server.proc.pid, signal.SIGCONT)
+        server.resume()
         thawed = time.monotonic()
         time.sleep(6.0)
     finally:
-        os.kill(server.proc.pid, signal.SIGCONT)
+        server.resume()
         load.stop()
         proxy.stop()
         site.close()

@@ -9,10 +9,9 @@ than a lease) are in test_lease_faults.py."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -26,9 +25,29 @@ from tests.e2e.redis_server import RedisServer
 def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path / "redis")
     yield server
-    if server.proc is not None:
-        os.kill(server.proc.pid, signal.SIGCONT)  # never left stopped by a failing test
-    server.stop()
+    server.stop()  # resumed first if a failing test left it paused
+
+
+@asynccontextmanager
+async def two_processes(server: RedisServer, ttl_s: float) -> AsyncIterator[tuple[RedisShared, RedisShared]]:
+    """A lease holder and another process on one server; closed after (the server resumed first)."""
+    holder = RedisShared(server.url, lease_ttl_s=ttl_s, renew_s=0.25)
+    other = RedisShared(server.url, lease_ttl_s=ttl_s, renew_s=0.25)
+    try:
+        yield holder, other
+    finally:
+        server.resume()
+        await holder.close()
+        await other.close()
+
+
+async def frozen_for(server: RedisServer, seconds: float) -> None:
+    """Redis stopped (SIGSTOP) for `seconds`, the event loop running meanwhile."""
+    server.pause()
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        server.resume()
 
 
 async def ask(shared: RedisShared, site: str, cap: int, n: int = 1) -> list[str]:
@@ -55,10 +74,8 @@ async def until_granted(shared: RedisShared, site: str, cap: int, n: int, second
 
 def test_a_lease_renewed_by_its_holder_outlives_its_ttl_and_ends_with_release(redis_server):
     async def main() -> None:
-        holder = RedisShared(redis_server.url, lease_ttl_s=1.0, renew_s=0.25)
-        other = RedisShared(redis_server.url, lease_ttl_s=1.0, renew_s=0.25)
         site = "renewed:80"
-        try:
+        async with two_processes(redis_server, ttl_s=1.0) as (holder, other):
             [lease] = await ask(holder, site, cap=1)
             await asyncio.sleep(2.5)  # 2.5 lease lengths: kept only by renewal
             assert await ask(other, site, cap=1) == []
@@ -67,29 +84,22 @@ def test_a_lease_renewed_by_its_holder_outlives_its_ttl_and_ends_with_release(re
             assert score is not None and score > server_now
             holder.release(site, lease)
             assert await until_granted(other, site, cap=1, n=1, seconds=2.0) < 0.5
-        finally:
-            await holder.close()
-            await other.close()
 
     asyncio.run(main())
 
 
 def test_a_dead_holders_lease_expires_within_one_lease_length(redis_server):
     async def main() -> None:
-        holder = RedisShared(redis_server.url, lease_ttl_s=1.5, renew_s=0.25)
-        other = RedisShared(redis_server.url, lease_ttl_s=1.5, renew_s=0.25)
         site = "dead:80"
-        try:
+        async with two_processes(redis_server, ttl_s=1.5) as (holder, other):
             assert len(await ask(holder, site, cap=2, n=2)) == 2
             await asyncio.sleep(0.6)
             holder.close_channel()  # dies: no renewal, no release
             died = time.monotonic()
             assert await ask(other, site, cap=2) == []  # still held right after
             waited = await until_granted(other, site, cap=2, n=2, seconds=5.0)
-            assert time.monotonic() - died - waited < 1.5 + 0.5  # within one lease length (+ a call)
             assert waited != float("inf")
-        finally:
-            await other.close()
+            assert time.monotonic() - died - waited < 1.5 + 0.5  # within one lease length (+ a call)
 
     asyncio.run(main())
 
@@ -97,31 +107,21 @@ def test_a_dead_holders_lease_expires_within_one_lease_length(redis_server):
 def test_leases_ended_while_redis_was_frozen_are_released_when_it_thaws(redis_server):
     # Leases of 10 s: had they to expire, the other process would wait ~8 s after the thaw.
     async def main() -> None:
-        holder = RedisShared(redis_server.url, lease_ttl_s=10.0, renew_s=0.25)
-        other = RedisShared(redis_server.url, lease_ttl_s=10.0, renew_s=0.25)
         site = "frozen:80"
-        assert redis_server.proc is not None
-        try:
+        async with two_processes(redis_server, ttl_s=10.0) as (holder, other):
             held = await ask(holder, site, cap=2, n=2)
             assert len(held) == 2
-            os.kill(redis_server.proc.pid, signal.SIGSTOP)
+            redis_server.pause()
             for lease in held:  # both requests end while Redis cannot hear of it
                 holder.release(site, lease)
             # A reservation asked meanwhile times out: a frozen server may still grant it on
             # thawing; its holder releases it then too.
             with pytest.raises(SharedStateUnavailable):
                 await ask(holder, site, cap=2)
-            await asyncio.sleep(0.5)
-            os.kill(redis_server.proc.pid, signal.SIGCONT)
-            thawed = time.monotonic()
+            await frozen_for(redis_server, 0.5)
             waited = await until_granted(other, site, cap=2, n=2, seconds=6.0)
             assert waited < 3.0, f"full concurrency back {waited:.1f}s after the thaw"
-            assert time.monotonic() - thawed < 4.0
             assert holder.leases.idle()
-        finally:
-            os.kill(redis_server.proc.pid, signal.SIGCONT)
-            await holder.close()
-            await other.close()
 
     asyncio.run(main())
 
@@ -130,17 +130,12 @@ def test_a_lease_that_expired_during_a_freeze_is_added_back_while_its_request_li
     # Redis frozen longer than a lease: its request is still at the site, so the holder's
     # first renewal after the thaw holds its slot again.
     async def main() -> None:
-        holder = RedisShared(redis_server.url, lease_ttl_s=1.0, renew_s=0.25)
         site = "expired:80"
         leases_key = site_keys(PREFIX, site)[1]
-        assert redis_server.proc is not None
-        try:
+        async with two_processes(redis_server, ttl_s=1.0) as (holder, _):
             [lease] = await ask(holder, site, cap=1)
-            os.kill(redis_server.proc.pid, signal.SIGSTOP)
-            await asyncio.sleep(1.5)
-            os.kill(redis_server.proc.pid, signal.SIGCONT)
-            deadline = time.monotonic() + 5
-            score = None
+            await frozen_for(redis_server, 1.5)
+            deadline, score, now = time.monotonic() + 5, None, 0.0
             while time.monotonic() < deadline:  # bounded
                 score = await holder._client.zscore(leases_key, lease)
                 now = float((await holder._client.time())[0])
@@ -148,9 +143,6 @@ def test_a_lease_that_expired_during_a_freeze_is_added_back_while_its_request_li
                     break
                 await asyncio.sleep(0.1)
             assert score is not None and score > now
-        finally:
-            os.kill(redis_server.proc.pid, signal.SIGCONT)
-            await holder.close()
 
     asyncio.run(main())
 
@@ -161,16 +153,11 @@ def test_after_a_freeze_a_lease_still_at_the_site_is_not_taken_before_its_holder
     # Redis heard nobody during the freeze: it waits for the holder (LEASE_SETTLE_S) rather
     # than give the slot away (SPEC §10: one cap).
     async def main() -> None:
-        holder = RedisShared(redis_server.url, lease_ttl_s=1.0, renew_s=0.25)
-        other = RedisShared(redis_server.url, lease_ttl_s=1.0, renew_s=0.25)
         site = "settle:80"
-        assert redis_server.proc is not None
-        try:
+        async with two_processes(redis_server, ttl_s=1.0) as (holder, other):
             [lease] = await ask(holder, site, cap=1)
             holder.close_channel()  # its renewals are made by hand below, after the other's asks
-            os.kill(redis_server.proc.pid, signal.SIGSTOP)
-            await asyncio.sleep(2.0)
-            os.kill(redis_server.proc.pid, signal.SIGCONT)
+            await frozen_for(redis_server, 2.0)
             for _ in range(5):
                 assert await ask(other, site, cap=1) == [], "the slot was given away before its holder spoke"
                 await asyncio.sleep(0.1)
@@ -181,30 +168,18 @@ def test_after_a_freeze_a_lease_still_at_the_site_is_not_taken_before_its_holder
             holder.leases.end(site, lease)
             await holder.renew()
             assert len(await ask(other, site, cap=1)) == 1
-        finally:
-            os.kill(redis_server.proc.pid, signal.SIGCONT)
-            await holder.close()
-            await other.close()
 
     asyncio.run(main())
 
 
 def test_a_dead_holders_lease_expired_during_a_freeze_goes_once_redis_settled(redis_server):
     async def main() -> None:
-        holder = RedisShared(redis_server.url, lease_ttl_s=1.0, renew_s=0.25)
-        other = RedisShared(redis_server.url, lease_ttl_s=1.0, renew_s=0.25)
         site = "settle-dead:80"
-        assert redis_server.proc is not None
-        try:
+        async with two_processes(redis_server, ttl_s=1.0) as (holder, other):
             assert len(await ask(holder, site, cap=1)) == 1
             holder.close_channel()  # dies
-            os.kill(redis_server.proc.pid, signal.SIGSTOP)
-            await asyncio.sleep(2.0)
-            os.kill(redis_server.proc.pid, signal.SIGCONT)
+            await frozen_for(redis_server, 2.0)
             waited = await until_granted(other, site, cap=1, n=1, seconds=5.0)
             assert waited < LEASE_SETTLE_S + 1.0, waited
-        finally:
-            os.kill(redis_server.proc.pid, signal.SIGCONT)
-            await other.close()
 
     asyncio.run(main())
