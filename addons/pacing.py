@@ -460,7 +460,8 @@ class Pacing:
 
     def _shared_release(self, site: str, lease: str | None) -> None:
         """Free the request's shared concurrency slot (with the site's next ask, or within a turn
-        of the loop: RedisShared.release; the lease expires anyway if Redis cannot be told)."""
+        of the loop: RedisShared.release; while Redis cannot be told, as soon as it answers
+        again). Until then RedisShared renews the lease: it lives as long as its request."""
         shared = self.rt.shared
         if lease is None or shared is None:
             return

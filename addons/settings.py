@@ -162,13 +162,12 @@ class Settings:
         if config.state.backend != "redis":
             rt.shared = None
             return
-        # A lease outlives the longest a started request may take, then frees its slot even if
-        # the worker holding it died.
-        lease_ttl = float(config.upstream.timeout) + float(config.upstream.read_timeout) + 5.0
-        if rt.shared is None or (rt.shared.url, rt.shared.lease_ttl_s) != (config.state.url, lease_ttl):
+        # Concurrency leases are short and renewed while their request is at the site
+        # (RedisShared, SPEC §10), so no timeout setting bears on them.
+        if rt.shared is None or rt.shared.url != config.state.url:
             if rt.shared is not None:
                 rt.shared.close_channel()  # its open connection would outlive it (the loop holds it)
-            rt.shared = RedisShared(config.state.url, lease_ttl)
+            rt.shared = RedisShared(config.state.url)
             log.info("etiquette-proxy: pacing shared through Redis at %s", rt.shared.where())
 
     @staticmethod

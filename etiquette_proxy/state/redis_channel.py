@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import hiredis
@@ -111,13 +113,15 @@ class RedisChannel:
     def connected(self) -> bool:
         return self._replies is not None and not self._replies.lost
 
-    def send_nowait(self, *args: str | bytes | int | float) -> bool:
-        """Send one command whose reply nobody waits for (a lease freed: it expires anyway if
-        this is lost); False when there is no connection to send it on now."""
+    def send_nowait(self, *args: str | bytes | int | float,
+                    on_error: Callable[[BaseException], None] | None = None) -> bool:
+        """Send one command whose reply nobody waits for (a lease freed); `on_error(e)` when it
+        fails (an error reply, or the connection lost before its reply: perhaps never run).
+        False when there is no connection to send it on now."""
         replies = self._replies
         if replies is None or replies.lost:
             return False
-        self.send(replies, args).add_done_callback(_ignore)
+        self.send(replies, args).add_done_callback(partial(_settled, on_error))
         return True
 
     def send(self, replies: _Replies, args: tuple[str | bytes | int | float, ...]) -> asyncio.Future[Any]:
@@ -159,6 +163,9 @@ class RedisChannel:
         self._replies = None
 
 
-def _ignore(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()  # retrieved: a lost fire-and-forget reply is not an "unhandled" error
+def _settled(on_error: Callable[[BaseException], None] | None, future: asyncio.Future[Any]) -> None:
+    if future.cancelled():
+        return
+    error = future.exception()  # retrieved: a lost fire-and-forget reply is not an "unhandled" error
+    if error is not None and on_error is not None:
+        on_error(error)

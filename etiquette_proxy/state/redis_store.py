@@ -1,6 +1,9 @@
 """The shared budget on Redis (SPEC §10, `state.backend: redis`): the redis-py calls.
 
-`RedisShared` runs `shared_pacing.RESERVE_LUA` / `PUBLISH_LUA` with redis-py's asyncio client.
+`RedisShared` runs `shared_pacing.RESERVE_LUA` / `PUBLISH_LUA` with redis-py's asyncio client,
+and keeps this process's concurrency leases alive (SPEC §10): a task renews every live lease,
+one call per site pipelined in one round trip every `LEASE_RENEW_S`, and releases those whose
+requests ended while Redis could not be told (`state/lease_book.py`).
 Redis unreachable or slow is an error the caller turns into a local 503 `paused` (fail
 closed: no request leaves un-paced because the shared budget could not be asked). redis-py
 reconnects by itself on the next call; this module says so once in the log when Redis goes
@@ -14,6 +17,7 @@ import json
 import logging
 import os
 from collections.abc import Awaitable, Callable
+from functools import partial
 from itertools import count
 from typing import Any
 
@@ -24,10 +28,14 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
+from etiquette_proxy.state.lease_book import LeaseBook
 from etiquette_proxy.state.redis_channel import RedisChannel, channel_target
 from etiquette_proxy.state.shared_pacing import (
     DEPART_LUA,
+    LEASE_RENEW_S,
+    LEASE_TTL_S,
     PUBLISH_LUA,
+    RENEW_LUA,
     RESERVE_LUA,
     RESERVE_MANY_LUA,
     Reservation,
@@ -49,6 +57,7 @@ TRAPS = "etiquette:traps:"  # per site, path and parameter: a HyperLogLog of the
 TRAPS_TTL_S = 30 * 86400  # an idle count goes after this; refreshed with every value added
 HEALTH = "etiquette:health:"  # per site and window start: every instance's counters, summed
 OPERATOR_ACTIONS = "etiquette:operator:actions"  # stream: resume/forget taken through any instance
+LEASE_CLOCK = "etiquette:pacing:lease-clock"  # hash: when Redis last heard a reservation or renewal
 OPERATOR = "etiquette:operator"  # hash: site or host -> pause end on the server clock, -1 open-ended
 # ARGV: site or host, seconds (-1: until resumed). The end is kept on the server clock.
 OPERATOR_PAUSE_LUA = """
@@ -89,9 +98,10 @@ class RedisShared:
     """On one Redis: the per-site shared reservation, 429 contract and concurrency leases, and
     the locks and results that let one instance fetch robots.txt for all."""
 
-    def __init__(self, url: str, lease_ttl_s: float):
+    def __init__(self, url: str, lease_ttl_s: float = LEASE_TTL_S, renew_s: float = LEASE_RENEW_S):
         self.url = url
         self.lease_ttl_s = lease_ttl_s
+        self.renew_s = renew_s
         self._client = aioredis.Redis.from_url(
             url, socket_timeout=CALL_TIMEOUT_S, socket_connect_timeout=CALL_TIMEOUT_S,
             health_check_interval=30,
@@ -101,6 +111,7 @@ class RedisShared:
         self._reserve = self._client.register_script(RESERVE_LUA)
         self._reserve_many = self._client.register_script(RESERVE_MANY_LUA)
         self._publish = self._client.register_script(PUBLISH_LUA)
+        self._renew = self._client.register_script(RENEW_LUA)
         self._unlock = self._client.register_script(UNLOCK_LUA)
         self._depart = self._client.register_script(DEPART_LUA)
         self._operator_pause = self._client.register_script(OPERATOR_PAUSE_LUA)
@@ -114,11 +125,14 @@ class RedisShared:
         self._lease_prefix = f"{self.instance}:"
         self._leases = count(1)
         self._down: str | None = None
-        # Leases of finished requests not yet freed on the server, per site: they go with the
-        # site's next reservation, or in one round trip for all at the next turn of the loop.
-        self._freed: dict[str, list[str]] = {}
+        # This process's leases: the live ones renewed, the ended ones not yet released on the
+        # server (they go with the site's next reservation, or in one round trip for all at
+        # the next turn of the loop, or, while Redis cannot be told, once it answers again).
+        self.leases = LeaseBook()
         self._freeing_soon = False
         self._freeing: asyncio.Task[None] | None = None
+        self._renewing: asyncio.Task[None] | None = None
+        self._renew_now: asyncio.Event | None = None  # set when Redis answers again
 
     async def reserve(self, site: str, rate: float, burst: int, max_concurrency: int,
                       known_version: int, horizon_s: float) -> tuple[Reservation, str]:
@@ -126,11 +140,19 @@ class RedisShared:
         lease id, the request's if granted)."""
         lease = f"{self._lease_prefix}{next(self._leases)}"
         limit, span = departure_window(rate, burst)
-        reply = await self._call(self._eval(
-            self._reserve, [*site_keys(PREFIX, site), OPERATOR],
-            [repr(rate), burst, max_concurrency, lease, repr(self.lease_ttl_s), known_version,
-             repr(max(0.0, horizon_s)), limit, repr(span), site, host_of(site)]))
-        return read_reply(reply), lease
+        try:
+            reply = await self._call(self._eval(
+                self._reserve, [*site_keys(PREFIX, site), OPERATOR, LEASE_CLOCK],
+                [repr(rate), burst, max_concurrency, lease, repr(self.lease_ttl_s), known_version,
+                 repr(max(0.0, horizon_s)), limit, repr(span), site, host_of(site)]))
+        except SharedStateUnavailable:
+            self.leases.doubt(site, [lease])  # a slow or frozen server may grant it later: released to be sure
+            self._keep_renewing()
+            raise
+        answer = read_reply(reply)
+        if answer.granted:
+            self._hold(site, lease)
+        return answer, lease
 
     async def depart(self, site: str, lease: str, rate: float, burst: int) -> tuple[float, str]:
         """A booked start, awake: (0, "") to leave now; else (seconds, why) to wait ("departures")
@@ -194,54 +216,116 @@ class RedisShared:
         freed first, in the same script."""
         leases = [f"{self._lease_prefix}{next(self._leases)}" for _ in horizons]
         limit, span = departure_window(rate, burst)
-        freed = self._freed.pop(site, [])
+        freed = self.leases.take_ended(site)
         args: list[Any] = [repr(rate), burst, max_concurrency, repr(self.lease_ttl_s), known_version, limit,
                            repr(span), site, host_of(site), len(freed), *freed]
         for lease, horizon in zip(leases, horizons, strict=True):
             args += [lease, repr(max(0.0, horizon))]
-        reply = await self._call(self._eval(self._reserve_many, [*site_keys(PREFIX, site), OPERATOR], args))
-        return list(zip(read_many_reply(reply, len(horizons)), leases, strict=False))
+        try:
+            reply = await self._call(self._eval(self._reserve_many,
+                                                [*site_keys(PREFIX, site), OPERATOR, LEASE_CLOCK], args))
+        except SharedStateUnavailable:
+            # Not heard: the frees are told later, and the asks may have been granted by a
+            # slow or frozen server after all: released to be sure.
+            self.leases.doubt(site, leases)
+            self._untold(site, freed)
+            raise
+        answered = list(zip(read_many_reply(reply, len(horizons)), leases, strict=False))
+        for answer, lease in answered:
+            if answer.granted:
+                self._hold(site, lease)
+        return answered
 
     def release(self, site: str, lease: str) -> None:
         """The request is answered (or failed): its concurrency slot is free for every instance,
         with this instance's next reservation for the site or, at the latest, at the next turn
-        of the event loop, in one ZREM per site with every lease freed meanwhile (a lease Redis
-        cannot be told of expires by itself). Called in the event loop; nothing to await."""
-        self._freed.setdefault(site, []).append(lease)
+        of the event loop, in one ZREM per site with every lease freed meanwhile. Redis cannot
+        be told: the lease is kept and released once Redis answers again (the renewal task).
+        Called in the event loop; nothing to await."""
+        self.leases.end(site, lease)
         if not self._freeing_soon:
             self._freeing_soon = True
             asyncio.get_running_loop().call_soon(self._free_now)
 
+    def _hold(self, site: str, lease: str) -> None:
+        """A granted lease: renewed while its request lives."""
+        self.leases.hold(site, lease)
+        self._keep_renewing()
+
+    def _untold(self, site: str, leases: list[str], _error: BaseException | None = None) -> None:
+        """Releases Redis did not hear: kept, and sent again by the renewal task."""
+        self.leases.untold(site, leases)
+        self._keep_renewing()
+
+    def _keep_renewing(self) -> None:
+        """The renewal task runs while any lease is live or waits to be released."""
+        if self._renewing is None or self._renewing.done():
+            self._renew_now = asyncio.Event()
+            self._renewing = asyncio.get_running_loop().create_task(self._renew_forever())
+
     def _free_now(self) -> None:
-        """This turn's frees, sent without waiting for their replies on the channel; without one
-        connected, in a round trip of their own."""
+        """This turn's frees, sent without waiting for their replies on the channel (one that
+        is not heard is kept for the next try); without one connected, in a round trip of their own."""
         self._freeing_soon = False
-        if not self._freed:
-            return
         channel = self._channel
         if channel is not None and channel.connected:
-            for command in _zrems(self._freed):
-                channel.send_nowait(*command)
-            self._freed = {}
+            for site, leases in self.leases.take_all_ended().items():
+                channel.send_nowait(*_zrem(site, leases), on_error=partial(self._untold, site, leases))
             return
         if self._freeing is None:
             self._freeing = asyncio.get_running_loop().create_task(self._free())
 
     async def _free(self) -> None:
-        freed, self._freed = self._freed, {}
+        freed = self.leases.take_all_ended()
         try:
+            if not freed:
+                return
             if self._channel is not None:
-                for command in _zrems(freed):
-                    await self._call(self._channel.call(*command))
+                await self._call(asyncio.gather(*(self._channel.call(*_zrem(s, ls)) for s, ls in freed.items())))
             else:
                 pipe = self._client.pipeline(transaction=False)
-                for command in _zrems(freed):
-                    pipe.execute_command(*command)
+                for site, leases in freed.items():
+                    pipe.execute_command(*_zrem(site, leases))
                 await self._call(pipe.execute())
-        except SharedStateUnavailable:
-            pass  # said once in the log by _call; the leases expire
+        except SharedStateUnavailable:  # said once in the log by _call; told when Redis is back
+            for site, leases in freed.items():
+                self._untold(site, leases)
         finally:
             self._freeing = None
+
+    async def renew(self) -> None:
+        """Renew every live lease of this process and release the ended ones: one call per
+        site, all sent together (one round trip on the channel). Not heard: the releases are
+        kept for the next try (SharedStateUnavailable raised)."""
+        batch = self.leases.renewal()
+        if not batch:
+            return
+        try:
+            await self._call(asyncio.gather(*(
+                self._eval(self._renew, [site_keys(PREFIX, site)[1], LEASE_CLOCK],
+                           [repr(self.lease_ttl_s), len(ended), *ended, *live])
+                for site, (live, ended) in batch.items())))
+        except SharedStateUnavailable:
+            for site, (_, ended) in batch.items():
+                self.leases.untold(site, ended)  # the renewal task, running, sends them again
+            raise
+
+    async def _renew_forever(self) -> None:
+        """Every `renew_s`, and at once when Redis answers again, while any lease is live or
+        waits to be released; ends when there is none (started again with the next lease)."""
+        wake = self._renew_now
+        assert wake is not None
+        while not self.leases.idle():  # bounded: each lease ends with its request
+            try:
+                async with asyncio.timeout(self.renew_s):
+                    await wake.wait()
+            except TimeoutError:
+                pass
+            wake.clear()
+            try:
+                await self.renew()
+            except SharedStateUnavailable:
+                pass  # said once in the log by _call; tried again next interval
 
     async def publish(self, site: str, pause_s: float, reason: str, contract: str) -> int:
         """Share a 429's pause (on the server's clock) and the site's contract; its new version."""
@@ -432,6 +516,8 @@ class RedisShared:
         if self._down is not None:
             log.warning("shared state (Redis at %s) reachable again", self.where())
             self._down = None
+            if self._renew_now is not None:
+                self._renew_now.set()  # release what ended meanwhile now, not at the next interval
         return result
 
     def where(self) -> str:
@@ -442,13 +528,16 @@ class RedisShared:
     async def close(self) -> None:
         if self._freeing is not None:
             await asyncio.gather(self._freeing, return_exceptions=True)
-        if self._freed:  # freed this very turn: told now rather than left to expire
-            await self._free()
+        await self._free()  # freed this very turn: told now rather than left to expire
         self.close_channel()
         await self._client.aclose()
 
     def close_channel(self) -> None:
-        """Close the per-request connection (a lease not yet freed expires by itself)."""
+        """Close the per-request connection and stop renewing (a lease still live, or not yet
+        released, expires by itself within one lease length)."""
+        if self._renewing is not None:
+            self._renewing.cancel()
+            self._renewing = None
         if self._channel is not None:
             self._channel.close()
 
@@ -466,9 +555,9 @@ class RedisShared:
         return await self._channel.call("EVAL", body, len(keys), *keys, *args)
 
 
-def _zrems(freed: dict[str, list[str]]) -> list[tuple[str, ...]]:
-    """One ZREM per site of the leases freed there."""
-    return [("ZREM", site_keys(PREFIX, site)[1], *leases) for site, leases in freed.items()]
+def _zrem(site: str, leases: list[str]) -> tuple[str, ...]:
+    """One ZREM of the leases freed on `site`."""
+    return ("ZREM", site_keys(PREFIX, site)[1], *leases)
 
 
 def _text(x: object) -> str:

@@ -5,8 +5,10 @@ clock (`redis.call('TIME')`), so processes on several machines agree on one sche
 
 - a pause (a 429's Retry-After, backoff or breaker, seen by any instance) answers "wait until
   it ends", with its reason;
-- a concurrency lease per started request, a sorted set scored by its expiry: a worker that
-  dies holding leases frees them when they expire, never holds a slot forever;
+- a concurrency lease per started request, a sorted set scored by its expiry: short (a few
+  seconds, `LEASE_TTL_S`), renewed by its holder while the request is at the site
+  (`RENEW_LUA`), released when it ends; a worker that dies holding leases stops renewing them,
+  and they expire within one lease length (SPEC §10: a lease lives only as long as its holder);
 - GCRA (the generic cell rate algorithm, a token bucket kept as one "theoretical arrival time")
   at the rate and burst the caller's budget has now: a start now, or a start booked at the
   next free slot within the caller's horizon (its max_hold), or how long it would be;
@@ -29,6 +31,26 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+# SPEC §10: a lease lives only as long as its holder. Its holder renews it every
+# LEASE_RENEW_S, so a live holder misses three renewals (a busy event loop, one Redis call
+# timing out) before its lease expires; a dead holder's leases expire within LEASE_TTL_S, and
+# the site's full concurrency is back within 5 s of a worker's death or of Redis thawing.
+LEASE_TTL_S = 3.0
+LEASE_RENEW_S = 0.75
+
+# Redis heard no reservation and no renewal from any instance for longer than LEASE_GAP_S
+# (twice the renewal interval: a live holder renews that often): it was frozen, or every
+# instance was cut off from it. The leases that expired in that gap are not judged until
+# their holders had LEASE_SETTLE_S to renew them: a request still at the site keeps its slot
+# (SPEC §10: one cap), while the leases of requests that ended meanwhile are released by their
+# holders on reconnect, and a dead holder's expire at the end of the settling.
+LEASE_GAP_S = 2 * LEASE_RENEW_S
+LEASE_SETTLE_S = 2 * LEASE_RENEW_S
+# A site's lease set is kept this long past its last lease (Redis expires keys on its wall clock
+# too, so a shorter life would drop the leases of requests still at the site across a freeze);
+# its expired members are removed by the next reservation, the set itself once unused.
+LEASE_SET_KEPT_S = 3600
+
 # The script's shared head: the server clock, and an operator's pause (`sites pause` through
 # any instance, SPEC §3) kept in one hash for all sites: field = site or host, value = its end on
 # the server clock, or -1 until resumed. A host's pause holds for every port of it.
@@ -41,6 +63,28 @@ local function operator_left(key, site, host)
     if u and (u < 0 or u > now) then return u < 0 and -1 or u - now end
   end
   return nil
+end
+"""
+
+# The moment up to which expired leases are judged (removed): `now`, or while Redis settles
+# after a gap (LEASE_GAP_S), the last moment it heard anyone before the gap. `key`: one hash for
+# every site, {last, gap_from, settle_until} on the server clock; every reservation and renewal
+# is heard here.
+_LEASE_CLOCK_LUA = f"""
+local LEASE_GAP_S, LEASE_SETTLE_S, LEASE_SET_KEPT_S = {LEASE_GAP_S!r}, {LEASE_SETTLE_S!r}, {LEASE_SET_KEPT_S!r}
+""" + """
+local function lease_cutoff(key)
+  local c = redis.call('HMGET', key, 'last', 'gap_from', 'settle_until')
+  local last, gap_from, settle_until = tonumber(c[1]) or now, tonumber(c[2]) or 0, tonumber(c[3]) or 0
+  if now - last > LEASE_GAP_S then
+    gap_from, settle_until = last, now + LEASE_SETTLE_S
+    redis.call('HSET', key, 'last', string.format('%.6f', now), 'gap_from', string.format('%.6f', gap_from),
+               'settle_until', string.format('%.6f', settle_until))
+  else
+    redis.call('HSET', key, 'last', string.format('%.6f', now))
+  end
+  if now < settle_until then return gap_from end
+  return now
 end
 """
 
@@ -66,7 +110,7 @@ end
 
 # The reservation itself, for the asks `asks` ({lease id, horizon s, ...}) of one instance in
 # their arrival order, atomically on the server clock. KEYS: the site's hash (tat, until, reason,
-# v, json), its lease set, its departure log, the operator's pauses. `p`: rate/s, burst, max
+# v, json), its lease set, its departure log, the operator's pauses, the lease clock. `p`: rate/s, burst, max
 # concurrency, lease ttl s, the contract version the caller has, departure limit, departure span
 # s, the site, its host. Returns {contract version, contract json or "", then per ask answered:
 # granted 0|1, wait_s (string), why}: the asks are answered in order up to and including the
@@ -93,7 +137,7 @@ local function reserve_asks(p, asks)
     out[3] = 0; out[4] = string.format('%.6f', pause_end - now); out[5] = 'pause: ' .. (h[3] or '')
     return out
   end
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', lease_cutoff(KEYS[5]))
   local held = redis.call('ZCARD', KEYS[2])
   local interval = 1 / rate
   local tau = (burst - 1) * interval
@@ -103,7 +147,9 @@ local function reserve_asks(p, asks)
     local n = #out
     if held >= cap then
       local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-      local wait = math.min(0.05, math.max(0.001, tonumber(first[2]) - now))
+      local wait = tonumber(first[2]) - now
+      if wait <= 0 then wait = 0.05 end  -- expired, kept while Redis settles after a gap
+      wait = math.min(0.05, math.max(0.001, wait))
       out[n + 1] = 0; out[n + 2] = string.format('%.6f', wait); out[n + 3] = 'concurrency'
       break
     end
@@ -128,16 +174,16 @@ local function reserve_asks(p, asks)
   if last then
     redis.call('HSET', KEYS[1], 'tat', string.format('%.6f', tat))
     redis.call('EXPIRE', KEYS[1], 86400)
-    redis.call('EXPIRE', KEYS[2], math.ceil(last - now + ttl) + 1)
+    redis.call('EXPIRE', KEYS[2], math.ceil(last - now + ttl) + LEASE_SET_KEPT_S)
   end
   return out
 end
 """
 
-# One ask. ARGV: rate/s, burst, max concurrency, lease id, lease ttl s, contract version the
+# One ask. KEYS: as reserve_asks. ARGV: rate/s, burst, max concurrency, lease id, lease ttl s, contract version the
 # caller has, horizon s, departure limit, departure span s, the site, its host.
 # Reply: {granted 0|1, wait_s (string), why, contract version, contract json or ""}.
-RESERVE_LUA = _OPERATOR_LUA + _DEPART_LUA + _RESERVE_ASKS_LUA + """
+RESERVE_LUA = _OPERATOR_LUA + _LEASE_CLOCK_LUA + _DEPART_LUA + _RESERVE_ASKS_LUA + """
 local out = reserve_asks({ARGV[1], ARGV[2], ARGV[3], ARGV[5], ARGV[6], ARGV[8], ARGV[9], ARGV[10], ARGV[11]},
                          {ARGV[4], ARGV[7]})
 return {out[3], out[4], out[5], out[1], out[2]}
@@ -148,7 +194,7 @@ return {out[3], out[4], out[5], out[1], out[2]}
 # requests this instance finished since its last call freed first. ARGV: the nine `p` values
 # of reserve_asks, the number R of leases to free, those R lease ids, then {lease id, horizon s}
 # per ask. Reply: reserve_asks's.
-RESERVE_MANY_LUA = _OPERATOR_LUA + _DEPART_LUA + _RESERVE_ASKS_LUA + """
+RESERVE_MANY_LUA = _OPERATOR_LUA + _LEASE_CLOCK_LUA + _DEPART_LUA + _RESERVE_ASKS_LUA + """
 local r = tonumber(ARGV[10])
 if r > 0 then redis.call('ZREM', KEYS[2], unpack(ARGV, 11, 10 + r)) end
 local asks = {}
@@ -170,6 +216,31 @@ if left > 0 then return {string.format('%.6f', left), 'pause: ' .. (h[2] or '')}
 local wait = depart_wait(KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3])
 if wait > 0 then return {string.format('%.6f', wait), 'departures'} end
 return {'0', ''}
+"""
+
+# One site's leases held by one instance, renewed (and those it ended, released) in one call.
+# KEYS: the lease set, the lease clock. ARGV: lease ttl s, the number R of leases to release,
+# those R lease ids, then the live lease ids. A live lease gets `now + ttl` on the server clock,
+# never less than it has (GT: a start booked ahead keeps its later expiry); one removed meanwhile
+# (its holder could not reach Redis for longer than the ttl and the settling) is added back,
+# since its request is still at the site and holds a slot there. Reply: how many are live.
+# (The operator head is there for its server clock.)
+RENEW_LUA = _OPERATOR_LUA + _LEASE_CLOCK_LUA + """
+lease_cutoff(KEYS[2])  -- heard: a renewal is what tells a gap from a quiet moment
+local ttl = tonumber(ARGV[1])
+local r = tonumber(ARGV[2])
+if r > 0 then redis.call('ZREM', KEYS[1], unpack(ARGV, 3, 2 + r)) end
+local expiry = string.format('%.6f', now + ttl)
+local n = 0
+local args = {'GT'}
+for i = 3 + r, #ARGV do
+  args[#args + 1] = expiry; args[#args + 1] = ARGV[i]
+  n = n + 1
+  if #args >= 1001 then redis.call('ZADD', KEYS[1], unpack(args)); args = {'GT'} end
+end
+if #args > 1 then redis.call('ZADD', KEYS[1], unpack(args)) end
+if n > 0 then redis.call('EXPIRE', KEYS[1], math.ceil(ttl) + LEASE_SET_KEPT_S) end
+return n
 """
 
 # KEYS[1] the site's hash. ARGV: pause s (0: none), its reason, the contract JSON.

@@ -4,6 +4,7 @@ persistence, stopped by its PID (never by name: other developers' servers run he
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -72,7 +73,18 @@ class RedisServer:
         except OSError:
             return False
 
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP), as a stalled VM does: connections stay open, nothing answers."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a paused server run again (SIGCONT)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
+        self.resume()  # a paused server cannot act on SIGTERM
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
