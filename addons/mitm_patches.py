@@ -62,8 +62,8 @@ from mitmproxy.proxy import events, mode_servers
 from mitmproxy.proxy import server as proxy_server
 from mitmproxy.proxy.layers import http as http_layer
 from mitmproxy.proxy.layers.http import _http1, _upstream_proxy
-from mitmproxy.proxy.mode_specs import UpstreamMode
 from mitmproxy.proxy.layers.http._events import RequestProtocolError, ResponseProtocolError
+from mitmproxy.proxy.mode_specs import UpstreamMode
 
 DECISION_HEADER = b"X-Etiquette-Decision"
 GIVE_UP = "etiquette_give_up"  # flow.metadata key: (status, reason) instead of mitmproxy's 502

@@ -100,13 +100,7 @@ class Proxy:
     def stop(self, timeout: float = 10.0) -> int:
         if self._stderr.closed:
             return self.proc.returncode
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        end_by_pid(self.proc, timeout)
         self._stderr.close()
         if self.proc.stdout:
             self.proc.stdout.close()
@@ -193,11 +187,16 @@ class KeepAliveUpstream:
         self.url = f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        end_by_pid(self.proc)
         self._log.close()
+
+
+def end_by_pid(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
+    """SIGTERM to a process this test started, SIGKILL if it is still there after `timeout`."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

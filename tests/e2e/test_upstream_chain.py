@@ -128,11 +128,20 @@ def test_thirty_sites_over_one_client_connection_through_a_keep_alive_upstream_p
     statuses, connections = CLIENTS[client](proxy, urls, tmp_path)
     assert statuses == [200] * SITES
     assert connections == 1  # every request over one client connection
-    for site, url in zip(sites, urls):
+    for site, url in zip(sites, urls, strict=True):
         assert site.paths().count(f"/{client}/page") == 1, f"{url} reached its site {site.paths()}"
         lines = proxy.audit_for(url)
         assert [(line["outcome"], line["status"], line["upstream_status"]) for line in lines] == [
             ("fetched", 200, 200)], lines
+
+
+def _given_up(proxy: Proxy, url: str) -> str:
+    """GET `url`: the proxy gives it up (504 `failed`, one line, nothing from a site); the reason."""
+    response = proxy.get(url, timeout=20)
+    assert response.status_code == 504 and response.headers["X-Etiquette-Decision"] == "failed"
+    [line] = proxy.wait_audit(lambda r: r["url"] == url)
+    assert line["outcome"] == "failed" and line["status"] == 504 and line["upstream_status"] is None
+    return str(line["reason"])
 
 
 def test_a_request_waiting_for_the_upstream_proxy_is_given_up_logged_and_frees_its_slot(start_proxy, site):
@@ -145,21 +154,14 @@ def test_a_request_waiting_for_the_upstream_proxy_is_given_up_logged_and_frees_i
 
         # The upstream proxy takes the request, the site behind it does not answer: the proxy
         # cannot tell what the site got, so the line names the upstream proxy, not the site.
-        slow = proxy.get(site.url("/slow"), timeout=20)
-        assert slow.status_code == 504 and slow.headers["X-Etiquette-Decision"] == "failed"
-        [line] = proxy.wait_audit(lambda r: r["url"].endswith("/slow"))
-        assert line["outcome"] == "failed" and line["status"] == 504 and line["upstream_status"] is None
-        assert line["reason"] == (f"the upstream proxy {upstream.url} sent no response for 1.5s "
-                                  "(upstream.read_timeout)")
+        assert _given_up(proxy, site.url("/slow")) == (f"the upstream proxy {upstream.url} sent no response "
+                                                      "for 1.5s (upstream.read_timeout)")
 
         # The upstream proxy accepts no connection: the request waits for one, never leaves.
         with BlackHole(upstream.server):
-            stuck = proxy.get(site.url("/stuck"), timeout=20)
-        assert stuck.status_code == 504 and stuck.headers["X-Etiquette-Decision"] == "failed"
-        [line] = proxy.wait_audit(lambda r: r["url"].endswith("/stuck"))
-        assert line["outcome"] == "failed" and line["status"] == 504 and line["upstream_status"] is None
-        assert line["reason"] == (f"no connection to the upstream proxy {upstream.url} within 1.5s; the request "
-                                  "was never sent (upstream.read_timeout)")
+            reason = _given_up(proxy, site.url("/stuck"))
+        assert reason == (f"no connection to the upstream proxy {upstream.url} within 1.5s; the request was "
+                          "never sent (upstream.read_timeout)")
         assert not any("/stuck" in request_line for request_line in upstream.lines)
         assert site.hits("/stuck") == []
 
@@ -177,11 +179,8 @@ def test_a_request_waiting_for_the_site_is_given_up_logged_and_frees_its_slot(st
     proxy = start_proxy(sets=[*FAST_PACING, "pacing.max_concurrency=1", f"upstream.read_timeout={READ_TIMEOUT}"])
     assert proxy.get(site.url("/warm")).status_code == 200  # robots.txt known: the site is allowed
     with BlackHole(site.server):
-        stuck = proxy.get(site.url("/stuck"), timeout=20)
-    assert stuck.status_code == 504 and stuck.headers["X-Etiquette-Decision"] == "failed"
-    [line] = proxy.wait_audit(lambda r: r["url"].endswith("/stuck"))
-    assert line["outcome"] == "failed" and line["status"] == 504 and line["upstream_status"] is None
-    assert line["reason"] == "no connection to the site within 1.5s; the request was never sent (upstream.read_timeout)"
+        reason = _given_up(proxy, site.url("/stuck"))
+    assert reason == "no connection to the site within 1.5s; the request was never sent (upstream.read_timeout)"
     after = proxy.get(site.url("/after"), timeout=20)
     assert after.status_code == 200 and after.headers["X-Etiquette-Decision"] == "fetched"
     assert site.paths() == ["/robots.txt", "/warm", "/after"]
