@@ -325,7 +325,7 @@ class ConnectionLimits:
         upstream = self.rt.config.upstream.proxy
         towards = f"the upstream proxy {upstream}" if upstream else "the site"
         carrier = mitm_patches.carrier_of(flow.server_conn)
-        if _is_open(_transport(client_id, carrier)):
+        if _is_ready(carrier, _transport(client_id, carrier)):
             reason = f"{towards} sent no response for {seconds:g}s"
             ends = [carrier]
         else:
@@ -344,14 +344,14 @@ class ConnectionLimits:
 
     def _awaited(self, client_id: str, flow: http.HTTPFlow) -> list[connection.Connection]:
         """Connections the flow's client is still opening towards where the flow goes (the site,
-        or the upstream proxy): the wait for a permit, or the connect itself."""
+        or the upstream proxy): the wait for a permit, the connect, or the TLS handshake."""
         proxy = self._upstream_address()
         target = proxy or (flow.request.host, flow.request.port)
         handler = _handler(client_id)
         if handler is None:
             return []
         return [conn for conn, io in handler.transports.items()
-                if isinstance(conn, connection.Server) and conn.address == target and io.reader is None]
+                if isinstance(conn, connection.Server) and conn.address == target and not _is_ready(conn, io)]
 
     def _upstream_address(self) -> tuple[str, int] | None:
         """The upstream proxy's address as mitmproxy connects to it (settings.py sets its mode)."""
@@ -440,9 +440,11 @@ def _transport(client_id: str, conn: connection.Connection) -> Any:
     return handler.transports.get(conn) if handler is not None else None
 
 
-def _is_open(io: Any) -> bool:
-    """The connection is established (it has a reader) and its task still runs."""
-    return io is not None and io.reader is not None and io.handler is not None and not io.handler.done()
+def _is_ready(conn: connection.Connection, io: Any) -> bool:
+    """`conn` can carry a request: connected (it has a reader), its task running, its TLS
+    handshake done where it has TLS."""
+    return (io is not None and io.reader is not None and io.handler is not None and not io.handler.done()
+            and (not conn.tls or conn.tls_established))
 
 
 def _still_writing(client_id: str, conn: connection.Connection) -> bool:

@@ -207,3 +207,38 @@ def test_stopping_logs_a_request_still_waiting_for_the_upstream_proxy(start_prox
     finally:
         upstream.close()
 
+
+
+def test_an_https_request_through_the_upstream_proxy_is_given_up_the_same_way(start_proxy, make_site, tls_files):
+    site = make_site(tls=tls_files).route("/robots.txt", Answer(404)).route("/slow", Answer(200, b"late", stall_s=5))
+    upstream = ForwardProxy()
+    try:
+        proxy = start_proxy(sets=[*FAST_PACING, "pacing.max_concurrency=1", f"upstream.proxy={upstream.url}",
+                                  f"upstream.ca_file={tls_files.ca}", f"upstream.read_timeout={READ_TIMEOUT}"])
+        assert proxy.get(site.url("/warm")).status_code == 200
+        assert _given_up(proxy, site.url("/slow")) == (f"the upstream proxy {upstream.url} sent no response "
+                                                      "for 1.5s (upstream.read_timeout)")
+        with BlackHole(upstream.server):
+            reason = _given_up(proxy, site.url("/stuck"))
+        assert reason.startswith(f"no connection to the upstream proxy {upstream.url} within 1.5s")
+        assert site.hits("/stuck") == []
+        assert proxy.get(site.url("/after"), timeout=20).status_code == 200
+        assert site.paths() == ["/robots.txt", "/warm", "/slow", "/after"]
+    finally:
+        upstream.close()
+
+
+def test_a_request_waiting_for_the_sites_tls_handshake_is_given_up_and_frees_its_slot(start_proxy, make_site,
+                                                                                     tls_files):
+    site = make_site(tls=tls_files).route("/robots.txt", Answer(404))
+    proxy = start_proxy(sets=[*FAST_PACING, "pacing.max_concurrency=1", f"upstream.ca_file={tls_files.ca}",
+                              f"upstream.read_timeout={READ_TIMEOUT}"])
+    assert proxy.get(site.url("/warm")).status_code == 200
+    site.server.shutdown()  # the kernel still completes connects; nobody accepts, no TLS handshake
+    try:
+        reason = _given_up(proxy, site.url("/stuck"))
+    finally:
+        threading.Thread(target=site.server.serve_forever, daemon=True).start()
+    assert reason == "no connection to the site within 1.5s; the request was never sent (upstream.read_timeout)"
+    assert proxy.get(site.url("/after"), timeout=20).status_code == 200
+    assert site.paths() == ["/robots.txt", "/warm", "/after"]
