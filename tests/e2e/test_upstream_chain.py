@@ -26,16 +26,26 @@ SITES = 30
 READ_TIMEOUT = "1500ms"
 
 
-@pytest.fixture
-def chain(tmp_path: Path, start_proxy, make_site) -> Iterator[tuple[Proxy, list[Site]]]:
-    """30 sites (distinct authorities) behind a keep-alive upstream proxy the proxy chains to."""
-    upstream = KeepAliveUpstream(tmp_path / "upstream")
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proxy, list[Site]]]:
+    """30 sites (distinct authorities) behind a keep-alive upstream proxy the proxy chains to;
+    one chain for every client (each asks for its own paths), started once."""
+    directory = tmp_path_factory.mktemp("chain")
+    upstream = KeepAliveUpstream(directory / "upstream")
+    sites = [Site().route("/robots.txt", Answer(404)) for _ in range(SITES)]
+    proxy = None
     try:
-        sites = [make_site().route("/robots.txt", Answer(404)) for _ in range(SITES)]
-        proxy = start_proxy(sets=[*FAST_PACING, f"upstream.proxy={upstream.url}"])
+        proxy = Proxy(directory / "state", sets=[*FAST_PACING, f"upstream.proxy={upstream.url}"])
         yield proxy, sites
     finally:
+        if proxy is not None:
+            proxy.stop()
         upstream.stop()
+        closing = [threading.Thread(target=site.close) for site in sites]  # each waits for its serve loop
+        for thread in closing:
+            thread.start()
+        for thread in closing:
+            thread.join(10)
 
 
 def _through_requests(proxy: Proxy, urls: list[str], tmp_path: Path) -> tuple[list[int], int]:
