@@ -330,12 +330,10 @@ class ConnectionLimits:
             ends = [carrier]
         else:
             reason = f"no connection to {towards} within {seconds:g}s; the request was never sent"
-            notes_of(flow).facts[FORWARDED] = False
             ends = self._awaited(client_id, flow)
-        reason = f"proxy stopping: {reason}" if stopping else f"{reason} (upstream.read_timeout)"
         notes = notes_of(flow)
         notes.outcome = "failed"
-        notes.reason = reason
+        notes.reason = reason = f"proxy stopping: {reason}" if stopping else f"{reason} (upstream.read_timeout)"
         flow.metadata[mitm_patches.GIVE_UP] = (504, reason)
         log.warning("%s: giving up on %s: %s", notes.site, flow.request.url, reason)
         closed = [self._close(client_id, conn, reason) for conn in ends]
@@ -378,10 +376,12 @@ class ConnectionLimits:
         self._upstreams.pop(data.server.id, None)
 
     def _used(self, flow: http.HTTPFlow) -> None:
-        up = self._upstreams.get(flow.server_conn.id)
+        # Through an upstream proxy the connection opened (server_connected) is the carrier.
+        carrier_id = mitm_patches.carrier_of(flow.server_conn).id
+        up = self._upstreams.get(carrier_id)
         if up is not None:
             up.last_used = time.monotonic()
-            self._upstreams.move_to_end(flow.server_conn.id)
+            self._upstreams.move_to_end(carrier_id)
 
     def _idle(self, up: _Upstream, strict: bool) -> bool:
         """Strict: its client has nothing in progress, so no request can pick the connection
@@ -389,7 +389,8 @@ class ConnectionLimits:
         watch = self._clients.get(up.client_id)
         if watch is None or watch.in_flight == 0:
             return True
-        return not strict and all(f.server_conn.id != up.conn.id for f in watch.flows.values())
+        return not strict and all(mitm_patches.carrier_of(f.server_conn).id != up.conn.id
+                                  for f in watch.flows.values())
 
     def _close_idle(self, more: Any, why: str, keep: str = "", strict: bool = True) -> int:
         """Close idle site connections, least recently used first, while `more(up)` says so."""
