@@ -12,9 +12,13 @@ cancels the connection's task in the proxy server's connection handler
   head (`requestheaders`); `listen.idle_timeout` once its last flow is answered (keep-alive).
   While a flow is in progress (held by pacing, or at the site) the client has no deadline.
 - Site: `upstream.read_timeout` from the moment the request leaves the last gate until the
-  response head arrives. Passed: the site's connection is closed and, through mitm_patches,
-  the client gets 504 (`failed`, reason names the timeout); the error hook gives the concurrency
-  slot back (pacing), and the audit writer writes the line.
+  response head arrives, waiting for a connection included (to the site, or to the upstream
+  proxy when chained: a connection that never comes must not hold a request for ever).
+  Passed: the connection carrying the request is closed, or the one it waits for is cancelled,
+  and, through mitm_patches, the client gets 504 (`failed`, the reason says which: no response,
+  or no connection and the request never sent, and from whom: the site or the upstream proxy,
+  which cannot tell whether a site behind it got the request); the error hook gives the
+  concurrency slot back (pacing), and the audit writer writes the line.
 - Site connections unused for `upstream.idle_timeout` are closed, and when more than
   `upstream.max_connections` are open the least recently used idle ones are closed. mitmproxy
   keeps one per client connection and site; a site connection is closed for idleness only when
@@ -45,7 +49,7 @@ from etiquette_addons.answers import answer_locally
 from etiquette_addons.notes import FORWARDED, notes_of, skip
 from etiquette_addons.runtime import Runtime
 from mitmproxy import connection, ctx, http
-from mitmproxy.proxy import server_hooks
+from mitmproxy.proxy import mode_specs, server_hooks
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +208,7 @@ class ConnectionLimits:
         while self._forwarded and loop.time() < deadline:
             await asyncio.sleep(0.05)
         for flow, _ in list(self._forwarded.values()):
-            self._give_up(flow, f"proxy stopping: the site had not answered within {budget_s:g}s")
+            self._give_up(flow, budget_s, stopping=True)
         deadline = loop.time() + 0.5  # the error hooks write their lines
         while self._forwarded and loop.time() < deadline:
             await asyncio.sleep(0.02)
@@ -294,8 +298,7 @@ class ConnectionLimits:
             return
         notes_of(flow).facts[FORWARDED] = True
         seconds = self.rt.config.upstream.read_timeout
-        timer = asyncio.get_running_loop().call_later(
-            seconds, self._give_up, flow, f"the site sent no response for {seconds:g}s (upstream.read_timeout)")
+        timer = asyncio.get_running_loop().call_later(seconds, self._give_up, flow, seconds)
         self._forwarded[flow.id] = (flow, timer)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
@@ -312,18 +315,47 @@ class ConnectionLimits:
         if entry is not None:
             entry[1].cancel()
 
-    def _give_up(self, flow: http.HTTPFlow, reason: str) -> None:
-        """The site had its time: close its connection; the client gets 504 (mitm_patches)."""
+    def _give_up(self, flow: http.HTTPFlow, seconds: float, stopping: bool = False) -> None:
+        """A forwarded request had its time: close the connection carrying it, or cancel the
+        one it waits for; the client gets 504 (mitm_patches)."""
         self._forwarded.pop(flow.id, None)
         if flow.response is not None or flow.error is not None:
             return
+        client_id = flow.client_conn.id
+        upstream = self.rt.config.upstream.proxy
+        towards = f"the upstream proxy {upstream}" if upstream else "the site"
+        carrier = mitm_patches.carrier_of(flow.server_conn)
+        if _is_ready(carrier, _transport(client_id, carrier)):
+            reason = f"{towards} sent no response for {seconds:g}s"
+            ends = [carrier]
+        else:
+            reason = f"no connection to {towards} within {seconds:g}s; the request was never sent"
+            ends = self._awaited(client_id, flow)
         notes = notes_of(flow)
         notes.outcome = "failed"
-        notes.reason = reason
+        notes.reason = reason = f"proxy stopping: {reason}" if stopping else f"{reason} (upstream.read_timeout)"
         flow.metadata[mitm_patches.GIVE_UP] = (504, reason)
         log.warning("%s: giving up on %s: %s", notes.site, flow.request.url, reason)
-        if not self._close(flow.client_conn.id, flow.server_conn, reason):
+        closed = [self._close(client_id, conn, reason) for conn in ends]
+        if not any(closed):
             flow.kill()  # no connection task to cancel: at least end the flow
+
+    def _awaited(self, client_id: str, flow: http.HTTPFlow) -> list[connection.Connection]:
+        """Connections the flow's client is still opening towards where the flow goes (the site,
+        or the upstream proxy): the wait for a permit, the connect, or the TLS handshake."""
+        proxy = self._upstream_address()
+        target = proxy or (flow.request.host, flow.request.port)
+        handler = _handler(client_id)
+        if handler is None:
+            return []
+        return [conn for conn, io in handler.transports.items()
+                if isinstance(conn, connection.Server) and conn.address == target and not _is_ready(conn, io)]
+
+    def _upstream_address(self) -> tuple[str, int] | None:
+        """The upstream proxy's address as mitmproxy connects to it (settings.py sets its mode)."""
+        proxy = self.rt.config.upstream.proxy
+        mode = mode_specs.ProxyMode.parse(f"upstream:{proxy}") if proxy else None
+        return mode.address if isinstance(mode, mode_specs.UpstreamMode) else None
 
     def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
         self._upstreams[data.server.id] = _Upstream(data.server, data.client.id)
@@ -344,10 +376,12 @@ class ConnectionLimits:
         self._upstreams.pop(data.server.id, None)
 
     def _used(self, flow: http.HTTPFlow) -> None:
-        up = self._upstreams.get(flow.server_conn.id)
+        # Through an upstream proxy the connection opened (server_connected) is the carrier.
+        carrier_id = mitm_patches.carrier_of(flow.server_conn).id
+        up = self._upstreams.get(carrier_id)
         if up is not None:
             up.last_used = time.monotonic()
-            self._upstreams.move_to_end(flow.server_conn.id)
+            self._upstreams.move_to_end(carrier_id)
 
     def _idle(self, up: _Upstream, strict: bool) -> bool:
         """Strict: its client has nothing in progress, so no request can pick the connection
@@ -355,7 +389,8 @@ class ConnectionLimits:
         watch = self._clients.get(up.client_id)
         if watch is None or watch.in_flight == 0:
             return True
-        return not strict and all(f.server_conn.id != up.conn.id for f in watch.flows.values())
+        return not strict and all(mitm_patches.carrier_of(f.server_conn).id != up.conn.id
+                                  for f in watch.flows.values())
 
     def _close_idle(self, more: Any, why: str, keep: str = "", strict: bool = True) -> int:
         """Close idle site connections, least recently used first, while `more(up)` says so."""
@@ -394,11 +429,23 @@ class ConnectionLimits:
         return True
 
 
+def _handler(client_id: str) -> Any:
+    """mitmproxy's ConnectionHandler of a client connection, or None once it is gone."""
+    server = ctx.master.addons.get("proxyserver") if ctx.master else None
+    return server.connections.get(client_id) if server is not None else None
+
+
 def _transport(client_id: str, conn: connection.Connection) -> Any:
     """mitmproxy's ConnectionIO (task, reader, writer) of `conn`, or None once it is gone."""
-    server = ctx.master.addons.get("proxyserver") if ctx.master else None
-    handler = server.connections.get(client_id) if server is not None else None
+    handler = _handler(client_id)
     return handler.transports.get(conn) if handler is not None else None
+
+
+def _is_ready(conn: connection.Connection, io: Any) -> bool:
+    """`conn` can carry a request: connected (it has a reader), its task running, its TLS
+    handshake done where it has TLS."""
+    return (io is not None and io.reader is not None and io.handler is not None and not io.handler.done()
+            and (not conn.tls or conn.tls_established))
 
 
 def _still_writing(client_id: str, conn: connection.Connection) -> bool:

@@ -24,24 +24,46 @@ and the kernel caps the figure at `net.core.somaxconn`. Under `run --workers N`,
 supervisor's port and the kernel spreads new connections over them. The same call accepts in
 batches of 100 (`ACCEPT_BATCH`: the descriptor guard gets to evict between batches) and ends a
 client connection cancelled at stop without Python 3.11's "Exception in callback" traceback.
-All are pinned to mitmproxy 11.0.x: `tests/addons/test_mitm_patches.py` fails if the patched
+Chained to an upstream proxy (`upstream.proxy`, SPEC §12), three more:
+- mitmproxy allows 5 open connections per server address per client connection
+  (`ConnectionHandler.max_conns`, a semaphore held for the connection's whole life). In upstream
+  mode every site's connection has the upstream proxy's address, so over one keep-alive client
+  connection the 6th site waited for ever. The smallest correct change is to lift the limit
+  for that one address only (`lift_upstream_proxy_limit`): re-keying it per site is not
+  possible, since the semaphore sees only the address it connects to. Nothing is left
+  unbounded: per site, pacing's concurrency admits requests before any connection is opened
+  (connection_strategy=lazy) and, in all, `upstream.max_connections` closes idle connections
+  (connections.py); every other address keeps mitmproxy's limit.
+- A connection task cancelled while it waited, before connecting (for a permit, or in the
+  server_connect hook), ended without telling the layer above, so its request waited for ever.
+  `open_connection` now reports such a cancellation as a failed connection: the request ends
+  through the error path (504 with GIVE_UP), its line is written, its slot given back.
+- `carrier_of(conn)`: the connection whose socket carries `conn`. Through an upstream proxy a
+  site's connection has no socket of its own (its bytes go through the connection to the
+  proxy); giving up on it means closing the carrier.
+All are pinned to mitmproxy 11.0.x: `tests/addons/test_connections.py` fails if the patched
 names or their call shapes change.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import socket
 import types
+import weakref
 from collections.abc import Generator
 from typing import Any
 
+from mitmproxy import connection
 from mitmproxy.net.http import status_codes
-from mitmproxy.proxy import mode_servers
+from mitmproxy.proxy import events, mode_servers
+from mitmproxy.proxy import server as proxy_server
 from mitmproxy.proxy.layers import http as http_layer
-from mitmproxy.proxy.layers.http import _http1
+from mitmproxy.proxy.layers.http import _http1, _upstream_proxy
 from mitmproxy.proxy.layers.http._events import RequestProtocolError, ResponseProtocolError
+from mitmproxy.proxy.mode_specs import UpstreamMode
 
 DECISION_HEADER = b"X-Etiquette-Decision"
 GIVE_UP = "etiquette_give_up"  # flow.metadata key: (status, reason) instead of mitmproxy's 502
@@ -52,6 +74,8 @@ ANSWERED_WITH = "etiquette_answered_with"
 LISTEN_BACKLOG = 4096  # the kernel's default net.core.somaxconn since Linux 5.4
 ACCEPT_BATCH = 100  # connections accepted per readiness event (asyncio's default backlog)
 _NOT_ANSWERS = frozenset({status_codes.NO_RESPONSE, status_codes.CLIENT_CLOSED_REQUEST})
+# A site's connection through an upstream proxy -> the connection to that proxy carrying it.
+_carriers: weakref.WeakKeyDictionary[connection.Server, connection.Server] = weakref.WeakKeyDictionary()
 
 _installed = False
 
@@ -112,6 +136,53 @@ def install() -> None:
     listening.__dict__.update(asyncio.__dict__)
     listening.start_server = functools.partial(_start_server, reuse_port=None)  # type: ignore[attr-defined]
     mode_servers.asyncio = listening  # type: ignore[attr-defined]
+
+    handler_init = proxy_server.ConnectionHandler.__init__
+
+    def handler_init_chained(self: Any, context: Any) -> None:
+        handler_init(self, context)
+        lift_upstream_proxy_limit(self.max_conns, self.client.proxy_mode)
+
+    proxy_server.ConnectionHandler.__init__ = handler_init_chained  # type: ignore[method-assign]
+
+    open_connection = proxy_server.ConnectionHandler.open_connection
+
+    async def open_connection_answered(self: Any, command: Any) -> None:
+        try:
+            await open_connection(self, command)
+        except asyncio.CancelledError as cancelled:
+            server = command.connection
+            # Cancelled before it tried to connect: mitmproxy's own handler (connect errors,
+            # cancellation while connecting) did not run, and the layer still waits.
+            if server.timestamp_start is None and server.error is None:
+                server.error = str(cancelled) or "connection cancelled"
+                await self.server_event(events.OpenConnectionCompleted(command, server.error))
+            raise
+
+    proxy_server.ConnectionHandler.open_connection = open_connection_answered  # type: ignore[method-assign]
+
+    tunnel_init = _upstream_proxy.HttpUpstreamProxy.__init__
+
+    def tunnel_init_noted(self: Any, ctx: Any, tunnel_conn: connection.Server, send_connect: bool) -> None:
+        tunnel_init(self, ctx, tunnel_conn, send_connect)
+        _carriers[ctx.server] = tunnel_conn
+
+    _upstream_proxy.HttpUpstreamProxy.__init__ = tunnel_init_noted  # type: ignore[method-assign]
+
+
+def lift_upstream_proxy_limit(max_conns: Any, proxy_mode: Any) -> None:
+    """In upstream mode, no per-address connection limit on the upstream proxy's address (every
+    site's connection has it); mitmproxy's limit stays on every other address."""
+    if isinstance(proxy_mode, UpstreamMode):
+        max_conns[proxy_mode.address] = contextlib.nullcontext()
+
+
+def carrier_of(conn: connection.Connection) -> connection.Connection:
+    """The connection whose socket carries `conn`: through an upstream proxy, the connection to
+    the proxy; otherwise `conn` itself."""
+    if isinstance(conn, connection.Server):
+        return _carriers.get(conn, conn)
+    return conn
 
 
 async def _start_server(handle: Any, *args: Any, reuse_port: bool | None, handoff_fd: int | None = None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -99,13 +100,7 @@ class Proxy:
     def stop(self, timeout: float = 10.0) -> int:
         if self._stderr.closed:
             return self.proc.returncode
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        end_by_pid(self.proc, timeout)
         self._stderr.close()
         if self.proc.stdout:
             self.proc.stdout.close()
@@ -167,3 +162,41 @@ class Proxy:
                 return resp.status, resp.read()
         except urllib.error.HTTPError as e:
             return e.code, e.read()
+
+
+class KeepAliveUpstream:
+    """A plain mitmproxy (mitmdump from this venv) as the upstream proxy `upstream.proxy` chains
+    to: like a crawler's proxy pool it keeps each connection alive, so a client connection of
+    the proxy under test keeps one connection to it per site. Stopped by PID."""
+
+    def __init__(self, directory: Path):
+        directory.mkdir(parents=True, exist_ok=True)
+        mitmdump = shutil.which("mitmdump", path=os.path.dirname(sys.executable)) or "mitmdump"
+        self.log_path = directory / "mitmdump.log"
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [mitmdump, "--listen-host", "127.0.0.1", "--listen-port", "0", "--set", f"confdir={directory}",
+             "--set", "flow_detail=0"], stdout=self._log, stderr=subprocess.STDOUT, env=clean_env())
+        deadline = time.monotonic() + 30
+        while (m := re.search(rb"listening at 127\.0\.0\.1:(\d+)", self.log_path.read_bytes())) is None:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"mitmdump did not start: {self.log_path.read_text(errors='replace')}")
+            time.sleep(0.05)
+        self.port = int(m.group(1))
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        end_by_pid(self.proc)
+        self._log.close()
+
+
+def end_by_pid(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
+    """SIGTERM to a process this test started, SIGKILL if it is still there after `timeout`."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import select
 import socket
 import ssl
 import struct
@@ -282,6 +283,41 @@ class ForwardProxy:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class BlackHole:
+    """While open, `server`'s port accepts no connection, like a host behind a black hole: its
+    serve loop stops and its accept queue is full, so the kernel drops new SYNs and a client's
+    connect waits (retrying) instead of being refused. `close()` serves again."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        server.shutdown()  # no more accept(); connections already accepted carry on
+        listening: socket.socket = server.socket
+        address = listening.getsockname()
+        listening.listen(0)  # Linux queues one connection past a backlog of 0, then drops SYNs
+        self._filler = socket.create_connection(address, timeout=5)
+        probe = socket.socket()
+        probe.setblocking(False)
+        try:
+            probe.connect_ex(address)
+            _, connected, _ = select.select([], [probe], [], 0.3)
+        finally:
+            probe.close()
+        if connected:
+            self.close()
+            raise RuntimeError("this kernel completes connects to a full accept queue: no black hole")
+
+    def close(self) -> None:
+        self._filler.close()
+        self.server.socket.listen(128)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def __enter__(self) -> BlackHole:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _pipe(a: socket.socket, b: socket.socket) -> None:
