@@ -13,8 +13,10 @@ import pytest
 from etiquette_addons import answers
 from etiquette_addons.audit_log import AuditWriter
 from etiquette_addons.chain import GATE_HOOKS, Chain, members
+from etiquette_addons.gone_memory import GoneMemory
 from etiquette_addons.notes import notes_of, skip
 from etiquette_addons.pacing import Pacing
+from etiquette_addons.revalidation import Revalidation
 from etiquette_addons.robots_gate import RobotsGate
 from etiquette_addons.runaway import RunawayWatch
 from etiquette_addons.runtime import Runtime
@@ -144,12 +146,13 @@ def test_a_hook_that_does_not_judge_requests_is_logged_once_and_the_chain_goes_o
     assert seen == [200, 200, 200] and len(caplog.records) == 1
 
 
-INNER = [(RobotsGate, "_gate"), (Pacing, "_hold"), (RunawayWatch, "guard")]
+INNER = [(RobotsGate, "_gate"), (Pacing, "_hold"), (RunawayWatch, "guard"), (GoneMemory, "_check")]
 
 
 @pytest.mark.parametrize(("kind", "inner"), INNER, ids=[k.__name__ for k, _ in INNER])
 def test_gates_that_catch_their_own_errors_fail_closed_the_same_way(tmp_path, caplog, monkeypatch, kind, inner):
     rt = runtime(tmp_path)
+    rt.store = object()  # gone memory reads the store only when there is one
     member = next(m for m in members(rt) if isinstance(m, kind))
 
     def broken(*args: Any, **kw: Any) -> None:
@@ -165,3 +168,20 @@ def test_gates_that_catch_their_own_errors_fail_closed_the_same_way(tmp_path, ca
         assert f.response is not None and f.response.status_code == 503
         assert f.response.headers["X-Etiquette-Decision"] == "paused" and notes_of(f).outcome == "paused"
     assert len(caplog.records) == 1 and "raised Boom: inside" in caplog.records[0].getMessage()
+
+
+def test_revalidation_is_a_saving_it_forwards_unaltered_and_says_so_once(tmp_path, caplog, monkeypatch):
+    rt = runtime(tmp_path)
+    rt.store = object()
+    member = next(m for m in members(rt) if isinstance(m, Revalidation))
+
+    async def broken(*args: Any) -> None:
+        raise Boom("store")
+
+    monkeypatch.setattr(member, "_before", broken)
+    caplog.set_level(logging.WARNING)
+    for _ in range(3):
+        f = tflow.tflow()
+        asyncio.run(member.request(f))
+        assert f.response is None and "injected" not in notes_of(f).extra  # forwarded without validators
+    assert len(caplog.records) == 1 and "revalidation raised Boom: store" in caplog.records[0].getMessage()
