@@ -28,7 +28,6 @@ from etiquette_proxy.events import Broadcast
 from etiquette_proxy.operate.controls import ROUTE as OPERATOR_ROUTE
 from etiquette_proxy.pacing.restraints import Restraints
 
-
 # Hooks mitmproxy calls synchronously (errors, e.g. OptionsError, must reach it) and the
 # asynchronous ones the members use.
 SYNC_HOOKS = ("load", "configure")

@@ -129,6 +129,7 @@ def test_a_stream_cancelled_while_at_the_site_says_the_site_got_it(start_proxy, 
     assert site.paths() == ["/robots.txt", "/favicon.ico"]
     # The proxy gave up the site's connection when the client cancelled: what the site would
     # have answered is unknown, that it got the request is not.
-    assert (line["outcome"], line["status"], line["upstream_status"], line["client_gone"]) == ("fetched", None, None, True)
+    got = (line["outcome"], line["status"], line["upstream_status"], line["client_gone"])
+    assert got == ("fetched", None, None, True)
     assert line["reason"] == "client cancelled its HTTP/2 stream while the request was at the site"
     assert "health_signal" not in line
