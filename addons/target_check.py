@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
+from etiquette_addons import mitm_patches
 from etiquette_addons.answers import answer_locally
 from etiquette_addons.notes import notes_of, skip
 from etiquette_addons.runtime import Runtime
@@ -47,6 +48,10 @@ class TargetCheck:
         self._tunnels: dict[str, tuple[str, int]] = {}
         self.own: OwnAddress | None = None  # set once the proxy listens
 
+    def configure(self, updated: set[str]) -> None:
+        # The same limit for a head still arriving (mitm_patches) as for a whole one (here).
+        mitm_patches.head_limit = self.rt.config.listen.max_header_bytes
+
     def listening(self, address: tuple[str, int]) -> None:
         """The proxy listens at `address`; on every address, its host names reach it too."""
         host, port = canonical_host(address[0]), address[1]
@@ -71,6 +76,9 @@ class TargetCheck:
     def head_problem(self, flow: http.HTTPFlow) -> tuple[int, str] | None:
         """The status and reason a request head is refused with before its body is read, or None."""
         request = flow.request
+        cut = mitm_patches.cut_head(request)
+        if cut is not None:  # refused unfinished by mitmproxy's reader; the client has its 431
+            return 431, cut
         data = request.data
         problem = protocol_problem(request.http_version, flow.client_conn.alpn == b"h2")
         if problem is not None:

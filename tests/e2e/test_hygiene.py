@@ -161,3 +161,32 @@ def test_http_1_0_still_passes(start_proxy, site):
     head, _ = exchange(proxy, f"GET {site.url('/old')} HTTP/1.0\r\nHost: 127.0.0.1:{site.port}\r\n\r\n".encode())
     assert " 200 " in head.split("\r\n")[0]
     assert [a.path for a in site.hits("/old")] == ["/old"]
+
+
+def test_a_head_that_never_ends_is_cut_at_the_limit_not_held(start_proxy, site):
+    """mitmproxy 11 buffers an unfinished head without limit; the proxy answers 431 once it
+    passes listen.max_header_bytes and stops reading after LINGER_BYTES (mitm_patches)."""
+    site.route("/robots.txt", Answer(404))
+    proxy = start_proxy(sets=FAST_PACING)
+    chunk = b"X-Endless: " + b"a" * 65_000 + b"\r\n"
+    total, sent, answer = 64 * MiB, 0, b""
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
+        s.sendall(f"GET {site.url('/endless')} HTTP/1.1\r\nHost: 127.0.0.1:{site.port}\r\n".encode())
+        s.setblocking(False)
+        try:
+            while sent < total and b"\r\n\r\n" not in answer:
+                try:
+                    sent += s.send(chunk)
+                except BlockingIOError:
+                    time.sleep(0.01)
+                try:
+                    answer += s.recv(65536)
+                except BlockingIOError:
+                    pass
+        except OSError:
+            pass  # the proxy closed the connection: it stopped reading
+    assert answer.startswith(b"HTTP/1.1 431 ") and b"X-Etiquette-Decision: refused" in answer
+    assert sent < total  # cut long before the client was done
+    line = line_for(proxy, "/endless")
+    assert (line["outcome"], line["status"], line["upstream_status"]) == ("refused", 431, None)
+    assert site.arrivals == [] and site.connections == 0
