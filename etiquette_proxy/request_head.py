@@ -22,6 +22,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 
 OWN_PREFIX = b"x-etiquette-"
 FIELD_OVERHEAD = 32  # RFC 9113 §6.5.2: octets counted per field beyond its name and value
@@ -32,20 +33,24 @@ HTTP2_VERSION = "HTTP/2.0"  # how mitmproxy 11 names a request that arrived over
 _UNSPECIFIED = frozenset({"0.0.0.0", "::"})
 
 
+def _is_own(name: bytes) -> bool:
+    return name[:1] in b"xX" and name[:12].lower() == OWN_PREFIX  # the first byte rules out most
+
+
 def own_fields(fields: Sequence[tuple[bytes, bytes]]) -> list[bytes]:
     """Names of the client's `X-Etiquette-*` fields, in order (empty for most requests)."""
-    return [name for name, _ in fields if name[:12].lower() == OWN_PREFIX]
+    return [name for name, _ in fields if _is_own(name)]
 
 
 def without_own_fields(fields: Sequence[tuple[bytes, bytes]]) -> tuple[tuple[bytes, bytes], ...]:
     """The fields with every `X-Etiquette-*` one removed, the rest in their order."""
-    return tuple((name, value) for name, value in fields if name[:12].lower() != OWN_PREFIX)
+    return tuple((name, value) for name, value in fields if not _is_own(name))
 
 
 def head_size(request_line: Iterable[bytes], fields: Sequence[tuple[bytes, bytes]]) -> int:
     """The head's weight: the request line's parts, and each field as RFC 9113 §6.5.2 counts it."""
-    return sum(len(part) for part in request_line) + sum(
-        len(name) + len(value) + FIELD_OVERHEAD for name, value in fields)
+    return (sum(map(len, request_line)) + sum(map(len, chain.from_iterable(fields)))
+            + FIELD_OVERHEAD * len(fields))
 
 
 def head_problem(size: int, limit: int) -> str | None:
