@@ -12,7 +12,7 @@ import logging
 from etiquette_addons.answers import answer_locally
 from etiquette_addons.fields import field_value
 from etiquette_addons.mitm_patches import ANSWERED_WITH
-from etiquette_addons.notes import FORWARDED, FlowNotes, notes_of, request_url, skip
+from etiquette_addons.notes import FORWARDED, FlowNotes, client_ended, notes_of, request_url, skip
 from etiquette_addons.runtime import Runtime
 from etiquette_addons.side_fetch import TLS_HINT
 from mitmproxy import http
@@ -102,9 +102,11 @@ class AuditWriter:
             # network errors to the site (SPEC §3), which this is not.
             notes.outcome = _site_outcome(notes.upstream_status)
             notes.extra["client_gone"] = True
-            notes.reason = ("client disconnected before the site's answer reached it"
+            how = ("cancelled its HTTP/2 stream" if "stream reset" in flow.error.msg.lower()  # type: ignore[union-attr]
+                   else "disconnected")
+            notes.reason = (f"client {how} before the site's answer reached it"
                             if notes.upstream_status is not None
-                            else "client disconnected while the request was at the site")
+                            else f"client {how} while the request was at the site")
         answered = flow.metadata.get(ANSWERED_WITH)
         if not notes.outcome and answered is not None and answered < 500 and not notes.facts.get(FORWARDED):
             notes.outcome = "refused"  # mitmproxy refused the client's request itself (e.g. 400)
@@ -124,7 +126,7 @@ class AuditWriter:
         notes.logged = True
         request = flow.request
         status = flow.response.status_code if flow.response is not None else None
-        if flow.error is not None and flow.response is None and "disconnect" not in flow.error.msg.lower():
+        if flow.error is not None and flow.response is None and not client_ended(flow):
             # What mitmproxy answered (mitm_patches): 502 for a site that failed, 504 when the
             # proxy gave up on it, 400 for a request it could not accept.
             status = flow.metadata.get(ANSWERED_WITH, 502)
@@ -160,7 +162,7 @@ def mark(response: http.Response, outcome: str) -> None:
 
 def _client_left_after_forwarding(flow: http.HTTPFlow, notes: FlowNotes) -> bool:
     """The client went away after the request was handed to a connected site connection."""
-    if flow.error is None or "client disconnected" not in flow.error.msg.lower():
+    if not client_ended(flow):
         return False
     return bool(notes.facts.get(FORWARDED)) and flow.server_conn.timestamp_tcp_setup is not None
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import inspect
-import logging
 from collections.abc import Callable
 from typing import Any
 
+from etiquette_addons.answers import FAULTS, fail_closed
 from etiquette_addons.audit_log import AuditLogGate, AuditWriter
 from etiquette_addons.connections import ConnectionLimits, StopGate
 from etiquette_addons.controls import OperatorControls
@@ -28,11 +28,11 @@ from etiquette_proxy.events import Broadcast
 from etiquette_proxy.operate.controls import ROUTE as OPERATOR_ROUTE
 from etiquette_proxy.pacing.restraints import Restraints
 
-log = logging.getLogger(__name__)
-
 # Hooks mitmproxy calls synchronously (errors, e.g. OptionsError, must reach it) and the
 # asynchronous ones the members use.
 SYNC_HOOKS = ("load", "configure")
+# Hooks in which a member decides whether a request leaves: an exception there fails closed.
+GATE_HOOKS = frozenset({"http_connect", "requestheaders", "request"})
 ASYNC_HOOKS = ("running", "done", "client_connected", "client_disconnected", "server_connected",
                "server_disconnected", "http_connect", "requestheaders", "request", "responseheaders",
                "response", "error")
@@ -44,8 +44,10 @@ class Chain:
     mitmproxy invokes every addon for every event whether it has a hook or not, through a
     context manager per call (benchmarks/README.md: that dispatch, not our hook bodies, was
     most of the addon layer's cost). One addon that calls only the hooks its members define
-    keeps one module per concern at a fraction of the cost. Like mitmproxy's own `safecall`,
-    one member's exception is logged and the next member still runs.
+    keeps one module per concern at a fraction of the cost. As in mitmproxy's own `safecall`,
+    one member's exception never stops the chain; unlike it, an exception while a request is
+    judged (GATE_HOOKS) answers that request 503 instead of letting it through (SPEC §12),
+    and each kind of exception is logged once (`answers.FAULTS`), not once per flow.
     """
 
     def __init__(self, members: list[Any]):
@@ -74,8 +76,17 @@ class Chain:
                 result = hook(*args)
                 if result is not None and inspect.isawaitable(result):
                     await result
-            except Exception:  # noqa: BLE001 - as mitmproxy's safecall: log, go on
-                log.exception("etiquette addon hook %s.%s failed", type(getattr(hook, "__self__", hook)).__name__, name)
+            except Exception as e:  # noqa: BLE001 - one member's bug never takes the proxy down
+                where = f"{type(getattr(hook, '__self__', hook)).__name__}.{name}"
+                if name in GATE_HOOKS:
+                    # A member that raised while the request was being judged may have skipped
+                    # the check that refuses it: the request is answered here, never forwarded
+                    # (SPEC §12). The members after it still run and skip the answered flow.
+                    # A member whose work is only a saving (gone memory, the store) catches its
+                    # own errors and forwards; that choice is made there, explicitly.
+                    fail_closed(args[0], where, e)
+                else:
+                    FAULTS.report(where, e, "the next member still runs")
 
     async def running(self) -> None:
         await self._run("running")
@@ -146,6 +157,8 @@ def members(rt: Runtime) -> list[Any]:
     health = HealthWatch(rt, robots_allows=robots.allows, restraints=restraints, rates=rates)
     controls = OperatorControls(rt, pacing, health, rates=rates)
     listening.connect(controls.announce)
+    target = TargetCheck(rt)
+    listening.connect(target.listening)  # SPEC §12: a request to the proxy's own address is a loop
     runaway = RunawayWatch(rt, restraints)
     dashboard = Dashboard(rt, providers=(pacing.status, robots.status, health.live_fields, controls.status,
                                          runaway.status),
@@ -156,7 +169,7 @@ def members(rt: Runtime) -> list[Any]:
         StopGate(rt),  # SPEC §12: while stopping, new requests are answered, never started
         dashboard,  # http://etiquette.proxy/ answered here, before any gate sees it
         AuditLogGate(rt),  # SPEC §11: audit log not writable -> local 503, before anything reaches a site
-        TargetCheck(rt),  # SPEC §4, §12: control bytes, port 0, Host vs authority -> local 400
+        target,  # SPEC §4, §12: control bytes, port 0, Host vs authority -> 400; the request head's hygiene
         SiteGrouping(rt),  # SPEC §5 pacing.group_by: the site key every later addon reads
         controls,  # SPEC §3 `sites pause`: before robots, nothing goes out
         robots,  # RFC 9309: refuse before anything else spends the site's budget

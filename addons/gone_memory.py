@@ -17,7 +17,7 @@ import logging
 from collections.abc import Awaitable
 from typing import Any
 
-from etiquette_addons.answers import answer_locally
+from etiquette_addons.answers import answer_locally, fail_closed
 from etiquette_addons.notes import notes_of, skip, url_key
 from etiquette_addons.runtime import PerSite, Runtime
 from mitmproxy import http
@@ -70,8 +70,10 @@ class GoneMemory:
             return  # GonePolicy answers only these; skip the store read for the rest
         try:
             self._check(flow)
-        except Exception:  # noqa: BLE001 - a saving, not a permission: forward on failure
-            log.exception("gone memory failed on %s; forwarding", flow.request.url)
+        except Exception as e:  # noqa: BLE001
+            # A gate (SPEC §3 `gone`): a URL the site said is gone is not asked again because
+            # the memory of it could not be read (SPEC §12: fail closed).
+            fail_closed(flow, "gone memory", e)
 
     def _check(self, flow: http.HTTPFlow) -> None:
         notes = notes_of(flow)

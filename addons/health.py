@@ -43,7 +43,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from etiquette_addons.fields import fields_named
-from etiquette_addons.notes import FlowNotes, notes_of, skip
+from etiquette_addons.notes import FlowNotes, client_ended, notes_of, skip
 from etiquette_addons.runtime import Runtime
 from etiquette_addons.side_fetch import SideFetchError, fetch
 from mitmproxy import http
@@ -361,9 +361,9 @@ class HealthWatch:
         notes = notes_of(flow)
         if notes.facts.get("internal") or notes.local or _FACT_SENT not in notes.facts:
             return
+        if client_ended(flow):
+            return  # the crawler went away (or cancelled the stream); the site did nothing
         msg = flow.error.msg if flow.error is not None else ""
-        if "client disconnected" in msg.lower():
-            return  # the crawler went away; the site did nothing
         try:
             h = self._site(notes.site, notes.origin)
             latency = time.time() - notes.facts[_FACT_SENT]

@@ -41,7 +41,16 @@ Chained to an upstream proxy (`upstream.proxy`, SPEC §12), three more:
 - `carrier_of(conn)`: the connection whose socket carries `conn`. Through an upstream proxy a
   site's connection has no socket of its own (its bytes go through the connection to the
   proxy); giving up on it means closing the carrier.
-All are pinned to mitmproxy 11.0.x: `tests/addons/test_connections.py` fails if the patched
+One more bounds a request head that is still arriving (mitmproxy 11 buffers one without limit:
+"FIXME: protect against header size DoS" in `_http1.Http1Server.read_headers`): once more than
+`head_limit` bytes (`listen.max_header_bytes`) have come without the blank line that ends a head,
+the client gets 431, the rest of the head is read and dropped, and the connection is closed.
+When the request line is whole, it then becomes a flow that target_check refuses 431, so the
+answer has its audit line like any other refusal; a head whose request line alone is over 16
+times the limit gets the 431 and a log line, having named no URL.
+
+All are pinned to mitmproxy 11.0.x: `tests/addons/test_connections.py` and
+`tests/addons/test_mitm_patches.py` fail if the patched
 names or their call shapes change.
 """
 
@@ -56,14 +65,16 @@ import weakref
 from collections.abc import Generator
 from typing import Any
 
+from h11._receivebuffer import ReceiveBuffer
 from mitmproxy import connection
-from mitmproxy.net.http import status_codes
-from mitmproxy.proxy import events, mode_servers
+from mitmproxy.net.http import http1, status_codes
+from mitmproxy.proxy import commands, events, mode_servers
 from mitmproxy.proxy import server as proxy_server
 from mitmproxy.proxy.layers import http as http_layer
 from mitmproxy.proxy.layers.http import _http1, _upstream_proxy
-from mitmproxy.proxy.layers.http._events import RequestProtocolError, ResponseProtocolError
+from mitmproxy.proxy.layers.http._events import RequestHeaders, RequestProtocolError, ResponseProtocolError
 from mitmproxy.proxy.mode_specs import UpstreamMode
+from mitmproxy.utils import human
 
 DECISION_HEADER = b"X-Etiquette-Decision"
 GIVE_UP = "etiquette_give_up"  # flow.metadata key: (status, reason) instead of mitmproxy's 502
@@ -76,6 +87,14 @@ ACCEPT_BATCH = 100  # connections accepted per readiness event (asyncio's defaul
 _NOT_ANSWERS = frozenset({status_codes.NO_RESPONSE, status_codes.CLIENT_CLOSED_REQUEST})
 # A site's connection through an upstream proxy -> the connection to that proxy carrying it.
 _carriers: weakref.WeakKeyDictionary[connection.Server, connection.Server] = weakref.WeakKeyDictionary()
+# listen.max_header_bytes (SPEC §12), set from the config (target_check.TargetCheck.configure).
+head_limit = 64 * 1024
+HEAD_TOO_LARGE = 431  # RFC 6585 §5 (not in mitmproxy 11's status_codes)
+REQUEST_LINE_ROOM = 16  # a request line may take 16 heads' worth before it is cut unseen
+LINGER_BYTES = 8 * 1024 * 1024  # read and dropped after a 431, so the client reads the answer
+# Requests whose head was refused unfinished (the request line and the whole fields before the
+# cut), until their flow is gone.
+CUT_HEADS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
 _installed = False
 
@@ -129,6 +148,20 @@ def install() -> None:
         return (yield from _before_error_hook(steps, self.flow, code, first))
 
     http_layer.HttpStream.check_invalid = check_invalid_recorded  # type: ignore[method-assign]
+
+    read_headers = _http1.Http1Server.read_headers
+
+    def read_headers_bounded(self: Any, event: Any) -> Generator[Any, Any, None]:
+        yield from read_headers(self, event)
+        if getattr(self.state, "__func__", None) is read_headers_bounded and len(self.buf) > head_limit:
+            # Refused once the request line is whole (its flow gets the audit line), or, for a
+            # request line that never ends, once it passes REQUEST_LINE_ROOM heads' worth.
+            room = head_limit * REQUEST_LINE_ROOM
+            held = bytes(self.buf)
+            if held.find(b"\r\n", 0, room) >= 0 or len(held) > room:
+                yield from _refuse_unfinished_head(self, held)
+
+    _http1.Http1Server.read_headers = read_headers_bounded  # type: ignore[method-assign]
 
     # mode_servers calls `asyncio.start_server(handle, host, port)`; give it a module of its own
     # whose start_server listens with a deeper backlog (create_server's `backlog`).
@@ -228,6 +261,54 @@ def share_listening_port(handoff_fd: int | None = None) -> None:
     install()
     mode_servers.asyncio.start_server = functools.partial(  # type: ignore[attr-defined]
         _start_server, reuse_port=True, **({} if handoff_fd is None else {"handoff_fd": handoff_fd}))
+
+
+def _refuse_unfinished_head(server: Any, held: bytes) -> Generator[Any, Any, None]:
+    """431 for a head still unfinished past `head_limit` bytes.
+
+    The answer goes out at once; what the client still sends of its head is read and dropped
+    (at most LINGER_BYTES), as a server's lingering close does, so the client reads the 431
+    instead of a reset. Then the connection is closed and, when the request line was whole,
+    the request becomes a flow marked in CUT_HEADS (target_check refuses it 431: its audit line)."""
+    message = f"request head over listen.max_header_bytes ({head_limit}) and still unfinished"
+    first, found, rest = held[:head_limit * REQUEST_LINE_ROOM].partition(b"\r\n")
+    fields = rest[:head_limit].split(b"\r\n")[:-1]  # the whole field lines (Host) within the limit
+    server.buf = ReceiveBuffer()  # what was read is dropped now, not when the connection goes
+    yield commands.SendData(server.conn, _http1.make_error_response(HEAD_TOO_LARGE, message))
+    request = None
+    for lines in ([first, *fields], [first]) if found else ():
+        try:
+            request = http1.read_request_head(lines)
+            break
+        except ValueError:
+            continue
+    if request is None:
+        yield commands.Log(f"{human.format_address(server.conn.peername)}: {message}, no request line within it")
+    else:
+        CUT_HEADS[request] = message
+    server.state = functools.partial(_linger, server, request, message, [held[-3:], LINGER_BYTES])
+
+
+def _linger(server: Any, request: Any, message: str, left: list[Any], event: Any) -> Generator[Any, Any, None]:
+    """Read and drop the rest of a refused head until it ends (or LINGER_BYTES, or the client
+    goes), then close, and hand the request on as a flow that failed with `message`."""
+    if isinstance(event, events.DataReceived):
+        data = left[0] + bytes(server.buf)
+        server.buf = ReceiveBuffer()
+        left[0], left[1] = data[-3:], left[1] - len(event.data)
+        if b"\r\n\r\n" not in data and left[1] > 0:
+            return
+    yield commands.CloseConnection(server.conn)
+    server.state = server.done
+    if request is not None:
+        server.request = request
+        yield _http1.ReceiveHttp(RequestHeaders(server.stream_id, request, False))
+        yield _http1.ReceiveHttp(RequestProtocolError(server.stream_id, message, HEAD_TOO_LARGE))
+
+
+def cut_head(request: Any) -> str | None:
+    """Why mitmproxy's reader refused this request's head unfinished, or None."""
+    return CUT_HEADS.get(request)
 
 
 def _before_error_hook(steps: Generator[Any, Any, Any], flow: Any, code: int, command: Any) -> Generator[Any, Any, Any]:

@@ -94,6 +94,20 @@ def skip(flow: http.HTTPFlow) -> bool:
     return notes is not None and bool(notes.facts.get("internal"))
 
 
+# mitmproxy 11's error messages when the client, not the site, ended a request: the connection
+# closed ("client disconnected"), or an HTTP/2 stream it cancelled ("stream reset by client
+# (CANCEL)", as Chromium does for a /favicon.ico it no longer wants).
+_CLIENT_ENDED = ("client disconnected", "stream reset by client")
+
+
+def client_ended(flow: http.HTTPFlow) -> bool:
+    """The flow's error is the client going away (whole connection or one HTTP/2 stream)."""
+    if flow.error is None:
+        return False
+    msg = flow.error.msg.lower()
+    return any(said in msg for said in _CLIENT_ENDED)
+
+
 def url_key(flow: http.HTTPFlow, rt: Runtime) -> str | None:
     """The flow's store key (SPEC §6), computed once per flow; None for a URL that has none."""
     if _URL_KEY not in flow.metadata:

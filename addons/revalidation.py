@@ -28,7 +28,7 @@ import logging
 from collections import OrderedDict
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from etiquette_addons.answers import answer_locally, fail_closed
+from etiquette_addons.answers import FAULTS, answer_locally, fail_closed
 from etiquette_addons.audit_log import DECISION_HEADER
 from etiquette_addons.notes import FlowNotes, notes_of, skip, url_key
 from etiquette_addons.runtime import PerSite, Runtime
@@ -211,8 +211,8 @@ class Revalidation:
         notes = notes_of(flow)
         try:
             await self._before(flow, notes)
-        except Exception:  # noqa: BLE001 - a saving, not a permission: forward unaltered
-            log.exception("revalidation failed on %s; forwarding without validators", flow.request.url)
+        except Exception as e:  # noqa: BLE001 - a saving, not a permission: forward unaltered
+            FAULTS.report("revalidation", e, "requests it meets are forwarded without validators")
             flow.metadata.pop(_INJECTED, None)
             notes.extra.pop("injected", None)
 

@@ -112,6 +112,18 @@ def positive_duration(value: Any) -> float:
     return seconds
 
 
+MIN_HEADER_BYTES = 1024
+
+
+def header_limit(value: Any) -> int:
+    """`listen.max_header_bytes` (SPEC §12): a size a request line and its Host always fit in."""
+    size = parse_size(value)
+    if size < MIN_HEADER_BYTES:
+        raise ValueError(f"{value!r} is under {MIN_HEADER_BYTES} bytes (expected a size such as 64KiB; "
+                         "smaller refuses ordinary requests)")
+    return size
+
+
 MIN_PROXYAUTH_PASSWORD = 12
 
 
@@ -219,6 +231,7 @@ SCHEMA: dict[str, Key] = {
     "listen.proxyauth": Key(optional(proxyauth), None),
     "listen.header_timeout": Key(positive_duration, 30.0),
     "listen.idle_timeout": Key(positive_duration, 300.0),
+    "listen.max_header_bytes": Key(header_limit, 64 * 1024),
     "state.dir": Key(text, "~/.local/state/etiquette-proxy"),
     "state.backend": Key(choice("diskcache", "redis"), "diskcache"),
     "state.url": Key(optional(redis_url), None),

@@ -94,6 +94,9 @@ ERRORS = [
     ("state:\n  backend: memcached\n", "f.yaml:2: state.backend: 'memcached' is not allowed (expected one of: "
      "diskcache, redis)"),
     ("listen:\n  header_timeout: 0\n", "f.yaml:2: listen.header_timeout: 0 must be > 0"),
+    ("listen:\n  max_header_bytes: 512\n", "f.yaml:2: listen.max_header_bytes: 512 is under 1024 bytes "
+                                           "(expected a size such as 64KiB"),
+    ("listen:\n  max_header_bytes: lots\n", "f.yaml:2: listen.max_header_bytes: 'lots' is not a size"),
     ("upstream:\n  read_timeout: soon\n", "f.yaml:2: upstream.read_timeout: 'soon' is not a duration"),
     ("upstream:\n  max_connections: 0\n", "f.yaml:2: upstream.max_connections: 0 must be >= 1"),
     ("store:\n  max_body: huge\n", "f.yaml:2: store.max_body: 'huge' is not a size"),
