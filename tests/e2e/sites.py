@@ -15,7 +15,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -30,6 +30,11 @@ class Answer:
     stall_s: float = 0.0  # sleep before answering (a site that stalls)
     reset: bool = False  # close the connection with RST instead of answering
     endless: bool = False  # stream a body that never ends (bounded by the test's lifetime)
+    # A body made as it is sent, never held whole (a large download, a trickle, a stall): the
+    # chunks are written as the callable yields them; Content-Length is `length` when given,
+    # else the body goes chunked.
+    chunks: Callable[[], Iterable[bytes]] | None = None
+    length: int | None = None
 
 
 Route = Answer | Callable[["Arrival"], Answer]
@@ -129,8 +134,10 @@ class Site:
             return
         handler.send_response(answer.status)
         headers = {"Date": handler.date_time_string(), **answer.headers}
-        if answer.endless:
+        if answer.endless or (answer.chunks is not None and answer.length is None):
             headers["Transfer-Encoding"] = "chunked"
+        elif answer.chunks is not None:
+            headers["Content-Length"] = str(answer.length)
         elif handler.command != "HEAD" or "Content-Length" not in headers:
             headers.setdefault("Content-Length", str(len(answer.body)))
         for k, v in headers.items():
@@ -145,6 +152,14 @@ class Site:
                 while not self._stop.is_set() and time.monotonic() < deadline:
                     handler.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                 handler.close_connection = True
+            elif answer.chunks is not None:
+                for chunk in answer.chunks():
+                    if answer.length is None:
+                        chunk = b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunk else b""
+                    if chunk:
+                        handler.wfile.write(chunk)
+                if answer.length is None:
+                    handler.wfile.write(b"0\r\n\r\n")
             else:
                 handler.wfile.write(answer.body)
         except OSError:
