@@ -46,6 +46,7 @@ class Arrival:
     path: str
     headers: dict[str, str]
     at: float  # time.monotonic()
+    size: int = 0  # request body bytes received (read in pieces, never held whole)
 
 
 class Site:
@@ -118,9 +119,7 @@ class Site:
 
     def _handle(self, handler: BaseHTTPRequestHandler) -> None:
         arrival = Arrival(handler.command, handler.path, {k.lower(): v for k, v in handler.headers.items()}, time.monotonic())
-        length = int(handler.headers.get("Content-Length") or 0)
-        if length:
-            handler.rfile.read(length)
+        arrival.size = _read_body(handler)
         with self._lock:
             self.arrivals.append(arrival)
         route = self.routes.get(handler.path) or self.routes.get(handler.path.split("?", 1)[0]) or self.default
@@ -164,6 +163,31 @@ class Site:
                 handler.wfile.write(answer.body)
         except OSError:
             handler.close_connection = True
+
+
+def _read_body(handler: BaseHTTPRequestHandler) -> int:
+    """Read the request body (Content-Length or chunked) in pieces; how many bytes it had."""
+    if "chunked" in handler.headers.get("Transfer-Encoding", "").lower():
+        size = 0
+        while True:
+            length = int(handler.rfile.readline().split(b";", 1)[0].strip() or b"0", 16)
+            if length == 0:
+                while handler.rfile.readline() not in (b"\r\n", b"\n", b""):  # trailers
+                    pass
+                return size
+            size += _read_exactly(handler, length)
+            handler.rfile.readline()  # the CRLF after each chunk
+    return _read_exactly(handler, int(handler.headers.get("Content-Length") or 0))
+
+
+def _read_exactly(handler: BaseHTTPRequestHandler, length: int) -> int:
+    got = 0
+    while got < length:
+        piece = handler.rfile.read(min(1 << 20, length - got))
+        if not piece:
+            break
+        got += len(piece)
+    return got
 
 
 class WindowedLimit:
