@@ -316,7 +316,8 @@ class ConnectionLimits:
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         self._stop_read_timer(flow)
-        if flow.metadata.get(BODY) is not None and flow.id not in self._forwarded and notes_of(flow).facts.get(FORWARDED):
+        streaming = flow.metadata.get(BODY) is not None
+        if streaming and notes_of(flow).facts.get(FORWARDED):
             # The body streams from here: the same timeout between its bytes.
             seconds = self.rt.config.upstream.read_timeout
             loop = asyncio.get_running_loop()

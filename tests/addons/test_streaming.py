@@ -19,13 +19,11 @@ from etiquette_addons.streaming import BODY, DISCARD, BodyStreams, body_of
 from mitmproxy import http
 from mitmproxy.proxy.layers import http as http_layer
 from mitmproxy.proxy.layers.http._events import RequestData
-from mitmproxy.test import tflow, tutils
 from mitmproxy.version import VERSION
 
 from etiquette_proxy.config import load_config_file
 from etiquette_proxy.revalidation.store import ValidatorStore
-
-URL = "http://site.test/page"
+from tests.addons.test_revalidation import URL, flow
 
 
 @pytest.fixture
@@ -34,12 +32,6 @@ def rt(tmp_path: Path) -> Iterator[Runtime]:
     runtime.store = ValidatorStore(tmp_path / "store", size_limit=64 * 1024**2, max_body=4096)
     yield runtime
     runtime.store.close()
-
-
-def flow(method: str = "GET", headers: list[tuple[bytes, bytes]] | None = None) -> http.HTTPFlow:
-    req = tutils.treq(host="site.test", port=80, method=method.encode(), path=b"/page",
-                      headers=http.Headers(headers or [(b"host", b"site.test")]), content=b"")
-    return tflow.tflow(req=req)
 
 
 def head_arrives(f: http.HTTPFlow, status: int = 200, headers: dict[str, str] | None = None) -> None:

@@ -104,7 +104,8 @@ def download(proxy: Proxy, site: Site, path: str) -> Download:
         r = c.getresponse()
         head_at = time.monotonic()
         first = r.read1(64 * 1024)
-        got = Download(r.status, {k.lower(): v for k, v in r.getheaders()}, head_at, time.monotonic(), len(first), False)
+        headers = {k.lower(): v for k, v in r.getheaders()}
+        got = Download(r.status, headers, head_at, time.monotonic(), len(first), False)
         try:
             while chunk := r.read1(MB):
                 got.size += len(chunk)
