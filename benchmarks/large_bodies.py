@@ -1,7 +1,7 @@
 """Large bodies: throughput and resident memory of etiquette-proxy against bare mitmproxy
 streaming the same bodies (SPEC §12: bodies of any size pass without being held in memory).
 
-    python benchmarks/large_bodies.py [--big-mb 1024] [--each-mb 100] [--parallel 8] [--rounds 1]
+    python benchmarks/large_bodies.py [--big-mb 1024] [--each-mb 100] [--parallel 8] [--rounds 3]
 
 One run, three arms on one local site (this script, `--serve`: an asyncio site that makes each
 body as it sends it, Content-Length framed, never on disk):
@@ -12,7 +12,7 @@ body as it sends it, Content-Length framed, never on disk):
 Two loads per arm: 1 x `--big-mb` MB, then `--parallel` x `--each-mb` MB at once. Clients are
 curl processes (`-o /dev/null`), so the client's own cost stays out of the proxy's figures.
 Per load: wall time, aggregate MB/s, median time to first byte, the proxy's VmRSS before,
-at its peak (sampled every 20 ms) and 2 s after.
+at its peak (sampled every 20 ms) and 2 s after. Rounds interleave the arms, then medians.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from _harness import (
@@ -128,8 +129,25 @@ def curl(url: str, proxy: str | None) -> subprocess.Popen[str]:
     return subprocess.Popen([*cmd, url], stdout=subprocess.PIPE, text=True, env=clean_env())
 
 
-def load(site: str, proxy: Started | None, count: int, size_mb: int) -> str:
-    """`count` downloads of `size_mb` MB at once through `proxy` (None: direct); one line of figures."""
+@dataclass
+class Figures:
+    wall_s: float
+    mb_s: float
+    first_ms: float
+    rss_before: float
+    rss_peak: float
+    rss_after: float
+    complete: bool
+
+    def line(self, count: int, size_mb: int) -> str:
+        memory = (f"RSS {self.rss_before:5.0f} -> peak {self.rss_peak:5.0f} (+{self.rss_peak - self.rss_before:3.0f}) "
+                  f"-> after {self.rss_after:5.0f} MB") if self.rss_before == self.rss_before else "RSS -"
+        return (f"{count} x {size_mb:>4} MB: {self.wall_s:6.2f} s, {self.mb_s:7.1f} MB/s, first byte "
+                f"{self.first_ms:6.1f} ms, {memory}{'' if self.complete else '  INCOMPLETE'}")
+
+
+def load(site: str, proxy: Started | None, count: int, size_mb: int) -> Figures:
+    """`count` downloads of `size_mb` MB at once through `proxy` (None: direct)."""
     pid = proxy.pid if proxy else None
     before = rss_mb(pid) if pid else float("nan")
     with Peak(pid) as peak:
@@ -140,13 +158,18 @@ def load(site: str, proxy: Started | None, count: int, size_mb: int) -> str:
     if pid:
         time.sleep(2)
     after = rss_mb(pid) if pid else float("nan")
-    ok = all(o[0] == "200" and int(o[1]) == size_mb * MB for o in outs)
+    complete = all(o[0] == "200" and int(o[1]) == size_mb * MB for o in outs)
     first_ms = statistics.median(float(o[2]) for o in outs) * 1000
-    total = count * size_mb
-    memory = f"RSS {before:6.0f} -> peak {peak.peak:6.0f} (+{peak.peak - before:4.0f}) -> after {after:6.0f} MB" \
-        if pid else "RSS -"
-    return (f"{count} x {size_mb:>4} MB: {wall:6.2f} s, {total / wall:7.1f} MB/s, first byte {first_ms:6.1f} ms, "
-            f"{memory}{'' if ok else '  INCOMPLETE'}")
+    return Figures(wall, count * size_mb / wall, first_ms, before, peak.peak if pid else float("nan"), after, complete)
+
+
+def summary(name: str, runs: list[Figures], count: int, size_mb: int) -> str:
+    """Medians over the rounds; the peak is the highest of any round."""
+    def med(key: str) -> float:
+        return statistics.median(getattr(r, key) for r in runs)
+    worst = max(runs, key=lambda r: r.rss_peak - r.rss_before)
+    return f"  {name:<40} " + Figures(med("wall_s"), med("mb_s"), med("first_ms"), worst.rss_before, worst.rss_peak,
+                                       worst.rss_after, all(r.complete for r in runs)).line(count, size_mb)
 
 
 def main() -> None:
@@ -155,7 +178,7 @@ def main() -> None:
     ap.add_argument("--big-mb", type=int, default=1024, help="the single large body, MB (default 1024)")
     ap.add_argument("--each-mb", type=int, default=100, help="each of the parallel bodies, MB (default 100)")
     ap.add_argument("--parallel", type=int, default=8, help="downloads at once (default 8)")
-    ap.add_argument("--rounds", type=int, default=1, help="each load this many times per arm (default 1)")
+    ap.add_argument("--rounds", type=int, default=3, help="each load this many times per arm, interleaved (default 3)")
     args = ap.parse_args()
     if args.serve:
         asyncio.run(_serve())
@@ -169,14 +192,21 @@ def main() -> None:
         etq = start_etiquette(scratch / "etiquette", FAST)
         with started(mitm, etq):
             arms += [("mitmdump --set stream_large_bodies=1m", mitm), ("etiquette-proxy", etq)]
-            for name, proxy in arms:
+            for _, proxy in arms:
                 if proxy is not None:  # warm: robots.txt fetched, first connection made
                     curl(f"{site.url}/1024", proxy.url).communicate(timeout=60)
-                print(f"-- {name}" + (f" (pid {proxy.pid})" if proxy else ""))
-                for _ in range(args.rounds):
-                    print("  " + load(site.url, proxy, 1, args.big_mb), flush=True)
-                    print("  " + load(site.url, proxy, args.parallel, args.each_mb), flush=True)
-
+            loads = [(1, args.big_mb), (args.parallel, args.each_mb)]
+            results: dict[tuple[str, int], list[Figures]] = {}
+            for r in range(args.rounds):  # arms interleaved: a busy machine hits them alike
+                for name, proxy in arms:
+                    for i, (count, size_mb) in enumerate(loads):
+                        figures = load(site.url, proxy, count, size_mb)
+                        results.setdefault((name, i), []).append(figures)
+                        print(f"  round {r + 1} {name:<40} {figures.line(count, size_mb)}", flush=True)
+            print(f"medians over {args.rounds} round(s) (RSS: the round with the largest growth):")
+            for i, (count, size_mb) in enumerate(loads):
+                for name, _ in arms:
+                    print(summary(name, results[(name, i)], count, size_mb))
 
 if __name__ == "__main__":
     main()

@@ -14,7 +14,7 @@ import hashlib
 import time
 import zlib
 from collections.abc import Callable
-from typing import Any
+from typing import Protocol
 
 ZLIB_CODINGS = ("gzip", "x-gzip", "deflate")
 
@@ -43,6 +43,14 @@ def decode_head(raw: bytes, coding: str, limit: int) -> tuple[bytes, bool] | Non
     return plain, not inflater.unconsumed_tail
 
 
+class Hasher(Protocol):
+    """What BodyCopy needs of a hash: hashlib's interface, as far as it uses it."""
+
+    def update(self, data: bytes, /) -> None: ...
+
+    def hexdigest(self) -> str: ...
+
+
 class BodyCopy:
     """What the proxy keeps of a body passing through it (SPEC §12: bodies of any size pass
     without being held in memory): the whole body while it is at most `keep` bytes, else only
@@ -53,9 +61,10 @@ class BodyCopy:
     (a whole copy is dropped the moment the body outgrows it) plus the hash state.
     """
 
-    __slots__ = ("keep", "head_limit", "size", "last_at", "hashed", "_clock", "_whole", "_head", "_sha")
+    __slots__ = ("keep", "head_limit", "size", "last_at", "hashed", "_clock", "_new_hash", "_whole", "_head", "_sha")
 
-    def __init__(self, keep: int, head: int, *, hashed: bool = False, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, keep: int, head: int, *, hashed: bool = False, clock: Callable[[], float] = time.monotonic,
+                 new_hash: Callable[[], Hasher] = hashlib.sha256):
         if keep < 0 or head < 0:
             raise ValueError(f"keep ({keep}) and head ({head}) must be >= 0")
         self.keep = keep
@@ -66,7 +75,8 @@ class BodyCopy:
         self._whole: bytearray | None = bytearray()
         self._head = bytearray()
         # Hashed only once the whole copy is dropped: a kept body is hashed by whoever reads it.
-        self._sha: Any = None
+        self._sha: Hasher | None = None
+        self._new_hash = new_hash  # a SHA-256 (hashlib's, or one that hashes off the event loop)
         self.hashed = hashed
 
     def outgrown(self) -> None:
@@ -74,7 +84,9 @@ class BodyCopy:
         if self._whole is None:
             return
         if self.hashed:
-            self._sha = hashlib.sha256(self._whole)
+            self._sha = self._new_hash()
+            if self._whole:
+                self._sha.update(bytes(self._whole))
         self._whole = None
 
     def feed(self, chunk: bytes) -> None:

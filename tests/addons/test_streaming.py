@@ -15,12 +15,13 @@ from etiquette_addons.health import body_head
 from etiquette_addons.notes import notes_of
 from etiquette_addons.revalidation import Revalidation
 from etiquette_addons.runtime import Runtime
-from etiquette_addons.streaming import BODY, DISCARD, BodyStreams, body_of
+from etiquette_addons.streaming import BODY, DISCARD, MAX_PENDING, BodyStreams, OffLoopSha256, body_of
 from mitmproxy import http
 from mitmproxy.proxy.layers import http as http_layer
 from mitmproxy.proxy.layers.http._events import RequestData
 from mitmproxy.version import VERSION
 
+from etiquette_proxy.bodies import BodyCopy
 from etiquette_proxy.config import load_config_file
 from etiquette_proxy.revalidation.store import ValidatorStore
 from tests.addons.test_revalidation import URL, flow
@@ -190,3 +191,16 @@ def test_the_consume_patch_still_matches_mitmproxy_11() -> None:
     steps = list(http_layer.HttpStream.state_consume_request_body(stream, RequestData(1, b"x" * 100)))
     assert steps == [] and stream.request_body_buf == bytearray()  # dropped, never gathered
     assert BODY != DISCARD
+
+
+def test_the_hash_computed_off_the_loop_is_the_sha256_of_every_byte_in_order() -> None:
+    chunks = [bytes([i]) * (1000 + i) for i in range(200)]
+    sha = OffLoopSha256()
+    for chunk in chunks:
+        sha.update(chunk)
+        assert len(sha._pending) <= MAX_PENDING  # bounded whatever the thread's pace
+    assert sha.hexdigest() == hashlib.sha256(b"".join(chunks)).hexdigest()
+    copy = BodyCopy(10, 0, hashed=True, new_hash=OffLoopSha256)  # as BodyStreams makes it
+    for chunk in chunks:
+        copy.feed(chunk)
+    assert copy.sha256 == hashlib.sha256(b"".join(chunks)).hexdigest()
