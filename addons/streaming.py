@@ -70,39 +70,57 @@ def declared_length(message: http.Message) -> int | None:
 
 
 # SPEC §12 fingerprints a body too large to store by its SHA-256, computed as it streams. On
-# the event loop that halved a single download's throughput (hashing runs at roughly the
-# speed mitmproxy forwards); hashlib lets go of the GIL while it hashes, so one worker thread
-# does it beside the loop, in order, for every flow.
+# the event loop that is a large share of what forwarding a byte costs (one core: hashing
+# runs a few times faster than mitmproxy forwards); hashlib lets go of the GIL while it
+# hashes, so one worker thread does it beside the loop, in order, for every flow.
 _HASHING = ThreadPoolExecutor(1, thread_name_prefix="etiquette-body-hash")
-MAX_PENDING = 64  # chunks (<= 64 KiB each from mitmproxy) waiting to be hashed, per body
+BATCH_BYTES = 1024 * 1024  # chunks handed to the thread together: one hand-over per MiB, not per chunk
+MAX_PENDING = 4  # batches waiting for the thread, per body
 
 
 class OffLoopSha256:
     """A SHA-256 fed on the event loop and computed on the hashing thread, in order.
 
-    At most MAX_PENDING chunks wait for the thread (memory stays bounded); past that, `update`
-    waits for the oldest (a chunk's hash takes about 0.1 ms), so a thread that falls behind
-    slows the stream instead of piling chunks up. `hexdigest` waits for the last chunks.
+    Chunks are handed over in batches of BATCH_BYTES (a hand-over costs about what hashing a
+    64 KiB chunk does). At most MAX_PENDING batches wait for the thread (memory stays bounded);
+    past that, `update` waits for the oldest, so a thread that falls behind slows the stream
+    instead of piling chunks up. `hexdigest` hands over the rest and waits for it.
     """
 
-    __slots__ = ("_sha", "_pending")
+    __slots__ = ("_sha", "_batch", "_batched", "_pending")
 
     def __init__(self) -> None:
         self._sha = hashlib.sha256()
+        self._batch: list[bytes] = []
+        self._batched = 0
         self._pending: deque[Future[None]] = deque()
 
     def update(self, data: bytes, /) -> None:
+        self._batch.append(data)
+        self._batched += len(data)
+        if self._batched >= BATCH_BYTES:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
         pending = self._pending
         while pending and pending[0].done():
             pending.popleft().result()
         if len(pending) >= MAX_PENDING:
             pending.popleft().result()
-        pending.append(_HASHING.submit(self._sha.update, data))
+        batch, self._batch, self._batched = self._batch, [], 0
+        pending.append(_HASHING.submit(_hash_all, self._sha, batch))
 
     def hexdigest(self) -> str:
+        if self._batch:
+            self._hand_over()
         while self._pending:
             self._pending.popleft().result()
         return self._sha.hexdigest()
+
+
+def _hash_all(sha: Any, batch: list[bytes]) -> None:
+    for data in batch:
+        sha.update(data)
 
 
 class ResponseTee:
