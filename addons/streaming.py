@@ -74,8 +74,8 @@ def declared_length(message: http.Message) -> int | None:
 # runs a few times faster than mitmproxy forwards); hashlib lets go of the GIL while it
 # hashes, so one worker thread does it beside the loop, in order, for every flow.
 _HASHING = ThreadPoolExecutor(1, thread_name_prefix="etiquette-body-hash")
-BATCH_BYTES = 1024 * 1024  # chunks handed to the thread together: one hand-over per MiB, not per chunk
-MAX_PENDING = 4  # batches waiting for the thread, per body
+BATCH_BYTES = 256 * 1024  # chunks handed to the thread together: one hand-over per 256 KiB, not per chunk
+MAX_PENDING = 2  # batches waiting for the thread, per body: at most 768 KiB held per body
 
 
 class OffLoopSha256:
