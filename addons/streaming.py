@@ -124,18 +124,26 @@ def _hash_all(sha: Any, batch: list[bytes]) -> None:
 
 
 class ResponseTee:
-    """The response's stream callable: each chunk is copied (bounded) and passed on unchanged."""
+    """The response's stream callable: each chunk is copied (bounded) and passed on unchanged,
+    except the chunk that completes a body of known length: it is held (TAIL) and goes out
+    right after the `response` hook (send_response_then_tail), so the audit line is written
+    before the client can have the whole answer, as when bodies were buffered (SPEC §3: one
+    line per decision, written as it happens)."""
 
-    __slots__ = ("flow", "copy")
+    __slots__ = ("flow", "copy", "length")
 
-    def __init__(self, flow: http.HTTPFlow, copy: BodyCopy):
+    def __init__(self, flow: http.HTTPFlow, copy: BodyCopy, length: int | None = None):
         self.flow = flow
         self.copy = copy
+        self.length = length
 
-    def __call__(self, chunk: bytes) -> bytes:
+    def __call__(self, chunk: bytes) -> bytes | list[bytes]:
         self.copy.feed(chunk)
         if not chunk:  # mitmproxy's end of the body
             self._ended()
+        elif self.length is not None and self.copy.size >= self.length:
+            self.flow.metadata[TAIL] = chunk
+            return []  # nothing now (b"" would be a chunked body's last chunk)
         return chunk
 
     def _ended(self) -> None:
@@ -203,7 +211,7 @@ class BodyStreams:
         if length is not None and length > keep:
             copy.outgrown()  # known from the start: no copy is begun only to be dropped
         flow.metadata[BODY] = copy
-        response.stream = ResponseTee(flow, copy)
+        response.stream = ResponseTee(flow, copy, length)
         if length is None and _close_delimited_to_http1_client(flow):
             # A body ended by closing the connection cannot be told from one cut short. To an
             # HTTP/1.1 client it goes chunked (RFC 9112 §7.1): a cut body then lacks its last
@@ -226,6 +234,7 @@ def _close_delimited_to_http1_client(flow: http.HTTPFlow) -> bool:
 
 
 DISCARD = "etiquette_discard_request_body"  # flow.metadata: answered before its body was read
+TAIL = "etiquette_body_tail"  # flow.metadata: a streamed body's last chunk, sent after the response hook
 
 
 def discard_request_body(flow: http.HTTPFlow) -> None:
@@ -248,7 +257,9 @@ def install() -> None:
         return
     _patched = True
     from mitmproxy.proxy.layers import http as http_layer
-    from mitmproxy.proxy.layers.http._events import RequestData
+    from mitmproxy.proxy.layers.http import SendHttp
+    from mitmproxy.proxy.layers.http._events import RequestData, ResponseData
+    from mitmproxy.proxy.layers.http._hooks import HttpResponseHook
 
     consume = http_layer.HttpStream.state_consume_request_body
 
@@ -258,3 +269,25 @@ def install() -> None:
         yield from consume(self, event)
 
     http_layer.HttpStream.state_consume_request_body = consume_or_drop  # type: ignore[method-assign]
+
+    # `send_response(already_streamed=True)` runs the `response` hook, then ends the client's
+    # message; a held tail (ResponseTee) is sent between the two.
+    send_response = http_layer.HttpStream.send_response
+
+    def send_response_then_tail(self: Any, already_streamed: bool = False) -> Generator[Any, Any, None]:
+        tail = self.flow.metadata.pop(TAIL, None) if already_streamed else None
+        steps = send_response(self, already_streamed)
+        if tail is None:
+            return (yield from steps)
+        try:
+            command = next(steps)
+            while True:
+                answer = yield command
+                if tail is not None and isinstance(command, HttpResponseHook):
+                    yield SendHttp(ResponseData(self.stream_id, tail), self.context.client)
+                    tail = None
+                command = steps.send(answer)
+        except StopIteration as done:
+            return done.value
+
+    http_layer.HttpStream.send_response = send_response_then_tail  # type: ignore[method-assign]

@@ -15,7 +15,7 @@ from etiquette_addons.health import body_head
 from etiquette_addons.notes import notes_of
 from etiquette_addons.revalidation import Revalidation
 from etiquette_addons.runtime import Runtime
-from etiquette_addons.streaming import BODY, DISCARD, MAX_PENDING, BodyStreams, OffLoopSha256, body_of
+from etiquette_addons.streaming import BODY, DISCARD, MAX_PENDING, TAIL, BodyStreams, OffLoopSha256, body_of
 from mitmproxy import http
 from mitmproxy.proxy.layers import http as http_layer
 from mitmproxy.proxy.layers.http._events import RequestData
@@ -55,7 +55,10 @@ def test_every_response_body_streams_and_a_small_one_is_handed_back_whole(rt: Ru
     f = flow()
     head_arrives(f, headers={"Content-Length": "11"})
     BodyStreams(rt).responseheaders(f)
-    assert body_streams(f, [b"hello ", b"world"]) == [b"hello ", b"world", b""]  # passed on unchanged
+    # Passed on unchanged, but for the chunk that completes the Content-Length: held (TAIL) to
+    # go out after the response hook, so the audit line is written before the client has it all.
+    assert body_streams(f, [b"hello ", b"world"]) == [b"hello ", [], b""]
+    assert f.metadata[TAIL] == b"world"
     assert f.response is not None and f.response.raw_content == b"hello world"  # the response hooks read it
 
 
@@ -190,6 +193,7 @@ def test_the_consume_patch_still_matches_mitmproxy_11() -> None:
     f.metadata[DISCARD] = True
     steps = list(http_layer.HttpStream.state_consume_request_body(stream, RequestData(1, b"x" * 100)))
     assert steps == [] and stream.request_body_buf == bytearray()  # dropped, never gathered
+    assert http_layer.HttpStream.send_response.__name__ == "send_response_then_tail"
     assert BODY != DISCARD
 
 
