@@ -22,11 +22,14 @@ from etiquette_addons.runaway import RunawayWatch
 from etiquette_addons.runtime import Runtime
 from etiquette_addons.settings import Settings
 from etiquette_addons.site_grouping import SiteGrouping
+from etiquette_addons.streaming import BodyStreams, discard_request_body
 from etiquette_addons.target_check import TargetCheck
 
 from etiquette_proxy.events import Broadcast
 from etiquette_proxy.operate.controls import ROUTE as OPERATOR_ROUTE
 from etiquette_proxy.pacing.restraints import Restraints
+
+_GATED_AT_HEADERS = "etiquette_gated_at_headers"  # flow.metadata: the request hooks ran in requestheaders
 
 # Hooks mitmproxy calls synchronously (errors, e.g. OptionsError, must reach it) and the
 # asynchronous ones the members use.
@@ -111,8 +114,18 @@ class Chain:
 
     async def requestheaders(self, flow: Any) -> None:
         await self._run("requestheaders", flow)
+        if flow.request.stream and flow.response is None and flow.error is None:
+            # A body that streams (streaming.py) follows its head to the site as soon as this
+            # hook returns, and mitmproxy's `request` hook comes only after the whole body:
+            # every gate decides here, before anything leaves (SPEC §4, §5).
+            flow.metadata[_GATED_AT_HEADERS] = True
+            await self._run("request", flow)
+            if flow.response is not None or flow.error is not None:
+                discard_request_body(flow)  # answered here: the body is read and dropped
 
     async def request(self, flow: Any) -> None:
+        if flow.metadata.pop(_GATED_AT_HEADERS, False):
+            return  # the gates decided at the request's head
         await self._run("request", flow)
 
     async def responseheaders(self, flow: Any) -> None:
@@ -181,6 +194,7 @@ def members(rt: Runtime) -> list[Any]:
         health,  # SPEC §8: the request leaves now (its send time)
         RequestSigning(rt),  # SPEC §9: signed last, after every header the proxy adds
         AuditLogGate(rt),  # SPEC §11 again as the request leaves: the log may have failed while it was held
+        BodyStreams(rt),  # SPEC §12: bodies pass as they arrive, a bounded copy kept (before the timers)
         ConnectionLimits(rt),  # SPEC §12: timeouts from here (read_timeout), connection limits
         AuditWriter(rt, rates),  # decision header and audit line: last, after every decision is made
     ]

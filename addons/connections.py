@@ -19,6 +19,13 @@ cancels the connection's task in the proxy server's connection handler
   or no connection and the request never sent, and from whom: the site or the upstream proxy,
   which cannot tell whether a site behind it got the request); the error hook gives the
   concurrency slot back (pacing), and the audit writer writes the line.
+- Body gaps: the same `upstream.read_timeout` bounds every gap between body bytes while a body
+  streams (streaming.py: a request body going out, a response body coming in; the copy of each
+  says when its last bytes passed). Passed mid-response: the client already has the status
+  line, so no 504 can be sent; the client's connection is cut instead (its site connection
+  goes with it), so a truncated body never looks complete (SPEC §12), and the line says
+  `failed` with the bytes passed. One timer per flow, re-armed only when it fires: a chunk costs
+  a clock read, not a timer.
 - Site connections unused for `upstream.idle_timeout` are closed, and when more than
   `upstream.max_connections` are open the least recently used idle ones are closed. mitmproxy
   keeps one per client connection and site; a site connection is closed for idleness only when
@@ -48,6 +55,7 @@ from etiquette_addons import mitm_patches
 from etiquette_addons.answers import answer_locally
 from etiquette_addons.notes import FORWARDED, notes_of, skip
 from etiquette_addons.runtime import Runtime
+from etiquette_addons.streaming import BODY, REQUEST_BODY
 from mitmproxy import connection, ctx, http
 from mitmproxy.proxy import mode_specs, server_hooks
 
@@ -208,7 +216,11 @@ class ConnectionLimits:
         while self._forwarded and loop.time() < deadline:
             await asyncio.sleep(0.05)
         for flow, _ in list(self._forwarded.values()):
-            self._give_up(flow, budget_s, stopping=True)
+            if flow.response is not None:  # a body still streaming
+                self._cut(flow, f"proxy stopping: the body had not ended within {budget_s:g}s; "
+                                "the client's connection was cut")
+            else:
+                self._give_up(flow, budget_s, stopping=True)
         deadline = loop.time() + 0.5  # the error hooks write their lines
         while self._forwarded and loop.time() < deadline:
             await asyncio.sleep(0.02)
@@ -298,11 +310,59 @@ class ConnectionLimits:
             return
         notes_of(flow).facts[FORWARDED] = True
         seconds = self.rt.config.upstream.read_timeout
-        timer = asyncio.get_running_loop().call_later(seconds, self._give_up, flow, seconds)
+        loop = asyncio.get_running_loop()
+        if flow.metadata.get(REQUEST_BODY) is not None:  # the body streams out after this hook
+            timer = loop.call_later(seconds, self._gap_passed, flow, seconds, loop.time())
+        else:
+            timer = loop.call_later(seconds, self._give_up, flow, seconds)
         self._forwarded[flow.id] = (flow, timer)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         self._stop_read_timer(flow)
+        streaming = flow.metadata.get(BODY) is not None
+        if streaming and notes_of(flow).facts.get(FORWARDED):
+            # The body streams from here: the same timeout between its bytes.
+            seconds = self.rt.config.upstream.read_timeout
+            loop = asyncio.get_running_loop()
+            self._forwarded[flow.id] = (flow, loop.call_later(seconds, self._gap_passed, flow, seconds, loop.time()))
+
+    def _gap_passed(self, flow: http.HTTPFlow, seconds: float, since: float) -> None:
+        """A body's timer fired: cut the exchange if nothing passed for `seconds`, else wait
+        for what is left of the gap since the last bytes."""
+        if flow.id not in self._forwarded or flow.error is not None:
+            self._forwarded.pop(flow.id, None)
+            return
+        loop = asyncio.get_running_loop()
+        # The copies' clocks are time.monotonic, as the loop's own clock (asyncio's loop.time()).
+        last = since
+        for key in (REQUEST_BODY, BODY):
+            copy = flow.metadata.get(key)
+            if copy is not None:
+                last = max(last, copy.last_at)
+        idle = loop.time() - last
+        if idle < seconds:
+            self._forwarded[flow.id] = (flow, loop.call_later(seconds - idle, self._gap_passed, flow, seconds, since))
+            return
+        if flow.response is None:  # still waiting for the head (a request body went out meanwhile)
+            self._give_up(flow, seconds)
+            return
+        passed = flow.metadata[BODY].size if flow.metadata.get(BODY) is not None else 0
+        self._cut(flow, f"the site sent nothing for {seconds:g}s after {passed} body bytes "
+                        "(upstream.read_timeout); the client's connection was cut")
+
+    def _cut(self, flow: http.HTTPFlow, reason: str) -> None:
+        """A body given up mid-way: the client has the head, so its connection is cut."""
+        self._forwarded.pop(flow.id, None)
+        if flow.error is not None:
+            return
+        copy = flow.metadata.get(BODY)
+        notes = notes_of(flow)
+        notes.outcome = "failed"
+        notes.reason = reason
+        notes.extra["bytes"] = copy.size if copy is not None else 0
+        log.warning("%s: giving up on %s: %s", notes.site, flow.request.url, notes.reason)
+        if not self._close(flow.client_conn.id, flow.client_conn, notes.reason):
+            flow.kill()
 
     def response(self, flow: http.HTTPFlow) -> None:
         self._finished(flow)

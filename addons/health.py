@@ -46,10 +46,11 @@ from etiquette_addons.fields import fields_named
 from etiquette_addons.notes import FlowNotes, client_ended, notes_of, skip
 from etiquette_addons.runtime import Runtime
 from etiquette_addons.side_fetch import SideFetchError, fetch
+from etiquette_addons.streaming import body_of
 from mitmproxy import http
 
 from etiquette_proxy.audit.log import audit_record
-from etiquette_proxy.bodies import ZLIB_CODINGS, decode_head
+from etiquette_proxy.bodies import ZLIB_CODINGS, BodyCopy, decode_head
 from etiquette_proxy.clock import Clock, wall
 from etiquette_proxy.health.parser import ParserSummary, parse_report
 from etiquette_proxy.health.signals import HEAD_BYTES, Signal
@@ -90,31 +91,40 @@ def route_label(runtime: Runtime) -> str:
 _READ = frozenset({b"content-type", b"cf-mitigated", b"location", b"content-encoding", b"content-length"})
 
 
-def body_head(response: http.Response, headers: Mapping[str, str] | None = None) -> tuple[bytes, int]:
+def body_head(response: http.Response, headers: Mapping[str, str] | None = None,
+              copy: BodyCopy | None = None) -> tuple[bytes, int]:
     """The first HEAD_BYTES of the decoded body (markers are searched there) and the body size.
 
     The size is the body as it came over the wire; only the head is decoded, so a large gzip
     page costs a bounded inflate, not a full one. `headers`: the response's fields as
-    `_headers` reads them (lower-case names), when the caller has them already.
+    `_headers` reads them (lower-case names), when the caller has them already. `copy`: what
+    was kept of a body that streamed past what the proxy holds (streaming.py): its head and size.
     """
     if headers is None:
         headers = _headers(response)
     raw = response.raw_content
-    if raw is None:  # streamed: nothing to look at, the size from the header
-        try:
-            return b"", int(headers.get("content-length", "0"))
-        except ValueError:
-            return b"", 0
+    whole = raw is not None
+    if raw is None:
+        if copy is None:  # streamed, nothing kept: nothing to look at, the size from the header
+            try:
+                return b"", int(headers.get("content-length", "0"))
+            except ValueError:
+                return b"", 0
+        raw, size = copy.head, copy.size  # SPEC §12: health reads the head from the stream
+    else:
+        size = len(raw)
     encoding = headers.get("content-encoding", "").strip().lower()
     if encoding in ("", "identity"):
-        return raw[:HEAD_BYTES], len(raw)
+        return raw[:HEAD_BYTES], size
     if encoding in ZLIB_CODINGS:
-        decoded = decode_head(raw, encoding, HEAD_BYTES)
-        return (decoded[0] if decoded is not None else raw[:HEAD_BYTES]), len(raw)
+        decoded = decode_head(raw, encoding, HEAD_BYTES)  # a head alone decodes as far as it goes
+        return (decoded[0] if decoded is not None else raw[:HEAD_BYTES]), size
+    if not whole:  # br, zstd: their decoders want the whole body; the head as it came
+        return raw[:HEAD_BYTES], size
     try:  # br, zstd: mitmproxy's decoders, whole body
-        return (response.get_content(strict=False) or b"")[:HEAD_BYTES], len(raw)
+        return (response.get_content(strict=False) or b"")[:HEAD_BYTES], size
     except Exception:  # noqa: BLE001 - an undecodable body is classified by status and size
-        return raw[:HEAD_BYTES], len(raw)
+        return raw[:HEAD_BYTES], size
 
 
 # Enum members read through their class cost a descriptor call each (Python 3.11): per
@@ -343,7 +353,7 @@ class HealthWatch:
                 self._annotate(notes.site, notes)  # a local answer: the site saw nothing
                 return
             headers = _headers(flow.response)
-            head, size = body_head(flow.response, headers)
+            head, size = body_head(flow.response, headers, body_of(flow))
             site = notes.site
             h = self._site(site, notes.origin)
             response = flow.response

@@ -33,6 +33,7 @@ from etiquette_addons.audit_log import DECISION_HEADER
 from etiquette_addons.notes import FlowNotes, notes_of, skip, url_key
 from etiquette_addons.runtime import PerSite, Runtime
 from etiquette_addons.side_fetch import SideFetchError, fetch
+from etiquette_addons.streaming import body_of
 from mitmproxy import http
 
 from etiquette_proxy.bodies import decode_head
@@ -395,7 +396,12 @@ class Revalidation:
         key = url_key(flow, self.rt)
         if key is None:
             return
-        raw = response.raw_content or b""
+        if response.raw_content is None:
+            copy = body_of(flow)
+            if copy is not None and copy.sha256 is not None:
+                self._fetched_unkept(flow, notes, key, copy.sha256)
+            return
+        raw = response.raw_content
         request_headers = decoded(flow.request.headers.fields)
         response_headers = site_headers(response)
         now = wall()
@@ -446,10 +452,21 @@ class Revalidation:
             log.debug("%s not stored: %s", key, decision.reason)
             store.put_record(REVISIT, key, revisit)
 
-        would: StoredEntry | None = flow.metadata.get(_WOULD_INJECT)
-        if would is not None and _same_validators(would, response_headers):
-            notes.would_do("revalidated", "the site's 200 carries the stored validators: "
-                                          "with them injected it would have answered 304")
+        _note_would_revalidate(flow, notes, response_headers)
+
+    def _fetched_unkept(self, flow: http.HTTPFlow, notes: FlowNotes, key: str, sha256: str) -> None:
+        """A 200 whose body streamed past store.max_body (streaming.py): never stored, so no
+        validators are injected for it later (a 304 could not be turned into the page); its
+        fingerprint is the SHA-256 computed on the stream, as `_digest` takes for any body
+        above store.max_body, so the revisit schedule still learns whether it changed."""
+        store = self.rt.store
+        assert store is not None
+        revisit = self._revisit(flow, notes, "raw:" + sha256, wall())
+        if flow.metadata.get(_HAD_ENTRY):
+            store.forget(key)  # the stored copy is outdated and the new one is not storable
+        store.put_record(REVISIT, key, revisit)
+        assert flow.response is not None
+        _note_would_revalidate(flow, notes, site_headers(flow.response))
 
     @staticmethod
     def _digest(raw: bytes, encoding: str | None, fingerprinter: Fingerprinter, max_body: int) -> str:
@@ -505,6 +522,14 @@ def _same_variant_as(stored: StoredEntry, request_headers: HeaderPairs,
     # StoredEntry.build: validators are the first values; no Vary, no Vary values.
     return (stored.vary == () and stored.etag == etag and stored.last_modified == last_modified
             and stored.credentials == credentials_digest(request_headers))
+
+
+def _note_would_revalidate(flow: http.HTTPFlow, notes: FlowNotes, response_headers: HeaderPairs) -> None:
+    """Observe mode: the site's 200 carried the validators we would have sent."""
+    would: StoredEntry | None = flow.metadata.get(_WOULD_INJECT)
+    if would is not None and _same_validators(would, response_headers):
+        notes.would_do("revalidated", "the site's 200 carries the stored validators: "
+                                      "with them injected it would have answered 304")
 
 
 def _same_validators(entry: StoredEntry, response_headers: HeaderPairs) -> bool:

@@ -3,11 +3,18 @@
 One decoder for the whole proxy: health looks for markers in the head of a page, revalidation
 fingerprints the page. Only gzip and deflate are undone here (zlib, bounded by `limit`, so a
 large or hostile body costs a bounded inflate); other codings are the caller's to handle.
+
+BodyCopy is what the proxy keeps of a body streaming through it: bounded whatever the body's
+size, so health and the store read what they need without the proxy holding the body.
 """
 
 from __future__ import annotations
 
+import hashlib
+import time
 import zlib
+from collections.abc import Callable
+from typing import Protocol
 
 ZLIB_CODINGS = ("gzip", "x-gzip", "deflate")
 
@@ -34,3 +41,81 @@ def decode_head(raw: bytes, coding: str, limit: int) -> tuple[bytes, bool] | Non
         except zlib.error:
             return None
     return plain, not inflater.unconsumed_tail
+
+
+class Hasher(Protocol):
+    """What BodyCopy needs of a hash: hashlib's interface, as far as it uses it."""
+
+    def update(self, data: bytes, /) -> None: ...
+
+    def hexdigest(self) -> str: ...
+
+
+class BodyCopy:
+    """What the proxy keeps of a body passing through it (SPEC §12: bodies of any size pass
+    without being held in memory): the whole body while it is at most `keep` bytes, else only
+    its first `head` bytes; its size, its SHA-256 when asked (`hashed`), and when its last bytes
+    came (`last_at`, on `clock`), so a gap between body bytes can be timed.
+
+    Fed chunk by chunk as the body goes on to its reader. Memory: at most max(keep, head) bytes
+    (a whole copy is dropped the moment the body outgrows it) plus the hash state.
+    """
+
+    __slots__ = ("keep", "head_limit", "size", "last_at", "hashed", "_clock", "_new_hash", "_whole", "_head", "_sha")
+
+    def __init__(self, keep: int, head: int, *, hashed: bool = False, clock: Callable[[], float] = time.monotonic,
+                 new_hash: Callable[[], Hasher] = hashlib.sha256):
+        if keep < 0 or head < 0:
+            raise ValueError(f"keep ({keep}) and head ({head}) must be >= 0")
+        self.keep = keep
+        self.head_limit = head
+        self.size = 0
+        self._clock = clock
+        self.last_at = clock()
+        self._whole: bytearray | None = bytearray()
+        self._head = bytearray()
+        # Hashed only once the whole copy is dropped: a kept body is hashed by whoever reads it.
+        self._sha: Hasher | None = None
+        self._new_hash = new_hash  # a SHA-256 (hashlib's, or one that hashes off the event loop)
+        self.hashed = hashed
+
+    def outgrown(self) -> None:
+        """Keep no whole copy from now on (the body is known to be larger than `keep`)."""
+        if self._whole is None:
+            return
+        if self.hashed:
+            self._sha = self._new_hash()
+            if self._whole:
+                self._sha.update(bytes(self._whole))
+        self._whole = None
+
+    def feed(self, chunk: bytes) -> None:
+        """Count (and keep what is kept of) the next chunk of the body."""
+        self.last_at = self._clock()
+        if not chunk:
+            return
+        self.size += len(chunk)
+        if len(self._head) < self.head_limit:
+            self._head += chunk[: self.head_limit - len(self._head)]
+        if self._whole is not None:
+            if self.size <= self.keep:
+                self._whole += chunk
+                return
+            self.outgrown()  # from here on only the head, the size and the hash
+        if self._sha is not None:
+            self._sha.update(chunk)
+
+    @property
+    def whole(self) -> bytes | None:
+        """The whole body, when it fitted in `keep`; else None."""
+        return bytes(self._whole) if self._whole is not None else None
+
+    @property
+    def head(self) -> bytes:
+        """The first `head` bytes of the body (fewer when the body is shorter)."""
+        return bytes(self._head)
+
+    @property
+    def sha256(self) -> str | None:
+        """The hex SHA-256 of every byte fed, when `hashed` and the body outgrew `keep`."""
+        return self._sha.hexdigest() if self._sha is not None else None

@@ -244,6 +244,7 @@ SCHEMA: dict[str, Key] = {
     "upstream.read_timeout": Key(positive_duration, 60.0),
     "upstream.idle_timeout": Key(positive_duration, 30.0),
     "upstream.max_connections": Key(integer(1), 1000),
+    "limits.stream_above": Key(parse_size, 1024**2),
     "identity.user_agent": Key(optional(text), None),
     "identity.web_bot_auth.key_file": Key(optional(key_file), None),
     "identity.web_bot_auth.signature_agent": Key(optional(https_origin), None),

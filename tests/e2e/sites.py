@@ -16,7 +16,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -31,6 +31,11 @@ class Answer:
     stall_s: float = 0.0  # sleep before answering (a site that stalls)
     reset: bool = False  # close the connection with RST instead of answering
     endless: bool = False  # stream a body that never ends (bounded by the test's lifetime)
+    # A body made as it is sent, never held whole (a large download, a trickle, a stall): the
+    # chunks are written as the callable yields them; Content-Length is `length` when given,
+    # else the body goes chunked.
+    chunks: Callable[[], Iterable[bytes]] | None = None
+    length: int | None = None
 
 
 Route = Answer | Callable[["Arrival"], Answer]
@@ -42,6 +47,7 @@ class Arrival:
     path: str
     headers: dict[str, str]
     at: float  # time.monotonic()
+    size: int = 0  # request body bytes received (read in pieces, never held whole)
 
 
 class Site:
@@ -114,9 +120,7 @@ class Site:
 
     def _handle(self, handler: BaseHTTPRequestHandler) -> None:
         arrival = Arrival(handler.command, handler.path, {k.lower(): v for k, v in handler.headers.items()}, time.monotonic())
-        length = int(handler.headers.get("Content-Length") or 0)
-        if length:
-            handler.rfile.read(length)
+        arrival.size = _read_body(handler)
         with self._lock:
             self.arrivals.append(arrival)
         route = self.routes.get(handler.path) or self.routes.get(handler.path.split("?", 1)[0]) or self.default
@@ -130,8 +134,10 @@ class Site:
             return
         handler.send_response(answer.status)
         headers = {"Date": handler.date_time_string(), **answer.headers}
-        if answer.endless:
+        if answer.endless or (answer.chunks is not None and answer.length is None):
             headers["Transfer-Encoding"] = "chunked"
+        elif answer.chunks is not None:
+            headers["Content-Length"] = str(answer.length)
         elif handler.command != "HEAD" or "Content-Length" not in headers:
             headers.setdefault("Content-Length", str(len(answer.body)))
         for k, v in headers.items():
@@ -146,10 +152,43 @@ class Site:
                 while not self._stop.is_set() and time.monotonic() < deadline:
                     handler.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                 handler.close_connection = True
+            elif answer.chunks is not None:
+                for chunk in answer.chunks():
+                    if answer.length is None:
+                        chunk = b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunk else b""
+                    if chunk:
+                        handler.wfile.write(chunk)
+                if answer.length is None:
+                    handler.wfile.write(b"0\r\n\r\n")
             else:
                 handler.wfile.write(answer.body)
         except OSError:
             handler.close_connection = True
+
+
+def _read_body(handler: BaseHTTPRequestHandler) -> int:
+    """Read the request body (Content-Length or chunked) in pieces; how many bytes it had."""
+    if "chunked" in handler.headers.get("Transfer-Encoding", "").lower():
+        size = 0
+        while True:
+            length = int(handler.rfile.readline().split(b";", 1)[0].strip() or b"0", 16)
+            if length == 0:
+                while handler.rfile.readline() not in (b"\r\n", b"\n", b""):  # trailers
+                    pass
+                return size
+            size += _read_exactly(handler, length)
+            handler.rfile.readline()  # the CRLF after each chunk
+    return _read_exactly(handler, int(handler.headers.get("Content-Length") or 0))
+
+
+def _read_exactly(handler: BaseHTTPRequestHandler, length: int) -> int:
+    got = 0
+    while got < length:
+        piece = handler.rfile.read(min(1 << 20, length - got))
+        if not piece:
+            break
+        got += len(piece)
+    return got
 
 
 class WindowedLimit:
