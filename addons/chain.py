@@ -193,8 +193,8 @@ def members(rt: Runtime) -> list[Any]:
         RefusalTrimmer(rt),  # SPEC §7: page-only headers off refusals (responseheaders)
         health,  # SPEC §8: the request leaves now (its send time)
         RequestSigning(rt),  # SPEC §9: signed last, after every header the proxy adds
-        AuditLogGate(rt),  # SPEC §11 again as the request leaves: the log may have failed while it was held
         BodyStreams(rt),  # SPEC §12: bodies pass as they arrive, a bounded copy kept (before the timers)
+        AuditLogGate(rt),  # SPEC §11 again as the request leaves: the log may have failed while it was held
         ConnectionLimits(rt),  # SPEC §12: timeouts from here (read_timeout), connection limits
         AuditWriter(rt, rates),  # decision header and audit line: last, after every decision is made
     ]
