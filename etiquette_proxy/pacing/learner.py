@@ -98,6 +98,23 @@ class Departures:
         return not self.at
 
 
+def quota_wait(departs: Departures | None, policy: tuple[float, float] | None, now: float) -> float:
+    """Seconds until our own departures leave room under a RateLimit-Policy of q per w: the
+    q-th last departure must have left the window (0: room now, or the log is too short to say).
+
+    An even pace keeps q per w once it runs, but requests sent before the policy was known (a
+    burst at the eager configured rate) already sit in the site's window; without this the
+    first window draws a 429. The window is taken `CEILING_MARGIN` longer: a site whose window
+    is closed at both ends still counts a request exactly w old.
+    """
+    if departs is None or policy is None:
+        return 0.0
+    quota, window = int(policy[0]), policy[1]
+    if quota < 1 or len(departs.at) < quota:
+        return 0.0
+    return max(0.0, departs.at[-quota] + window * (1.0 + CEILING_MARGIN) - now)
+
+
 @dataclass(frozen=True)
 class Lesson:
     """What one counted throttling answer taught: the new rate, ceiling and concurrency limit

@@ -60,6 +60,10 @@ class RateHint:
     pause_s: float | None = None   # the quota is spent: send nothing for this long
     reason: str = ""
     notes: tuple[str, ...] = ()
+    # The policy (q, w) whose even pace `max_rate` is, if one is: the budget also keeps its own
+    # departures within q per w (learner.quota_wait), which a pace alone cannot promise after a
+    # burst sent before the policy was known.
+    policy: tuple[float, float] | None = None
 
     @property
     def asks_anything(self) -> bool:
@@ -114,6 +118,7 @@ def _suggest(quotas: list[_Quota], policies: dict[str, _Quota], max_s: float,
              notes: list[str]) -> RateHint:
     best_rate: tuple[float, float, str] | None = None  # (rate, hold, reason)
     best_pause: tuple[float, str] | None = None
+    policy: tuple[float, float] | None = None
     for p in policies.values():
         assert p.quota is not None and p.window_s is not None
         hold = min(p.window_s, max_s)
@@ -124,7 +129,7 @@ def _suggest(quotas: list[_Quota], policies: dict[str, _Quota], max_s: float,
             continue
         rate = p.quota / p.window_s * (1.0 - _MARGIN)
         if best_rate is None or rate < best_rate[0]:
-            best_rate = (rate, hold, reason)
+            best_rate, policy = (rate, hold, reason), (p.quota, p.window_s)
     for q in quotas:
         if q.remaining is None:
             continue
@@ -134,9 +139,9 @@ def _suggest(quotas: list[_Quota], policies: dict[str, _Quota], max_s: float,
         reset = q.reset_s
         if reset <= 0:
             continue  # the window has already reset: nothing to hold back for
-        policy = policies.get(q.name) if q.name is not None else None
-        if policy is not None and policy.quota and policy.window_s:
-            pace = policy.quota / policy.window_s * (1.0 - _MARGIN)
+        own = policies.get(q.name) if q.name is not None else None
+        if own is not None and own.quota and own.window_s:
+            pace = own.quota / own.window_s * (1.0 - _MARGIN)
             if q.remaining >= pace * (reset - 1.0):
                 continue  # the even pace cannot outrun it, however early the reset comes
         rate = q.remaining / reset  # over the whole time to the reset, before a clamp
@@ -148,7 +153,7 @@ def _suggest(quotas: list[_Quota], policies: dict[str, _Quota], max_s: float,
             if best_pause is None or reset > best_pause[0]:
                 best_pause = (reset, reason)
         elif best_rate is None or rate < best_rate[0]:
-            best_rate = (rate, reset, reason)
+            best_rate, policy = (rate, reset, reason), None
     reasons = [best[-1] for best in (best_pause, best_rate) if best is not None]
     return RateHint(
         max_rate=best_rate[0] if best_rate else None,
@@ -156,6 +161,7 @@ def _suggest(quotas: list[_Quota], policies: dict[str, _Quota], max_s: float,
         pause_s=float(best_pause[0]) if best_pause else None,
         reason="; ".join(reasons),
         notes=tuple(notes),
+        policy=policy,
     )
 
 

@@ -18,7 +18,7 @@ from etiquette_proxy.headers import LowerFields
 from etiquette_proxy.pacing.ratelimit_fields import RateHint, read_rate_hint_lowered
 from etiquette_proxy.pacing.retry_after import RetryAfter, parse_retry_after
 from etiquette_proxy.pacing.settings import PacingSettings
-from etiquette_proxy.pacing.learner import Departures
+from etiquette_proxy.pacing.learner import Departures, quota_wait
 from etiquette_proxy.pacing.throttle import NEVER, Measured, ThrottleDecision, ThrottleState, calm_throttle, is_shared
 
 log = logging.getLogger(__name__)
@@ -447,6 +447,10 @@ class SiteBudget:
                 self._own_throttle().hint(now, hint.max_rate, hint.hold_s)
                 self._slowed()
             reasons.append(hint.reason)
+            if (spent := quota_wait(self._departs, hint.policy, now)) > 0:  # learner:
+                pause = max(pause, spent)
+                self._pause(now, spent, f"{hint.reason}: the last {hint.policy[0]:g} requests"  # type: ignore[index]
+                                        " are still in its window")
         self._recover(now, status, echo)
         return self._decision(False, now, pause, None, "; ".join(reasons),
                               hint.notes if hint else ())
