@@ -57,6 +57,7 @@ KNOWN_KEYS = frozenset(REQUIRED_KEYS) | {
     "marker_found", "action", "purposes", "signals", "client_gone", "robots_cache",
     "seq", "chain", "signed", "not_signed", "would_sign",  # SPEC §11 chain, SPEC §9 identity
     "pause_until", "breaker_until", "moved_to",  # SPEC §12 state checked and rebuilt at start
+    "learned",  # SPEC §5: how a throttling answer taught the site's limit
 }
 # A robots.txt that could not be fetched disallows everything (RFC 9309 §2.3.1.4): those 503s
 # are the proxy waiting for robots.txt, not a crawler trying a disallowed path.
@@ -119,6 +120,7 @@ class SiteConduct(SiteCounts):
     honoured: int = 0
     too_soon: int = 0
     too_soon_examples: list[tuple[float, float]] = field(default_factory=list)  # (gap, asked)
+    learned: str = ""  # the last lesson a throttling answer taught (SPEC §5, audit `learned`)
     reached_since_429: int = 0
     changed: int = 0
     unchanged_downloads: int = 0
@@ -202,6 +204,7 @@ class SiteConduct(SiteCounts):
                        "refused_for_purpose": self.for_purpose, "unreachable": self.robots_unreachable},
             "events": dict(self.events),
             "429": {"received": self.received_429, "honoured": self.honoured, "too_soon": self.too_soon,
+                    "learned": self.learned or None,
                     "too_soon_examples": [{"gap_s": round(g, 3), "asked_s": round(w, 3)}
                                           for g, w in self.too_soon_examples],
                     "reached_since_first": self.reached_since_429},
@@ -307,6 +310,8 @@ class Report:
         if event:  # an operator action or a health alert: not a request
             c.events[str(event)] += 1
             return
+        if isinstance(learned := record.get("learned"), str) and learned:
+            c.learned = learned[:200]
         upstream = record.get("upstream_status")
         if upstream is not None:
             c.reached += 1
@@ -489,6 +494,8 @@ def render_text(report: Report, source: str) -> str:
             if c.too_soon_examples:
                 examples = (f"next after {g:.2f}{NBSP}s, asked {w:g}{NBSP}s" for g, w in c.too_soon_examples)
                 text += " (" + "; ".join(examples) + ")"
+            if c.learned:
+                text += f"; {c.learned}"
             out += _wrap("429s", text)
         else:
             out += _wrap("429s", "none received")
