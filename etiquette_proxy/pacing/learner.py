@@ -143,7 +143,13 @@ def lesson(*, now: float, code: str, asked_when: bool, served: int, window_s: fl
                       f"learned from {code} at {at} UTC: concurrency {limit} ({at_site} were at the site)")
     if served >= 1:
         measured = max(floor, min(served / window_s, slowest))
-        new_ceiling = measured if ceiling is None else min(ceiling, measured)
+        if ceiling is not None and measured >= ceiling:
+            # Refused again below a ceiling it had taught: what reaches the site is less even
+            # than what leaves here (uneven delays on the way), so the margin was too thin;
+            # the ceiling steps down by one margin (one more 429 per step, never a halving).
+            new_ceiling = max(floor, ceiling * (1.0 - CEILING_MARGIN))
+        else:
+            new_ceiling = measured if ceiling is None else min(ceiling, measured)
         new_rate = min(max(floor, new_ceiling * (1.0 - CEILING_MARGIN)), configured)
         how = (f"learned from {code} at {at} UTC: {new_rate:.3g}/s "
                f"({served} served in the {window_s:g}s before)")

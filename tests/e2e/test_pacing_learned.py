@@ -108,3 +108,22 @@ def test_a_burst_of_concurrent_429s_is_one_pause_the_longest_retry_after(start_p
     throttled = [r for r in proxy.audit() if r["outcome"] == "throttled"]
     assert sum("not counted again" not in r["reason"] for r in throttled) == 1  # one lowering
     assert len({r["rate"] for r in throttled}) == 1
+
+
+def test_a_site_announcing_its_policy_is_paced_evenly_at_q_over_w_without_a_429(start_proxy, fresh):  # noqa: F811
+    # draft-ietf-httpapi-ratelimit-headers-12: `RateLimit-Policy: "default";q=5;w=1` and
+    # `RateLimit: "default";r=<left>;t=<whole seconds>` on every answer. An eager config and four
+    # clients: the early burst is counted against the window, then an even 4.875/s (before: r/t,
+    # stepping 4, 3, 2, 1/s through every window, 0.59 x the site's limit).
+    site = fresh()
+    windowed = WindowedLimit(site, limit=5, window=1.0, retry_after="1", fields=True)
+    proxy = start_proxy(sets=per_site(site, pacing__rate=10, pacing__burst=2, pacing__max_concurrency=4))
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        codes = list(pool.map(lambda i: proxy.get(site.url(f"/p{i}"), timeout=30).status_code, range(40)))
+    at = sorted(a.at for a in site.arrivals)
+    assert windowed.pauses == [] and codes == [200] * 40, [round(t - at[0], 3) for t in at]
+    steady = [a for a in at if a >= at[0] + 2.0]
+    rate = (len(steady) - 1) / (steady[-1] - steady[0])
+    assert rate >= 0.85 * 5, f"{rate:.2f}/s against the site's 5/s"
+    line = proxy.audit_for("/p39")[-1]
+    assert line["rate"] == pytest.approx(4.875) and "RateLimit-Policy 5 per 1s" in line["ratelimit"]

@@ -357,3 +357,10 @@ def test_a_stored_concurrency_that_is_not_a_whole_number_is_refused(bad):
     state = {**t.to_state(), "concurrency": bad}
     with pytest.raises(ValueError, match="concurrency"):
         t.from_state(state, T0)
+
+
+def test_refused_again_at_the_learned_ceiling_steps_it_down_by_one_margin():
+    taught = _lesson(served=2, ceiling=2.0, rate=1.95)
+    assert taught.ceiling == pytest.approx(1.95) and taught.rate == pytest.approx(1.95 * 0.975)
+    lower = _lesson(served=1, ceiling=2.0, rate=1.95)  # a lower measure is taken as it is
+    assert lower.ceiling == 1.0
