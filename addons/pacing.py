@@ -142,6 +142,10 @@ class Pacing:
         out: dict[str, object] = {"rate": round(b.rate, 4), "held": b.held(), "in_flight": b.in_flight()}
         if (ceiling := b.ceiling) is not None:
             out["ceiling"] = round(ceiling, 4)
+        if learned := b.learned():  # SPEC §5: the limit the site taught, and how
+            out["learned"] = learned
+            if b.throttle.concurrency is not None:
+                out["concurrency"] = b.throttle.concurrency
         if (paused := b.paused_for_s()) > 0:
             out["paused_s"] = round(paused, 1)
             out["pause_reason"] = b.pause_reason()
@@ -314,6 +318,20 @@ class Pacing:
         turn = budget.reserve()
         if self.rt.observe:
             self._observe(flow, notes, budget, turn, paused)
+            return
+        if turn.action == "wait" and budget.settings.when_waiting == "answer":
+            # SPEC §5 pacing.when_waiting: answer: the crawler's own scheduler moves on.
+            # A wait on a slot has no expected end (the site's answers free it): 1 s.
+            slots = budget.in_flight() >= budget.max_concurrency()
+            wait_s = 1.0 if slots else turn.wait_s
+            budget.cancel(turn.ticket)
+            self._pump(site, budget)
+            why = f"; {turn.reason}" if turn.reason else ""
+            waits = (f"all {budget.max_concurrency()} slots taken" if slots
+                     else f"expected wait {wait_s:.1f}s")
+            answer_locally(flow, 503, "paused",
+                           f"{waits} (pacing.when_waiting: answer){why}; not sent to the site"
+                           + self._restraint_note(site), max(1, math.ceil(wait_s)))
             return
         if turn.action == "wait":
             held_at = time.monotonic()
@@ -566,6 +584,8 @@ class Pacing:
                 notes.extra["retry_after"] = decision.retry_after
             if decision.ceiling is not None:
                 notes.extra["ceiling"] = round(decision.ceiling, 4)
+            if decision.lesson:
+                notes.extra["learned"] = decision.lesson
             if decision.breaker_open:
                 notes.extra["breaker"] = "open"
             notes.extra.update(asked_fields(decision))  # what a restart rebuilds from (SPEC §12)

@@ -263,6 +263,7 @@ SCHEMA: dict[str, Key] = {
     "pacing.burst": Key(integer(1), 1, per_site=True),
     "pacing.max_concurrency": Key(integer(1), 2, per_site=True),
     "pacing.max_hold": Key(parse_duration, 60.0, per_site=True),
+    "pacing.when_waiting": Key(choice("hold", "answer"), "hold", per_site=True),
     "pacing.group_by": Key(choice("host", "domain", "address"), "host"),
     "pacing.address_ttl": Key(positive_duration, 300.0),
     "throttle.max_retry_after": Key(positive_duration, 3600.0, per_site=True),

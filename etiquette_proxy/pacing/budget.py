@@ -54,7 +54,8 @@ from etiquette_proxy.headers import LowerFields
 from etiquette_proxy.pacing.ratelimit_fields import RateHint, read_rate_hint_lowered
 from etiquette_proxy.pacing.retry_after import RetryAfter, parse_retry_after
 from etiquette_proxy.pacing.settings import PacingSettings
-from etiquette_proxy.pacing.throttle import ThrottleDecision, ThrottleState, calm_throttle, is_shared
+from etiquette_proxy.pacing.learner import Departures, quota_wait
+from etiquette_proxy.pacing.throttle import Measured, ThrottleDecision, ThrottleState, calm_throttle, is_shared
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +162,7 @@ class SiteBudget:
     # sites every 8 bytes here are 0.8 MB. What equal sites share (settings, clock, restraint)
     # is one context; the line's head and re-check flag live on the line.
     __slots__ = ("throttle", "_ctx", "_tokens", "_tokens_at", "_queue", "_in_flight", "_next_ticket",
-                 "_sends")
+                 "_sends", "_departs")
 
     def __init__(self, site: str, settings: PacingSettings | None = None, clock: Clock = wall,
                  random: Callable[[], float] = _random.random):
@@ -183,6 +184,9 @@ class SiteBudget:
         # None when there is none; else a _Sends (the bucket moved without a start, the rate
         # changed, or the clock stepped back).
         self._sends: float | _Sends | None = None
+        # When requests left lately, for what a throttling answer teaches (learner.py); None
+        # while the site has sent nothing within the learner's window.
+        self._departs: Departures | None = None
 
     @property
     def settings(self) -> PacingSettings:
@@ -234,9 +238,17 @@ class SiteBudget:
         return len(self._in_flight)
 
     def max_concurrency(self) -> int:
-        """Requests allowed in flight at once now (`pacing.max_concurrency`, restrained)."""
+        """Requests allowed in flight at once now (`pacing.max_concurrency`, restrained, and
+        never above a concurrency limit the site taught: learner.py)."""
         ctx = self._ctx
-        return max(1, math.floor(ctx.settings.max_concurrency * ctx.restraint[2] + _EPS))
+        cap = max(1, math.floor(ctx.settings.max_concurrency * ctx.restraint[2] + _EPS))
+        learned = self.throttle.concurrency
+        return cap if learned is None or learned >= cap else learned
+
+    def learned(self) -> str:
+        """How the site's limit was learned (`learned from 429 at 14:02 UTC: 1.9/s …`); "" if not."""
+        self.throttle.forget_ceiling(self._ctx.clock())
+        return self.throttle.lesson
 
     # -- other features' restraints ----------------------------------------------------------
 
@@ -323,8 +335,10 @@ class SiteBudget:
         k = self._tokens
         if now > self._tokens_at:  # _tokens_after without a hint
             k = min(self._burst_f(), k + (now - self._tokens_at) * rate)
-        if k < 1.0 - _EPS or len(self._in_flight) >= max(
-                1, math.floor(ctx.settings.max_concurrency * concurrency + _EPS)):
+        cap = max(1, math.floor(ctx.settings.max_concurrency * concurrency + _EPS))
+        if throttle.concurrency is not None and throttle.concurrency < cap:
+            cap = throttle.concurrency
+        if k < 1.0 - _EPS or len(self._in_flight) >= cap:
             return None
         ticket = self._next_ticket
         self._next_ticket += 1
@@ -336,7 +350,15 @@ class SiteBudget:
         if self._in_flight is _NO_TICKETS:
             self._in_flight = {}
         self._in_flight[ticket] = now
+        self._depart(now, rate)
         return Turn("go", ticket, rate)
+
+    def _depart(self, now: float, rate: float) -> None:
+        """A request leaves for the site: remember when, and how many are at the site with it."""
+        departs = self._departs
+        if departs is None:
+            departs = self._departs = Departures()
+        departs.record(now, len(self._in_flight), rate)
 
     def release_due(self) -> list[Turn]:
         """The held requests whose turn is decided now, in arrival order: `go` or `refuse`.
@@ -435,7 +457,7 @@ class SiteBudget:
         hint = read_rate_hint_lowered(fields, now, self.settings.max_retry_after)
         if throttled:
             retry = parse_retry_after(raw_retry, now, self.settings.max_retry_after)
-            return self._on_throttle(now, status, retry, hint, echo)
+            return self._on_throttle(now, status, retry, hint, echo, started)
         return self._on_answer(now, status, hint, echo)
 
     # -- persistence -------------------------------------------------------------------------
@@ -453,7 +475,8 @@ class SiteBudget:
         """True when a budget rebuilt from config and `to_state()` would decide exactly as this
         one: nothing held or in flight, the bucket full, and no recent send at a rate slower
         than now (the rate a 429 halves is the slowest sent at lately). Only then may the site
-        leave memory (sites.py)."""
+        leave memory (sites.py). The departures the learner counts are not weighed: like a
+        restart, leaving memory forgets the last second's departures (learner.py)."""
         if self._queue or self._in_flight:
             return False
         now = self._ctx.clock()
@@ -508,7 +531,7 @@ class SiteBudget:
     # -- internals: the 429 contract ---------------------------------------------------------
 
     def _on_throttle(self, now: float, status: int, retry: RetryAfter, hint: RateHint | None,
-                     echo: bool) -> ThrottleDecision:
+                     echo: bool, started: float | None = None) -> ThrottleDecision:
         throttle = self._own_throttle()
         pause, reason, notes = throttle.asked_pause(retry, hint)
         if echo:
@@ -517,13 +540,22 @@ class SiteBudget:
             reason = f"{reason or 'throttled'} (sent before the last 429; not counted again)"
             return self._decision(True, now, pause, retry, reason, notes)
         # The rate that drew the 429: the slowest we sent at lately (see count_throttle).
+        slowest = min([self._effective_rate(now)] + [r for _, r in self._recent_sends(now)])
         pause, reason, breaker = throttle.count_throttle(
-            now, status, pause, reason,
-            lambda: min([self._effective_rate(now)] + [r for _, r in self._recent_sends(now)]))
+            now, status, pause, reason, lambda: slowest, self._measured(started, slowest))
         self._forget_sends()
         self._set_bucket(0.0, now)  # the next request waits a full interval at least
         self._pause(now, pause, reason)
         return self._decision(True, now, pause, retry, reason, notes, breaker=breaker)
+
+    def _measured(self, started: float | None, rate: float) -> Measured | None:
+        """What the site was sent just before the throttled request (started at `started`) left:
+        the departures in the learner's window before it, and how many were at the site then."""
+        departs = self._departs
+        if started is None or departs is None:
+            return None
+        served, window = departs.served(started, rate)
+        return Measured(served, window, departs.at_site_when(started))
 
     def _on_answer(self, now: float, status: int, hint: RateHint | None,
                    echo: bool) -> ThrottleDecision:
@@ -548,6 +580,10 @@ class SiteBudget:
                 self._own_throttle().hint(now, hint.max_rate, hint.hold_s)
                 self._slowed()
             reasons.append(hint.reason)
+            if (spent := quota_wait(self._departs, hint.policy, now)) > 0:
+                pause = max(pause, spent)
+                self._pause(now, spent, f"{hint.reason}: the last {hint.policy[0]:g} requests"  # type: ignore[index]
+                                        " are still in its window")
         self._recover(now, status, echo)
         return self._decision(False, now, pause, None, "; ".join(reasons),
                               hint.notes if hint else ())
@@ -580,7 +616,7 @@ class SiteBudget:
         return ThrottleDecision(
             throttled=throttled, rate=rate, ceiling=throttle.ceiling,
             pause_s=round(pause, 3), retry_after=retry.raw if retry else None,
-            breaker_open=breaker, reason=reason, notes=notes,
+            breaker_open=breaker, reason=reason, notes=notes, lesson=throttle.lesson if throttled else "",
             paused_until=throttle.paused_until if throttle.paused_until > now else None,
             breaker_until=throttle.breaker_until if throttle.breaker_until > now else None,
         )
@@ -598,9 +634,12 @@ class SiteBudget:
     def _burst_f(self) -> float:
         """The bucket's size now, as a shared number. Bursts are what windowed limits punish:
         none while the site's limit is known (a ceiling from a 429) or a restraint caps the
-        rate (robots.txt's crawl-delay or a retired site: a cap is a spacing, not an average)."""
+        rate (robots.txt's crawl-delay or a retired site: a cap is a spacing, not an average), nor
+        while the site's RateLimit fields pace it (draft-ietf-httpapi-ratelimit-headers: paced
+        evenly at q/w, a burst would spend the window's quota at its start)."""
         ctx = self._ctx
-        if self.throttle.ceiling is not None or ctx.restraint[1] < math.inf:
+        throttle = self.throttle
+        if throttle.ceiling is not None or throttle.hint_rate is not None or ctx.restraint[1] < math.inf:
             return _ONE
         return ctx.burst
 
@@ -801,6 +840,7 @@ class SiteBudget:
         if self._in_flight is _NO_TICKETS:
             self._in_flight = {}
         self._in_flight[ticket] = now
+        self._depart(now, rate)
         return Turn("go", ticket, rate, waited_s=now - arrival)
 
     def _unqueue(self, ticket: int) -> float | None:

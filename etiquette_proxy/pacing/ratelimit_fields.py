@@ -12,10 +12,25 @@ or "q requests per w seconds":
   or an epoch timestamp in seconds (>= 1e9, i.e. later than 2001) or milliseconds (>= 1e12).
   No site means a delta of 31 years, so the size decides.
 
-What it suggests: remaining r > 0 with reset t → at most r/t requests/s until the reset;
-r == 0 → pause until the reset; a policy alone → at most q/w requests/s for w seconds.
-Quotas counted in other units (`qu="content-bytes"`) say nothing about request rate: ignored.
-Malformed values are ignored with a note; they never widen what the site's other fields allow.
+What it suggests (SPEC §5, draft-ietf-httpapi-ratelimit-headers-12):
+
+- a policy `"name";q=Q;w=W` → an even pace of Q/W requests/s, `_MARGIN` below it, for W seconds
+  (each answer restates it). Paced evenly, a client never has more than Q requests in any
+  window of W seconds, fixed or sliding, so the live counters need not steer it;
+- the live counters of a policy, `"name";r=R;t=T`, correct that pace only when they say the
+  quota cannot last at it: T is whole seconds rounded up (§ Reset Parameter), so the reset may
+  come as early as T - 1 s, and R below what the pace sends by then is the site pushing back
+  (the draft's "Dynamic limits" examples): R/T until the reset, or a pause of T when R is 0.
+  With T = 1 that never happens: a full window with r=0;t=1 from our own even pace is not a
+  reason to stop for a second, nor is r=7;t=1 a reason to slow to 7/s (the old reading stepped
+  through 7, 6, 5, 4, 3/s inside every window);
+- counters without a policy (and the older spellings): remaining r > 0 with reset t → at most
+  r/t requests/s until the reset; r == 0 → pause until the reset.
+
+`pk` (a partition key) and other parameters are read and ignored: the proxy's site is the
+partition it paces. Quotas counted in other units (`qu="content-bytes"`, `"concurrent-requests"`)
+say nothing about request rate: ignored. q=0 is a quota spent for the whole window: a pause of
+W. Malformed values are ignored with a note; they never widen what the site's other fields allow.
 """
 
 from __future__ import annotations
@@ -31,6 +46,9 @@ _EPOCH_S = 1e9   # 2001-09-09: a Reset this large is a timestamp, not a delta
 _EPOCH_MS = 1e12
 _NUMBER = re.compile(r"^\d{1,15}(?:\.\d{1,9})?$", re.ASCII)
 _MAX_SHOWN = 40
+# The pace stays this far below a policy's q/w (2.5 %): an even pace at exactly q/w puts q+1
+# requests in one window closed at both ends (the same margin as a learned ceiling, learner.py).
+_MARGIN = 0.025
 
 
 @dataclass(frozen=True)
@@ -42,6 +60,10 @@ class RateHint:
     pause_s: float | None = None   # the quota is spent: send nothing for this long
     reason: str = ""
     notes: tuple[str, ...] = ()
+    # The policy (q, w) whose even pace `max_rate` is, if one is: the budget also keeps its own
+    # departures within q per w (learner.quota_wait), which a pace alone cannot promise after a
+    # burst sent before the policy was known.
+    policy: tuple[float, float] | None = None
 
     @property
     def asks_anything(self) -> bool:
@@ -54,6 +76,7 @@ class _Quota:
     """One reading: `remaining` of a quota that resets in `reset_s`, or `quota` per `window_s`."""
 
     source: str
+    name: str | None = None  # a structured item's policy name, or a policy's
     remaining: float | None = None
     reset_s: float | None = None
     quota: float | None = None
@@ -83,10 +106,7 @@ def read_rate_hint_lowered(fields: Mapping[str, str], now: float, max_s: float) 
         reset = fields.get(f"{source.lower()}-reset")
         if remaining is not None or reset is not None:
             quotas += _pair(source, remaining, reset, now, notes)
-    if not any(q.remaining is not None for q in quotas):
-        # A policy alone is the site's standing limit; live counters, when given, say more.
-        quotas += [q for q in policies.values() if q.quota is not None]
-    return _suggest(quotas, max_s, notes)
+    return _suggest(quotas, policies, max_s, notes)
 
 
 _FIELDS = ("ratelimit", "ratelimit-policy", "ratelimit-remaining", "ratelimit-reset",
@@ -94,33 +114,46 @@ _FIELDS = ("ratelimit", "ratelimit-policy", "ratelimit-remaining", "ratelimit-re
 _FIELD_NAMES = frozenset(_FIELDS)
 
 
-def _suggest(quotas: list[_Quota], max_s: float, notes: list[str]) -> RateHint:
+def _suggest(quotas: list[_Quota], policies: dict[str, _Quota], max_s: float,
+             notes: list[str]) -> RateHint:
     best_rate: tuple[float, float, str] | None = None  # (rate, hold, reason)
     best_pause: tuple[float, str] | None = None
+    policy: tuple[float, float] | None = None
+    for p in policies.values():
+        assert p.quota is not None and p.window_s is not None
+        hold = min(p.window_s, max_s)
+        reason = f"{p.source} {p.quota:g} per {p.window_s:g}s"
+        if p.quota == 0:  # nothing allowed in the window: a pause, not a rate of zero
+            if best_pause is None or hold > best_pause[0]:
+                best_pause = (hold, reason)
+            continue
+        rate = p.quota / p.window_s * (1.0 - _MARGIN)
+        if best_rate is None or rate < best_rate[0]:
+            best_rate, policy = (rate, hold, reason), (p.quota, p.window_s)
     for q in quotas:
-        if q.remaining is not None:
-            if q.reset_s is None:
-                notes.append(f"{q.source} remaining={q.remaining:g} without a reset: ignored")
-                continue
-            reset = q.reset_s
-            if reset <= 0:
-                continue  # the window has already reset: nothing to hold back for
-            if reset > max_s:
-                notes.append(f"{q.source} reset={reset:g}s clamped to {max_s:g}s")
-                reset = max_s
-            reason = f"{q.source} remaining={q.remaining:g} reset={reset:g}s"
-            if q.remaining == 0:
-                if best_pause is None or reset > best_pause[0]:
-                    best_pause = (reset, reason)
-            else:
-                rate = q.remaining / reset
-                if best_rate is None or rate < best_rate[0]:
-                    best_rate = (rate, reset, reason)
-        elif q.quota is not None and q.window_s is not None:
-            rate = q.quota / q.window_s
-            if best_rate is None or rate < best_rate[0]:
-                reason = f"{q.source} {q.quota:g} per {q.window_s:g}s"
-                best_rate = (rate, min(q.window_s, max_s), reason)
+        if q.remaining is None:
+            continue
+        if q.reset_s is None:
+            notes.append(f"{q.source} remaining={q.remaining:g} without a reset: ignored")
+            continue
+        reset = q.reset_s
+        if reset <= 0:
+            continue  # the window has already reset: nothing to hold back for
+        own = policies.get(q.name) if q.name is not None else None
+        if own is not None and own.quota and own.window_s:
+            pace = own.quota / own.window_s * (1.0 - _MARGIN)
+            if q.remaining >= pace * (reset - 1.0):
+                continue  # the even pace cannot outrun it, however early the reset comes
+        rate = q.remaining / reset  # over the whole time to the reset, before a clamp
+        if reset > max_s:
+            notes.append(f"{q.source} reset={reset:g}s clamped to {max_s:g}s")
+            reset = max_s
+        reason = f"{q.source} remaining={q.remaining:g} reset={reset:g}s"
+        if q.remaining == 0:
+            if best_pause is None or reset > best_pause[0]:
+                best_pause = (reset, reason)
+        elif best_rate is None or rate < best_rate[0]:
+            best_rate, policy = (rate, reset, reason), None
     reasons = [best[-1] for best in (best_pause, best_rate) if best is not None]
     return RateHint(
         max_rate=best_rate[0] if best_rate else None,
@@ -128,6 +161,7 @@ def _suggest(quotas: list[_Quota], max_s: float, notes: list[str]) -> RateHint:
         pause_s=float(best_pause[0]) if best_pause else None,
         reason="; ".join(reasons),
         notes=tuple(notes),
+        policy=policy,
     )
 
 
@@ -149,7 +183,7 @@ def _policies(value: str | bytes | None, notes: list[str]) -> dict[str, _Quota]:
             notes.append(f"RateLimit-Policy member {_show(item or str(index))} unreadable: ignored")
             continue
         name = item.strip('"') if not _NUMBER.match(item) else str(index)
-        out[name] = _Quota("RateLimit-Policy", quota=q, window_s=window)
+        out[name] = _Quota("RateLimit-Policy", name=name, quota=q, window_s=window)
     return out
 
 
@@ -174,7 +208,7 @@ def _ratelimit_field(value: str, policies: dict[str, _Quota], notes: list[str]) 
         reset = _number(params.get("t"))
         if reset is None and (policy := policies.get(item.strip('"'))) is not None:
             reset = policy.window_s  # the quota resets within one window at the latest
-        out.append(_Quota("RateLimit", remaining=remaining, reset_s=reset))
+        out.append(_Quota("RateLimit", name=item.strip('"'), remaining=remaining, reset_s=reset))
     return out
 
 

@@ -25,6 +25,7 @@ class PacingSettings:
     rate_floor: float = 0.05
     ceiling_factor: float = 0.8
     recovery_step: float = 0.05
+    when_waiting: str = "hold"  # hold | answer (SPEC §5: answer a request that would wait, at once)
 
     def __post_init__(self) -> None:
         positive = ("rate", "max_retry_after", "ceiling_ttl", "cooldown", "breaker_window",
@@ -39,6 +40,8 @@ class PacingSettings:
                 raise ValueError(f"{name} ({value!r}) must be a whole number >= 1")
         if not (math.isfinite(self.max_hold) and self.max_hold >= 0):
             raise ValueError(f"max_hold ({self.max_hold!r}) must be a finite number >= 0")
+        if self.when_waiting not in ("hold", "answer"):
+            raise ValueError(f"when_waiting ({self.when_waiting!r}) must be hold or answer")
         if not 0 < self.ceiling_factor <= 1:
             raise ValueError(f"ceiling_factor ({self.ceiling_factor!r}) must be in (0, 1]")
 
@@ -64,6 +67,7 @@ class PacingSettings:
             rate_floor=float(get("throttle.rate_floor")),
             ceiling_factor=float(get("throttle.ceiling_factor")),
             recovery_step=float(get("throttle.recovery_step")),
+            when_waiting=str(get("pacing.when_waiting")),
         )
 
 

@@ -20,21 +20,30 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeGuard, cast
 
+from etiquette_proxy.pacing.learner import CEILING_MARGIN, lesson
 from etiquette_proxy.pacing.ratelimit_fields import RateHint
 from etiquette_proxy.pacing.retry_after import RetryAfter
 from etiquette_proxy.pacing.settings import PacingSettings
 
-# The rate stays this far below a ceiling (2.5 %, one default recovery step at 2/s). A site that
-# counts requests in a window closed at both ends sees N+1 requests in one window from a client
-# spaced at exactly N/s, so "at the ceiling" can already be one too many (seed 001: a 2/s limit,
-# ceiling 0.8 x 2.5 = 2.0).
-_CEILING_MARGIN = 0.025
+# The rate stays this far below a ceiling (learner.py says why).
+_CEILING_MARGIN = CEILING_MARGIN
 _STATE_VERSION = 1
 # One shared object for "never" (each `-math.inf` expression would be a new 24-byte float).
 NEVER = -math.inf
 # What an idle site's 429 list is: shared and read-only (a write that forgot to make the site
 # its own list raises instead of leaking throttles between sites).
 _NO_THROTTLES: list[float] = cast(list[float], ())
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What the budget saw of the site when a throttling answer came (learner.py): departures
+    in the window before the throttled request left, that window, and how many requests were
+    at the site as it left (itself included)."""
+
+    served: int
+    window_s: float
+    at_site: int
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,7 @@ class ThrottleDecision:
     # state store rebuilds them from the log (SPEC §12, state/rebuild.py).
     paused_until: float | None = None
     breaker_until: float | None = None
+    lesson: str = ""                 # how the site's limit was learned (status, /api/sites)
 
 
 class ThrottleState:
@@ -62,7 +72,7 @@ class ThrottleState:
     # One per site seen: slots and shared constants keep it small at 100,000 sites.
     __slots__ = ("settings", "_random", "rate", "ceiling", "last_throttle_at",
                  "recent", "paused_until", "pause_reason", "breaker_until", "breaker_reason",
-                 "hint_rate", "hint_until")
+                 "hint_rate", "hint_until", "concurrency", "lesson")
 
     def __init__(self, settings: PacingSettings, random: Callable[[], float] = _random.random):
         self.settings = settings
@@ -78,6 +88,9 @@ class ThrottleState:
         self.breaker_reason = ""
         self.hint_rate: float | None = None
         self.hint_until = NEVER
+        # What the site taught of its limit (learner.py): requests at once, and how it was learned.
+        self.concurrency: int | None = None
+        self.lesson = ""
 
     # -- questions ---------------------------------------------------------------------------
 
@@ -98,9 +111,13 @@ class ThrottleState:
         return self.pause_reason if now < self.paused_until else ""
 
     def forget_ceiling(self, now: float) -> None:
-        # SPEC §5: the ceiling is forgotten only after throttle.ceiling_ttl without a 429.
-        if self.ceiling is not None and now - self.last_throttle_at >= self.settings.ceiling_ttl:
+        # SPEC §5: the ceiling (and a learned concurrency) is forgotten only after
+        # throttle.ceiling_ttl without a 429.
+        if ((self.ceiling is not None or self.concurrency is not None)
+                and now - self.last_throttle_at >= self.settings.ceiling_ttl):
             self.ceiling = None
+            self.concurrency = None
+            self.lesson = ""
 
     def hint_ended(self, now: float) -> bool:
         """True when a RateLimit hint was in force and has run out (the caller banks first)."""
@@ -120,12 +137,13 @@ class ThrottleState:
         return 0.0, "", notes
 
     def count_throttle(self, now: float, status: int, pause: float, reason: str,
-                       drawn: Callable[[], float]) -> tuple[float, str, bool]:
-        """A counted 429 (or 503 + Retry-After): backoff, ceiling, halved rate, breaker.
+                       drawn: Callable[[], float], measured: Measured | None = None) -> tuple[float, str, bool]:
+        """A counted 429 (or 503 + Retry-After): backoff, the learned limit, breaker.
 
-        `drawn()` is the slowest rate sent at lately (the bucket knows): the site's verdict is
-        on its recent window, and assuming the slowest of it was already too fast keeps one 429
-        from teaching a ceiling that a recovery step had just raised (seed 001: 3 x 429 → 2).
+        SPEC §5, the site's limit is learned: `measured` is what the budget saw as the throttled
+        request left (learner.py turns it into a rate, ceiling or concurrency limit; None: nothing
+        measured, the older rule halves). `drawn()` is the slowest rate sent at lately: the site
+        refused it, so no lesson puts the ceiling above it.
         Returns (pause, reason, breaker opened); the caller then calls `pause(…)`.
         """
         s = self.settings
@@ -135,6 +153,7 @@ class ThrottleState:
             del self.recent[0]
         self.recent.append(now)
         k = len(self.recent)
+        asked_when = bool(reason)
         if not reason:
             # SPEC §5: without Retry-After, min(60, 2^k) * uniform(0.5, 1.5), k = recent 429s.
             pause = min(60.0, 2.0 ** k) * (0.5 + self._random())
@@ -142,9 +161,15 @@ class ThrottleState:
         code = "429" if status == 429 else "503"
         slowest = drawn()
         self.forget_ceiling(now)
-        ceiling = max(s.rate_floor, s.ceiling_factor * slowest)
-        self.ceiling = min(ceiling, self.ceiling) if self.ceiling is not None else ceiling
-        self.rate = min(max(s.rate_floor, slowest / 2.0), s.rate)
+        taught = lesson(now=now, code=code, asked_when=asked_when,
+                        served=measured.served if measured else 0,
+                        window_s=measured.window_s if measured else 1.0,
+                        at_site=measured.at_site if measured else 1,
+                        slowest=slowest, rate=self.rate, ceiling=self.ceiling,
+                        concurrency=self.concurrency, configured=s.rate, floor=s.rate_floor,
+                        ceiling_factor=s.ceiling_factor)
+        self.rate, self.ceiling, self.concurrency = taught.rate, taught.ceiling, taught.concurrency
+        self.lesson = taught.how
         self.last_throttle_at = now
         breaker = k >= s.breaker_count
         if breaker:
@@ -181,7 +206,8 @@ class ThrottleState:
     def remembers_anything(self, now: float) -> bool:
         """True when there is state worth persisting (a pause, ceiling, lowered rate …)."""
         self.forget_ceiling(now)
-        return (self.ceiling is not None or self.paused_until > now or self.breaker_until > now
+        return (self.ceiling is not None or self.concurrency is not None
+                or self.paused_until > now or self.breaker_until > now
                 or self.rate < self.settings.rate or self.hint_until > now or bool(self.recent))
 
     def to_state(self) -> dict[str, Any]:
@@ -200,6 +226,9 @@ class ThrottleState:
             "breaker_reason": self.breaker_reason,
             "hint_rate": self.hint_rate,
             "hint_until": t(self.hint_until),
+            # Only when learned: a state from before the learner reads back the same.
+            **({"concurrency": self.concurrency} if self.concurrency is not None else {}),
+            **({"lesson": self.lesson} if self.lesson else {}),
         }
 
     def from_state(self, state: Any, now: float) -> None:
@@ -223,6 +252,10 @@ class ThrottleState:
         breaker = min(_num(state, "breaker_until") or NEVER, now + s.cooldown)
         hint_rate = _num(state, "hint_rate", positive=True)
         hint_until = min(_num(state, "hint_until") or NEVER, now + s.max_retry_after)
+        concurrency = state.get("concurrency")
+        if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int)
+                                        or concurrency < 1):
+            raise ValueError(f"budget state concurrency {concurrency!r} is not a whole number >= 1")
 
         self.rate = min(max(rate, min(s.rate_floor, s.rate)), s.rate)
         self.ceiling = max(ceiling, s.rate_floor) if ceiling else None
@@ -235,6 +268,8 @@ class ThrottleState:
         self.breaker_reason = _short(state.get("breaker_reason"))
         self.hint_rate = hint_rate if hint_rate and hint_until > now else None
         self.hint_until = hint_until if self.hint_rate else NEVER
+        self.concurrency = concurrency
+        self.lesson = _short(state.get("lesson"))
         self.forget_ceiling(now)
 
 

@@ -59,6 +59,7 @@ KNOWN_KEYS = frozenset(REQUIRED_KEYS) | {
     "seq", "chain", "signed", "not_signed", "would_sign",  # SPEC §11 chain, SPEC §9 identity
     "pause_until", "breaker_until", "moved_to",  # SPEC §12 state checked and rebuilt at start
     "gap",  # SPEC §11: the audit_gap event's what and when (etiquette_proxy/audit/log.py Gap)
+    "learned",  # SPEC §5: how a throttling answer taught the site's limit
 }
 # A robots.txt that could not be fetched disallows everything (RFC 9309 §2.3.1.4): those 503s
 # are the proxy waiting for robots.txt, not a crawler trying a disallowed path.
@@ -152,6 +153,7 @@ class SiteConduct(SiteCounts):
     too_soon: int = 0
     too_soon_examples: list[tuple[float, float, str]] = field(default_factory=list)  # (gap, asked, the 429's request)
     violation_examples: list[tuple[str, str]] = field(default_factory=list)  # (request, robots.txt rule)
+    learned: str = ""  # the last lesson a throttling answer taught (SPEC §5, audit `learned`)
     reached_since_429: int = 0
     changed: int = 0
     unchanged_downloads: int = 0
@@ -245,6 +247,7 @@ class SiteConduct(SiteCounts):
                        "refused_for_purpose": self.for_purpose, "unreachable": self.robots_unreachable},
             "events": dict(self.events),
             "429": {"received": self.received_429, "honoured": self.honoured, "too_soon": self.too_soon,
+                    "learned": self.learned or None,
                     "too_soon_examples": [{"gap_s": round(g, 3), "asked_s": round(w, 3), "request": r}
                                           for g, w, r in self.too_soon_examples],
                     "reached_since_first": self.reached_since_429},
@@ -350,6 +353,8 @@ class Report:
         if event:  # an operator action or a health alert: not a request
             c.events[str(event)] += 1
             return
+        if isinstance(learned := record.get("learned"), str) and learned:
+            c.learned = learned[:200]
         upstream = record.get("upstream_status")
         if upstream is not None:
             c.reached += 1
@@ -625,6 +630,8 @@ def render_text(report: Report, source: str) -> str:
             if c.too_soon_examples:
                 examples = (f"next after {g:.2f}{NBSP}s, asked {w:g}{NBSP}s" for g, w, _ in c.too_soon_examples)
                 text += " (" + "; ".join(examples) + ")"
+            if c.learned:
+                text += f"; {c.learned}"
             out += _wrap("429s", text)
         else:
             out += _wrap("429s", "none received")

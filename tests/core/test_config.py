@@ -74,6 +74,8 @@ ERRORS = [
     ("mode: loud\n", "f.yaml:1: mode: 'loud' is not allowed (expected one of: enforce, observe)"),
     ("pacing:\n  group_by: ip\n",
      "f.yaml:2: pacing.group_by: 'ip' is not allowed (expected one of: host, domain, address)"),
+    ("pacing:\n  when_waiting: queue\n",
+     "f.yaml:2: pacing.when_waiting: 'queue' is not allowed (expected one of: hold, answer)"),
     ("pacing:\n  address_ttl: 0s\n", "f.yaml:2: pacing.address_ttl: '0s' must be > 0 (expected a duration such as 2s)"),
     ('sites:\n  ex.test:\n    pacing: {group_by: domain}\n', 'f.yaml:3: sites."ex.test".pacing.group_by: '),
     ("upstream:\n  insecure: yes please\n", "f.yaml:2: upstream.insecure: 'yes please' is not a boolean (expected true or false)"),

@@ -1,6 +1,8 @@
 """SiteBudget as it was at 23b2c01 (etiquette_proxy/pacing/budget.py), its code verbatim below
 this docstring: the reference tests/core/pacing/test_budget_slots.py holds the compact budget
-against. Not product code."""
+against. Not product code. Since: the limit learner (pacing/learner.py) wired as in the
+product (departures recorded at each start, a throttling answer measured from them, a learned
+concurrency capping the slots, no burst under a RateLimit hint), marked "learner:" below."""
 
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ from etiquette_proxy.headers import LowerFields
 from etiquette_proxy.pacing.ratelimit_fields import RateHint, read_rate_hint_lowered
 from etiquette_proxy.pacing.retry_after import RetryAfter, parse_retry_after
 from etiquette_proxy.pacing.settings import PacingSettings
-from etiquette_proxy.pacing.throttle import NEVER, ThrottleDecision, ThrottleState, calm_throttle, is_shared
+from etiquette_proxy.pacing.learner import Departures, quota_wait
+from etiquette_proxy.pacing.throttle import NEVER, Measured, ThrottleDecision, ThrottleState, calm_throttle, is_shared
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +65,7 @@ class SiteBudget:
     # sites every byte here is 100 KB.
     __slots__ = ("site", "settings", "throttle", "_clock", "_restraint", "_tokens", "_tokens_at",
                  "_queue", "_in_flight", "_next_ticket", "_sent_rate", "_sent_at", "_sent_older",
-                 "_head_ticket", "_recheck")
+                 "_head_ticket", "_recheck", "_departs")
 
     def __init__(self, site: str, settings: PacingSettings | None = None, clock: Clock = wall,
                  random: Callable[[], float] = _random.random):
@@ -78,6 +81,7 @@ class SiteBudget:
         self._restraint = _NO_RESTRAINT  # other features' say: rate factor, cap, concurrency
         self._tokens = float(s.burst)
         self._tokens_at = clock()
+        self._departs: Departures | None = None  # learner:
         self._queue = _NO_TICKETS      # ticket -> arrival, in arrival order (own dict when used)
         self._in_flight = _NO_TICKETS  # ticket -> start
         self._next_ticket = 1
@@ -135,7 +139,9 @@ class SiteBudget:
 
     def max_concurrency(self) -> int:
         """Requests allowed in flight at once now (`pacing.max_concurrency`, restrained)."""
-        return max(1, math.floor(self.settings.max_concurrency * self._restraint[2] + _EPS))
+        cap = max(1, math.floor(self.settings.max_concurrency * self._restraint[2] + _EPS))
+        learned = self.throttle.concurrency  # learner:
+        return cap if learned is None else min(cap, learned)
 
     # -- other features' restraints ----------------------------------------------------------
 
@@ -218,8 +224,7 @@ class SiteBudget:
         k = self._tokens
         if now > self._tokens_at:  # _tokens_after without a hint
             k = min(float(self._burst()), k + (now - self._tokens_at) * rate)
-        if k < 1.0 - _EPS or len(self._in_flight) >= max(
-                1, math.floor(self.settings.max_concurrency * concurrency + _EPS)):
+        if k < 1.0 - _EPS or len(self._in_flight) >= self.max_concurrency():  # learner:
             return None
         ticket = self._next_ticket
         self._next_ticket += 1
@@ -231,7 +236,13 @@ class SiteBudget:
             self._sent_at = now
         else:
             self._record_send(now, rate)
+        self._depart(now, rate)
         return Turn("go", ticket, rate)
+
+    def _depart(self, now: float, rate: float) -> None:  # learner:
+        if self._departs is None:
+            self._departs = Departures()
+        self._departs.record(now, len(self._in_flight), rate)
 
     def release_due(self) -> list[Turn]:
         """The held requests whose turn is decided now, in arrival order: `go` or `refuse`.
@@ -330,7 +341,7 @@ class SiteBudget:
         hint = read_rate_hint_lowered(fields, now, self.settings.max_retry_after)
         if throttled:
             retry = parse_retry_after(raw_retry, now, self.settings.max_retry_after)
-            return self._on_throttle(now, status, retry, hint, echo)
+            return self._on_throttle(now, status, retry, hint, echo, started)
         return self._on_answer(now, status, hint, echo)
 
     # -- persistence -------------------------------------------------------------------------
@@ -393,7 +404,7 @@ class SiteBudget:
     # -- internals: the 429 contract ---------------------------------------------------------
 
     def _on_throttle(self, now: float, status: int, retry: RetryAfter, hint: RateHint | None,
-                     echo: bool) -> ThrottleDecision:
+                     echo: bool, started: float | None = None) -> ThrottleDecision:
         throttle = self._own_throttle()
         pause, reason, notes = throttle.asked_pause(retry, hint)
         if echo:
@@ -402,9 +413,12 @@ class SiteBudget:
             reason = f"{reason or 'throttled'} (sent before the last 429; not counted again)"
             return self._decision(True, now, pause, retry, reason, notes)
         # The rate that drew the 429: the slowest we sent at lately (see count_throttle).
-        pause, reason, breaker = throttle.count_throttle(
-            now, status, pause, reason,
-            lambda: min([self._effective_rate(now)] + [r for _, r in self._recent_sends(now)]))
+        slowest = min([self._effective_rate(now)] + [r for _, r in self._recent_sends(now)])
+        measured = None  # learner:
+        if started is not None and self._departs is not None:
+            served, window = self._departs.served(started, slowest)
+            measured = Measured(served, window, self._departs.at_site_when(started))
+        pause, reason, breaker = throttle.count_throttle(now, status, pause, reason, lambda: slowest, measured)
         self._forget_sends()
         self._tokens, self._tokens_at = 0.0, now  # the next request waits a full interval at least
         self._pause(now, pause, reason)
@@ -433,6 +447,10 @@ class SiteBudget:
                 self._own_throttle().hint(now, hint.max_rate, hint.hold_s)
                 self._slowed()
             reasons.append(hint.reason)
+            if (spent := quota_wait(self._departs, hint.policy, now)) > 0:  # learner:
+                pause = max(pause, spent)
+                self._pause(now, spent, f"{hint.reason}: the last {hint.policy[0]:g} requests"  # type: ignore[index]
+                                        " are still in its window")
         self._recover(now, status, echo)
         return self._decision(False, now, pause, None, "; ".join(reasons),
                               hint.notes if hint else ())
@@ -465,7 +483,7 @@ class SiteBudget:
         return ThrottleDecision(
             throttled=throttled, rate=rate, ceiling=throttle.ceiling,
             pause_s=round(pause, 3), retry_after=retry.raw if retry else None,
-            breaker_open=breaker, reason=reason, notes=notes,
+            breaker_open=breaker, reason=reason, notes=notes, lesson=throttle.lesson if throttled else "",
             # Since added: the pause's and breaker's ends, for the audit line (state/rebuild.py).
             paused_until=throttle.paused_until if throttle.paused_until > now else None,
             breaker_until=throttle.breaker_until if throttle.breaker_until > now else None,
@@ -485,7 +503,8 @@ class SiteBudget:
         # Bursts are what windowed limits punish: none while the site's limit is known (a ceiling
         # from a 429) or a restraint caps the rate (robots.txt's crawl-delay or a retired site:
         # a cap is a spacing, not an average).
-        if self.throttle.ceiling is not None or self._restraint[1] < math.inf:
+        if (self.throttle.ceiling is not None or self.throttle.hint_rate is not None  # learner: hint
+                or self._restraint[1] < math.inf):
             return 1
         return self.settings.burst
 
@@ -657,6 +676,7 @@ class SiteBudget:
         self._in_flight[ticket] = now
         rate = self._effective_rate(now)
         self._record_send(now, rate)
+        self._depart(now, rate)
         return Turn("go", ticket, rate, waited_s=now - arrival)
 
     def _unqueue(self, ticket: int) -> float | None:

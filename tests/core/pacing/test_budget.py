@@ -343,15 +343,17 @@ def test_ceiling_is_forgotten_only_after_ceiling_ttl_quiet(clock):
     assert b.rate == pytest.approx(5.0)  # back to the configured rate, never above
 
 
-def test_a_second_429_lowers_the_ceiling_from_the_slowest_recent_rate(clock):
+def test_a_second_429_learns_the_rate_served_in_the_second_before_it(clock):
     b = make(clock, rate=5.0)
-    throttle(b, clock, "2")
+    throttle(b, clock, "2")  # the first request ever: nothing served before it, halved
     ok(b, clock)
     ok(b, clock)       # recovery 2.5 -> 2.6
     d = throttle(b, clock, "2")
-    # the site objected to traffic sent at 2.5..2.6: take 2.5 as already too fast
+    # Two served in the second before it: the site's limit is 2/s (learner.py), the rate just
+    # below. (Before the learner: halved to 1.25/s from the slowest rate sent at.)
     assert d.ceiling == pytest.approx(2.0)
-    assert d.rate == pytest.approx(1.25)
+    assert d.rate == pytest.approx(1.95)
+    assert "learned from 429" in d.lesson and "2 served in the 1s before" in d.lesson
 
 
 def test_rate_never_falls_below_the_floor(clock):

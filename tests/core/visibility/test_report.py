@@ -244,3 +244,13 @@ def test_operator_and_alert_events_are_not_requests():
                  _local("paused", 2, 503, "health 40", event="health_alert"))
     conduct = report.sites[SITE]
     assert conduct.requests == 1 and conduct.events == {"operator": 1, "health_alert": 1}
+
+
+def test_the_429s_line_says_what_the_site_taught():
+    lesson = "learned from 429 at 14:02 UTC: 1.95/s (2 served in the 1s before)"
+    report = run(line("fetched", 0), line("throttled", 0.4, 429, 429, retry_after="2", pause_s=2.0,
+                                          learned=lesson), line("fetched", 2.5))
+    assert report.skipped.unknown_keys == {}
+    site = report.sites[SITE]
+    assert site.learned == lesson and site.as_dict()["429"]["learned"] == lesson
+    assert "1.95/s" in render_text(report, "audit.jsonl")

@@ -1,0 +1,165 @@
+"""What one throttling answer teaches about a site's limit (SPEC §5: learned, not guessed twice).
+
+A site that answers 429 (or 503 + Retry-After) has just said where its limit is: it served the
+requests that reached it over its recent window and refused the next. `Departures` keeps when
+requests left for the site lately (and how many were at the site as each left); `lesson()` turns
+that into the site's limit:
+
+- a rate lesson: the departures in the short window before the throttled request left, over
+  that window, are the rate the site actually served. That rate is the ceiling and the new rate
+  sits just below it (`CEILING_MARGIN`), instead of halving and probing back up one 429 at a
+  time. It is never above a rate we were sending at lately (the site refused those), and
+  nothing served in the window teaches no rate: then the older rule (halve, ceiling at
+  `ceiling_factor` of it) applies.
+- a concurrency lesson: a throttling answer without Retry-After to a request that left while N
+  requests were at the site (itself included) says "fewer at once": at most N - 1, and the rate
+  stays (a concurrency limit says nothing about the rate; lowering both would slow a site
+  that only minds parallel requests). Chosen for SPEC §5's "also teaches a concurrency limit
+  below N"; a throttling answer to a lone request is a rate lesson whatever its fields.
+
+Pure: times are passed in, no clock, no sockets.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+# The window departures are counted over: most sites count per second, and a window this
+# short reflects what the site saw just before it said no (seed 001: 2 served in the second
+# before the 429 → 2/s). At slow rates the window spans at least `_INTERVALS` intervals, so a
+# count of one or two still means something.
+WINDOW_S = 1.0
+_INTERVALS = 2.0
+# How many departures a site keeps (a site sent to faster than this per window is measured
+# over the span of the kept ones instead: the same rate, fewer floats).
+_KEPT = 256
+# The learned rate sits this far below the ceiling (2.5 %): a site that counts requests in a
+# window closed at both ends sees N+1 requests in one window from a client spaced at exactly
+# N/s, so "at the ceiling" can already be one too many (seed 001: 2/s limit, rate 1.95/s).
+CEILING_MARGIN = 0.025
+
+
+def window_for(rate: float) -> float:
+    """The counting window at `rate`: WINDOW_S, or `_INTERVALS` intervals at a slower rate."""
+    return max(WINDOW_S, _INTERVALS / rate) if rate > 0 else WINDOW_S
+
+
+class Departures:
+    """When requests left for one site lately, oldest first, with how many were at the site
+    as each left (itself included). In-process only: a restart starts with none."""
+
+    __slots__ = ("at", "at_site")
+
+    def __init__(self) -> None:
+        self.at: list[float] = []
+        self.at_site: list[int] = []
+
+    def record(self, at: float, at_site: int, rate: float) -> None:
+        """A request left at `at` with `at_site` requests at the site; forget what lies beyond
+        the window at `rate` (a clock that stepped back keeps the order by time)."""
+        times, counts = self.at, self.at_site
+        if times and at < times[-1]:
+            times.clear()
+            counts.clear()
+        times.append(at)
+        counts.append(at_site)
+        horizon = at - window_for(rate)
+        drop = 0
+        while drop < len(times) - 1 and times[drop] < horizon:
+            drop += 1
+        if len(times) - drop > _KEPT:
+            drop = len(times) - _KEPT
+        if drop:
+            del times[:drop]
+            del counts[:drop]
+
+    def served(self, before: float, rate: float) -> tuple[int, float]:
+        """(departures in the window before `before`, not counting one at `before`; the window
+        in seconds). A full log measures over the span it holds."""
+        window = window_for(rate)
+        times = self.at
+        count = sum(1 for t in times if before - window <= t < before)
+        if len(times) >= _KEPT and times[0] > before - window:
+            window = max(before - times[0], 1e-3)
+        return count, window
+
+    def at_site_when(self, left: float) -> int:
+        """How many were at the site when the request that left at `left` did (1 if unknown)."""
+        for t, n in zip(reversed(self.at), reversed(self.at_site), strict=True):
+            if t == left:
+                return n
+            if t < left:
+                break
+        return 1
+
+    def is_empty(self) -> bool:
+        """True when no departure is remembered."""
+        return not self.at
+
+
+def quota_wait(departs: Departures | None, policy: tuple[float, float] | None, now: float) -> float:
+    """Seconds until our own departures leave room under a RateLimit-Policy of q per w: the
+    q-th last departure must have left the window (0: room now, or the log is too short to say).
+
+    An even pace keeps q per w once it runs, but requests sent before the policy was known (a
+    burst at the eager configured rate) already sit in the site's window; without this the
+    first window draws a 429. The window is taken `CEILING_MARGIN` longer: a site whose window
+    is closed at both ends still counts a request exactly w old.
+    """
+    if departs is None or policy is None:
+        return 0.0
+    quota, window = int(policy[0]), policy[1]
+    if quota < 1 or len(departs.at) < quota:
+        return 0.0
+    return max(0.0, departs.at[-quota] + window * (1.0 + CEILING_MARGIN) - now)
+
+
+@dataclass(frozen=True)
+class Lesson:
+    """What one counted throttling answer taught: the new rate, ceiling and concurrency limit
+    (None: unchanged), and how, for the operator (`learned from 429 at 14:02: 1.9/s`)."""
+
+    rate: float
+    ceiling: float | None
+    concurrency: int | None
+    how: str
+
+
+def lesson(*, now: float, code: str, asked_when: bool, served: int, window_s: float, at_site: int,
+           slowest: float, rate: float, ceiling: float | None, concurrency: int | None,
+           configured: float, floor: float, ceiling_factor: float) -> Lesson:
+    """The lesson of a counted throttling answer (see the module docstring).
+
+    `asked_when`: the answer said when to come back (Retry-After, or a spent RateLimit quota);
+    `served`/`window_s`: departures counted before the throttled one left; `at_site`: requests at
+    the site as it left (itself included); `slowest`: the slowest rate sent at lately; `rate`,
+    `ceiling`, `concurrency`: what the site taught before; `configured`: pacing.rate.
+    """
+    at = time.strftime("%H:%M", time.gmtime(now))  # wall-clock `now` (UTC), shown to the operator
+    if not asked_when and at_site >= 2:
+        limit = at_site - 1 if concurrency is None else min(concurrency, at_site - 1)
+        return Lesson(rate, ceiling, limit,
+                      f"learned from {code} at {at} UTC: concurrency {limit} ({at_site} were at the site)")
+    if served >= 1:
+        measured = max(floor, min(served / window_s, slowest))
+        if ceiling is not None and measured >= ceiling:
+            # Refused again below a ceiling it had taught: what reaches the site is less even
+            # than what leaves here (uneven delays on the way), so the margin was too thin;
+            # the ceiling steps down by one margin (one more 429 per step, never a halving).
+            new_ceiling = max(floor, ceiling * (1.0 - CEILING_MARGIN))
+        else:
+            new_ceiling = measured if ceiling is None else min(ceiling, measured)
+        new_rate = min(max(floor, new_ceiling * (1.0 - CEILING_MARGIN)), configured)
+        how = (f"learned from {code} at {at} UTC: {new_rate:.3g}/s "
+               f"({served} served in the {window_s:g}s before)")
+    else:
+        # Nothing served in the window (the first request drew it, or a long quiet spell): the
+        # site's limit is not measurable from this answer; the older rule of SPEC §5 applies.
+        limit_ceiling = max(floor, ceiling_factor * slowest)
+        new_ceiling = limit_ceiling if ceiling is None else min(ceiling, limit_ceiling)
+        new_rate = min(max(floor, slowest / 2.0), configured)
+        how = f"learned from {code} at {at} UTC: {new_rate:.3g}/s (nothing served just before: halved)"
+    if concurrency is not None:
+        how += f", concurrency {concurrency}"
+    return Lesson(new_rate, new_ceiling, concurrency, how)

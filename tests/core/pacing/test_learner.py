@@ -1,0 +1,366 @@
+"""The site's limit is learned from one throttling answer (SPEC §5; pacing/learner.py).
+
+Each kind of site is a pure function of the arrival times it has seen (the site's own log is
+the truth). An eager config (`rate: 10, burst: 2, max_concurrency: 4`) with four clients sending
+back to back for 45 s of fake time must draw at most one throttling answer (a burst counts once),
+never send inside a pause, and hold at least 0.85 x the site's limit over the last 30 s.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import pytest
+
+from etiquette_proxy.clock import FakeClock
+from etiquette_proxy.pacing.budget import SiteBudget
+from etiquette_proxy.pacing.learner import Departures, lesson
+from etiquette_proxy.pacing.settings import PacingSettings
+from etiquette_proxy.pacing.throttle import ThrottleState
+
+T0 = 1_800_000_000.0
+EAGER = PacingSettings(rate=10.0, burst=2, max_concurrency=4)
+Answer = tuple[int, dict[str, str]]
+
+
+# -- the sites: each decides at a request's arrival, from the arrivals it has seen --------------
+
+class SlidingWindow:
+    """More than `limit` arrivals within the last `window` s (closed at both ends, refused ones
+    counted: seed 001's site) → `status` + Retry-After."""
+
+    def __init__(self, limit: int, window: float = 1.0, status: int = 429, retry_after: str = "2"):
+        self.limit, self.window, self.status, self.retry_after = limit, window, status, retry_after
+        self.seen: deque[float] = deque()
+
+    @property
+    def capacity(self) -> float:
+        return self.limit / self.window
+
+    def arrive(self, at: float, latency: float) -> Answer:
+        while self.seen and at - self.seen[0] > self.window:
+            self.seen.popleft()
+        self.seen.append(at)
+        if len(self.seen) > self.limit:
+            return self.status, {"Retry-After": self.retry_after}
+        return 200, {}
+
+
+class TokenBucket:
+    """A bucket of `burst` tokens refilled at `rate`/s; empty → 429 + Retry-After: 1."""
+
+    def __init__(self, rate: float, burst: float):
+        self.rate, self.burst = rate, burst
+        self.tokens, self.at = burst, T0
+
+    @property
+    def capacity(self) -> float:
+        return self.rate
+
+    def arrive(self, at: float, latency: float) -> Answer:
+        self.tokens = min(self.burst, self.tokens + (at - self.at) * self.rate)
+        self.at = at
+        if self.tokens < 1.0:
+            return 429, {"Retry-After": "1"}
+        self.tokens -= 1.0
+        return 200, {}
+
+
+class ConcurrencyLimit:
+    """More than `limit` requests at the site at once → 429 without Retry-After."""
+
+    def __init__(self, limit: int, latency: float):
+        self.limit, self.latency = limit, latency
+        self.busy: list[float] = []  # when each request at the site leaves
+
+    @property
+    def capacity(self) -> float:
+        return self.limit / self.latency
+
+    def arrive(self, at: float, latency: float) -> Answer:
+        self.busy = [t for t in self.busy if t > at]
+        self.busy.append(at + latency)
+        if len(self.busy) > self.limit:
+            return 429, {}
+        return 200, {}
+
+
+class Announcing(SlidingWindow):
+    """A sliding window that says where the client stands on every answer
+    (draft-ietf-httpapi-ratelimit-headers-12): `RateLimit-Policy: "default";q=Q;w=W` and
+    `RateLimit: "default";r=<left>;t=<s until one leaves the window, rounded up>`."""
+
+    def arrive(self, at: float, latency: float) -> Answer:
+        status, headers = super().arrive(at, latency)
+        left = max(0, self.limit - len(self.seen))
+        reset = max(1, math.ceil(self.seen[0] + self.window - at))
+        return status, {**headers, "RateLimit-Policy": f'"default";q={self.limit};w={self.window:g}',
+                        "RateLimit": f'"default";r={left};t={reset}'}
+
+
+# -- the crawl ------------------------------------------------------------------------------------
+
+@dataclass
+class Crawl:
+    arrivals: list[tuple[float, int]] = field(default_factory=list)  # (at, status) as the site saw
+    pauses: list[tuple[float, float]] = field(default_factory=list)
+    decisions: list = field(default_factory=list)
+    budget: SiteBudget | None = None
+
+    latency: float = 0.0
+
+    def throttled(self) -> int:
+        """Throttling answers the site sent, a burst counted once: those to requests that left
+        before the first answer of their burst came back were at the site together."""
+        bursts, answered = 0, -math.inf
+        for at, status in sorted(self.arrivals):
+            if status != 200 and at >= answered:
+                bursts += 1
+                answered = at + self.latency
+        return bursts
+
+    def counted(self) -> int:
+        return sum(d.throttled and "not counted again" not in d.reason for d in self.decisions)
+
+    def steady(self, since: float, until: float) -> float:
+        served = [at for at, status in self.arrivals if status == 200 and T0 + since <= at < T0 + until]
+        return len(served) / (until - since)
+
+    def inside_pauses(self) -> list[float]:
+        return [at for at, _ in self.arrivals if any(a < at < b - 1e-9 for a, b in self.pauses)]
+
+
+def crawl(site, settings: PacingSettings = EAGER, workers: int = 4, seconds: float = 45.0,
+          latency: float = 0.05) -> Crawl:
+    """`workers` clients back to back through one budget, with the addon's wake-up protocol:
+    every waiter is asked again after a start or an answer, else when its wait runs out."""
+    clock = FakeClock(T0)
+    budget = SiteBudget("site.test:80", settings, clock=clock, random=lambda: 0.5)
+    out = Crawl(budget=budget, latency=latency)
+    events: list[tuple[float, int, str, int, Answer | None]] = []
+    waiting: set[int] = set()
+    counter = 0
+
+    def at(when: float, kind: str, ticket: int = 0, answer: Answer | None = None) -> None:
+        nonlocal counter
+        counter += 1
+        heapq.heappush(events, (when, counter, kind, ticket, answer))
+
+    def play(turn) -> None:
+        if turn.action == "go":
+            waiting.discard(turn.ticket)
+            answer = site.arrive(clock(), latency)
+            out.arrivals.append((clock(), answer[0]))
+            at(clock() + latency, "answer", turn.ticket, answer)
+            at(clock(), "notify")
+        elif turn.action == "wait":
+            waiting.add(turn.ticket)
+            at(clock() + turn.wait_s, "wake", turn.ticket)
+        else:  # refused locally: this client comes back after the Retry-After
+            at(clock() + turn.retry_after_s, "client")
+
+    for _ in range(workers):
+        play(budget.reserve())
+    while events:
+        when, _, kind, ticket, answer = heapq.heappop(events)
+        if when > T0 + seconds:
+            break
+        if kind == "wake" and ticket not in waiting:
+            continue
+        clock.advance(max(0.0, when - clock()))
+        if kind == "answer":
+            assert answer is not None
+            decision = budget.on_response(ticket, *answer)
+            out.decisions.append(decision)
+            if decision.throttled:
+                out.pauses.append((clock(), clock() + decision.pause_s))
+            play(budget.reserve())
+            kind = "notify"
+        if kind == "client":
+            play(budget.reserve())
+        elif kind == "notify":
+            for t in sorted(waiting):
+                play(budget.admit(t))
+        elif kind == "wake":
+            play(budget.admit(ticket))
+    return out
+
+
+# -- each kind of site --------------------------------------------------------------------------
+
+SITES = {
+    "sliding-window-429": lambda: SlidingWindow(2, retry_after="2"),
+    "sliding-window-5-per-s": lambda: SlidingWindow(5, retry_after="1"),
+    "token-bucket": lambda: TokenBucket(3.0, 3.0),
+    "concurrency-limit": lambda: ConcurrencyLimit(2, latency=0.4),
+    "overload-503": lambda: SlidingWindow(4, status=503, retry_after="1"),
+    "announces-ratelimit": lambda: Announcing(5, retry_after="1"),
+}
+
+
+@pytest.mark.parametrize("kind", SITES)
+def test_one_throttling_answer_at_most_then_steady_near_the_sites_limit(kind):
+    site = SITES[kind]()
+    latency = site.latency if isinstance(site, ConcurrencyLimit) else 0.05
+    result = crawl(site, latency=latency)
+    assert result.throttled() <= 1, (kind, result.arrivals[:20])
+    assert result.inside_pauses() == []
+    steady = result.steady(15.0, 45.0)
+    assert steady >= 0.85 * site.capacity, f"{kind}: {steady:.2f}/s against {site.capacity:g}/s"
+    assert steady <= site.capacity + 1e-9
+
+
+def test_the_sliding_window_site_teaches_its_rate_and_the_ceiling_at_it():
+    result = crawl(SlidingWindow(2, retry_after="2"))
+    budget = result.budget
+    assert budget is not None
+    assert budget.ceiling == pytest.approx(2.0) and budget.rate == pytest.approx(1.95)
+    throttled = [d for d in result.decisions if d.throttled]
+    assert len(throttled) == 1 and throttled[0].pause_s == 2.0
+    assert "learned from 429" in budget.learned() and "1.95/s" in budget.learned()
+
+
+def test_the_concurrency_site_teaches_a_concurrency_limit_and_keeps_the_rate():
+    result = crawl(ConcurrencyLimit(2, latency=0.4), latency=0.4)
+    budget = result.budget
+    assert budget is not None
+    assert budget.max_concurrency() == 2
+    assert budget.ceiling is None and budget.rate == pytest.approx(10.0)
+    assert "concurrency 2" in budget.learned()
+
+
+def test_the_announcing_site_is_paced_evenly_and_never_steps_down_through_a_window():
+    result = crawl(Announcing(5, retry_after="1"))
+    assert [status for _, status in result.arrivals].count(429) == 0  # the early burst included
+    served = sorted(at for at, status in result.arrivals if status == 200 and at >= T0 + 5.0)
+    gaps = [b - a for a, b in zip(served, served[1:], strict=False)]
+    # Even: every gap one interval at 5/s less 2.5 % (before: 7, 6, 5, 4, 3/s within a window).
+    assert min(gaps) == pytest.approx(1 / 4.875, rel=1e-6)
+    assert max(gaps) == pytest.approx(1 / 4.875, rel=1e-6)
+
+
+# -- one signal per burst --------------------------------------------------------------------
+
+class Burst:
+    """Lets every request through except those arriving in [2.0, 2.3) s: 429 with a Retry-After
+    that differs per request (1, 3, 2, ...): one burst of concurrent throttling answers."""
+
+    def __init__(self) -> None:
+        self.values = iter(["1", "3", "2", "1", "2", "1"])
+
+    def arrive(self, at: float, latency: float) -> Answer:
+        if T0 + 2.0 <= at < T0 + 2.3:
+            return 429, {"Retry-After": next(self.values, "1")}
+        return 200, {}
+
+
+def test_a_burst_of_concurrent_throttling_answers_is_one_signal():
+    result = crawl(Burst(), settings=PacingSettings(rate=20.0, burst=4, max_concurrency=4), latency=0.3,
+                   seconds=8.0)
+    throttled = [d for d in result.decisions if d.throttled]
+    assert len(throttled) >= 3  # several in flight together drew one each
+    assert result.counted() == 1  # one lowering
+    assert len({d.rate for d in throttled}) == 1
+    # One pause: the longest Retry-After of the burst, from the first answer of it.
+    first = result.pauses[0][0]
+    assert max(end for _, end in result.pauses) == pytest.approx(first + 3.0, abs=0.31)
+    assert result.inside_pauses() == []
+    assert result.budget is not None and result.budget.is_breaker_open() is False
+
+
+def test_retry_after_0_is_a_pause_of_zero_not_junk():
+    clock = FakeClock(T0)
+    b = SiteBudget("site.test:80", PacingSettings(rate=4.0), clock=clock, random=lambda: 0.5)
+    for _ in range(3):
+        turn = b.reserve()
+        while turn.action == "wait":
+            clock.advance(turn.wait_s)
+            turn = b.admit(turn.ticket)
+        b.on_response(turn.ticket, 200, {})
+    turn = b.reserve()
+    while turn.action == "wait":
+        clock.advance(turn.wait_s)
+        turn = b.admit(turn.ticket)
+    d = b.on_response(turn.ticket, 429, {"Retry-After": "0"})
+    assert d.throttled and d.pause_s == 0.0 and d.retry_after == "0"
+    assert "backoff" not in d.reason and d.notes == ()
+    assert b.paused_for_s() == 0.0
+    # The next request waits one interval at the learned rate, no more.
+    nxt = b.reserve()
+    assert nxt.action == "wait" and nxt.wait_s == pytest.approx(1 / d.rate)
+
+
+# -- the learner itself ------------------------------------------------------------------------
+
+def test_departures_count_the_window_before_the_throttled_request():
+    d = Departures()
+    for t in (0.0, 0.2, 0.4):
+        d.record(T0 + t, 1, 5.0)
+    assert d.served(T0 + 0.4, 5.0) == (2, 1.0)  # seed 001: two served in the second before
+    for t, n in ((1.3, 1), (1.5, 2)):
+        d.record(T0 + t, n, 5.0)
+    assert d.served(T0 + 1.5, 5.0) == (1, 1.0)  # 0.5 <= t < 1.5: 1.3 only
+    assert d.at_site_when(T0 + 1.5) == 2 and d.at_site_when(T0 + 1.4) == 1
+    assert d.at == [T0 + 1.3, T0 + 1.5]  # older than the window: forgotten
+
+
+def test_a_slow_rate_counts_over_two_intervals():
+    d = Departures()
+    for t in (0.0, 4.0, 8.0):
+        d.record(T0 + t, 1, 0.25)
+    assert d.served(T0 + 8.0, 0.25) == (2, 8.0)
+
+
+def _lesson(**kw):
+    base = dict(now=T0, code="429", asked_when=True, served=2, window_s=1.0, at_site=1, slowest=5.0,
+                rate=5.0, ceiling=None, concurrency=None, configured=5.0, floor=0.05, ceiling_factor=0.8)
+    return lesson(**{**base, **kw})
+
+
+def test_the_lesson_never_puts_the_ceiling_above_a_rate_the_site_refused():
+    assert _lesson(served=9, slowest=4.0).ceiling == 4.0
+
+
+def test_nothing_served_before_falls_back_to_halving():
+    taught = _lesson(served=0)
+    assert taught.rate == 2.5 and taught.ceiling == 4.0 and "halved" in taught.how
+
+
+def test_a_throttle_without_retry_after_while_three_were_at_the_site_teaches_concurrency_2():
+    taught = _lesson(asked_when=False, at_site=3)
+    assert taught.concurrency == 2 and taught.rate == 5.0 and taught.ceiling is None
+    assert "concurrency 2" in taught.how and "UTC" in taught.how
+
+
+def test_a_lone_request_without_retry_after_is_a_rate_lesson():
+    taught = _lesson(asked_when=False, at_site=1)
+    assert taught.concurrency is None and taught.ceiling == 2.0
+
+
+def test_the_learned_concurrency_persists_and_expires_with_the_ceiling():
+    settings = PacingSettings(rate=5.0, ceiling_ttl=100.0)
+    t = ThrottleState(settings)
+    t.concurrency, t.lesson, t.last_throttle_at, t.ceiling = 2, "learned from 429", T0, 3.0
+    again = ThrottleState(settings)
+    again.from_state(t.to_state(), T0 + 1)
+    assert again.concurrency == 2 and again.lesson == "learned from 429"
+    again.forget_ceiling(T0 + 100)
+    assert again.concurrency is None and again.ceiling is None and again.lesson == ""
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_a_stored_concurrency_that_is_not_a_whole_number_is_refused(bad):
+    t = ThrottleState(PacingSettings())
+    state = {**t.to_state(), "concurrency": bad}
+    with pytest.raises(ValueError, match="concurrency"):
+        t.from_state(state, T0)
+
+
+def test_refused_again_at_the_learned_ceiling_steps_it_down_by_one_margin():
+    taught = _lesson(served=2, ceiling=2.0, rate=1.95)
+    assert taught.ceiling == pytest.approx(1.95) and taught.rate == pytest.approx(1.95 * 0.975)
+    lower = _lesson(served=1, ceiling=2.0, rate=1.95)  # a lower measure is taken as it is
+    assert lower.ceiling == 1.0
