@@ -34,6 +34,7 @@ from etiquette_proxy.robots.policy import (
     entry_registry,
     product_token,
 )
+from etiquette_proxy.robots.purposes import declared
 from etiquette_proxy.site_key import host_site, url_authority
 from etiquette_proxy.sites import SiteRegistry
 from etiquette_proxy.state.redis_store import RedisShared, SharedStateUnavailable
@@ -128,7 +129,7 @@ class RobotsGate:
             return
 
         token = product_token(settings.user_agent or client_ua)
-        purposes: tuple[str, ...] = self.rt.config.purposes
+        purposes = self.declared()
         # The URL a response header's no was remembered under matters only with purposes
         # declared: without them it is not built (mitmproxy's Request.url costs ~15k
         # instructions a request, benchmarks/README.md "audit").
@@ -158,7 +159,7 @@ class RobotsGate:
         notes = notes_of(flow)
         if notes.local or notes.facts.get("internal"):
             return
-        purposes: tuple[str, ...] = self.rt.config.purposes
+        purposes = self.declared()
         no, said, problems = self.policy.heard(request_url(flow.request), response.headers.items(), purposes)
         if problems:
             log.info("%s: %s", flow.request.url, "; ".join(problems))
@@ -166,6 +167,11 @@ class RobotsGate:
             notes.extra["signals"] = said
         if no is not None:
             notes.extra["purposes"] = no.audit(purposes)
+
+    def declared(self) -> tuple[str, ...]:
+        """The crawler's declared purposes and its use (`use=full`: SPEC §4, §9)."""
+        config = self.rt.config
+        return declared(config.purposes, config.content_use)
 
     def settings_for(self, site: str) -> RobotsSettings:
         """The site's robots.* settings: shared by every site without overrides, read once per

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from etiquette_proxy.robots.purposes import parse_purposes
+from etiquette_proxy.robots.purposes import USES, parse_purposes
 from etiquette_proxy.units import parse_duration, parse_rate, parse_size
 
 Parser = Callable[[Any], Any]
@@ -236,6 +236,7 @@ SCHEMA: dict[str, Key] = {
     "identity.web_bot_auth.signature_agent": Key(optional(https_origin), None),
     "identity.web_bot_auth.validity": Key(signature_validity, 300.0),
     "purposes": Key(parse_purposes, ()),
+    "content_use": Key(optional(choice(*USES)), None),
     "robots.user_agent": Key(optional(text), None, per_site=True),
     "robots.ttl": Key(duration_max(86400, "24h"), 86400.0, per_site=True),
     "robots.timeout": Key(positive_duration, 10.0, per_site=True),

@@ -1,7 +1,8 @@
-"""Content signals end to end (SPEC §4): the real proxy, local sites, the site's own log.
+"""Content signals end to end (SPEC §4, §9): the real proxy, local sites, the site's own log.
 
-One proxy per `purposes` setting (none, [ai-train], [search], observe [ai-train]), started once
-for the module; every site is a fresh local server whose request log is the truth.
+One proxy per `purposes` / `content_use` setting (none, [ai-train], [search], observe
+[ai-train], use full, use reference), started once for the module; every site is a fresh local
+server whose request log is the truth.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ SIGNAL = b"User-Agent: *\nContent-Signal: search=yes, ai-train=no\nAllow: /\n"
 USAGE = (b"User-agent: *\nContent-Usage: train-ai=y\nContent-Usage: /drafts/ train-ai=n  # not for models\n"
          b"Disallow: /private/\n")
 SETTINGS = {"none": [], "train": ["purposes=[ai-train]"], "search": ["purposes=[search]"],
-            "observe": ["purposes=[train-ai]", "mode=observe"]}
+            "observe": ["purposes=[train-ai]", "mode=observe"],
+            "full": ["purposes=[search]", "content_use=full"], "reference": ["content_use=reference"]}
 
 
 @pytest.fixture(scope="module")
@@ -130,3 +132,24 @@ def test_malformed_signals_never_refuse_and_never_crash(proxies, site, junk):
     assert s.paths() == ["/robots.txt", "/page"]
     assert proxy.proc.poll() is None
     assert proxy.stderr().count(f"robots.txt of http://127.0.0.1:{s.port}") == 1  # said once per fetch
+
+
+MANAGED = b"User-Agent: *\nContent-Signal: search=yes,ai-train=no,use=reference\nAllow: /\n"
+
+
+def test_a_site_allowing_reference_refuses_a_crawler_declaring_full_and_admits_reference(proxies, site):
+    s = site(MANAGED)
+    full = proxies["full"]
+    r = full.get(s.url("/story"))
+    assert r.status_code == 403 and r.headers["X-Etiquette-Decision"] == "disallowed"
+    assert "content-signal use=reference < declared full" in r.text
+    line = line_for(full, s.url("/story"))
+    assert line["outcome"] == "disallowed" and line["upstream_status"] is None
+    assert line["reason"] == "content-signal use=reference < declared full"
+    assert line["purposes"] == {"declared": ["search", "use=full"], "refused": "use=full",
+                                "said": "content-signal use=reference < declared full"}
+    assert s.paths() == ["/robots.txt"]  # the site never saw the page asked for full use
+    reference = proxies["reference"]
+    assert reference.get(s.url("/story")).status_code == 200
+    assert line_for(reference, s.url("/story"))["outcome"] == "fetched"
+    assert s.paths() == ["/robots.txt", "/robots.txt", "/story"]  # each proxy its own robots.txt
