@@ -283,7 +283,7 @@ class SaidNoMemory:
         self._urls: OrderedDict[str, PurposeRefusal] = OrderedDict()
 
     @staticmethod
-    def _key(url: str) -> str:
+    def key(url: str) -> str:
         """`url` as the site resolves it (SPEC §4: one normalisation keys every layer that
         remembers a URL), so `/./page` or `/%70age` is the `/page` the site said no for."""
         start = url.find("/", url.find("://") + 3) if "://" in url else -1
@@ -291,7 +291,7 @@ class SaidNoMemory:
 
     def remember(self, url: str, no: PurposeRefusal) -> None:
         """Keep what the site said for `url`."""
-        url = self._key(url)
+        url = self.key(url)
         self._urls[url] = no
         self._urls.move_to_end(url)
         while len(self._urls) > self.limit:
@@ -299,9 +299,9 @@ class SaidNoMemory:
 
     def forget(self, url: str) -> None:
         """The site no longer says no (a later response without the signal)."""
-        self._urls.pop(self._key(url), None)
+        self._urls.pop(self.key(url), None)
 
     def refusal(self, url: str, purposes: Sequence[str]) -> PurposeRefusal | None:
         """What the site said about `url` when that says no to one of `purposes`."""
-        no = self._urls.get(self._key(url))
+        no = self._urls.get(self.key(url))
         return no if no is not None and no.purpose in purposes else None

@@ -92,7 +92,8 @@ def test_path_scoped_content_usage_refuses_one_path_and_fetches_another(proxies,
     assert line_for(proxy, s.url("/drafts/next"))["reason"] == "content-usage train-ai=n"
     assert proxy.get(s.url("/published/one")).status_code == 200
     assert proxy.get(s.url("/private/x")).status_code == 403  # the Disallow still applies
-    assert s.paths() == ["/robots.txt", "/published/one"]
+    # ai-train declared: TDMRep's file is asked once, before the first page that may be fetched
+    assert s.paths() == ["/robots.txt", "/.well-known/tdmrep.json", "/published/one"]
 
 
 def test_a_response_header_no_is_logged_then_remembered_for_the_url(proxies, site):
@@ -106,7 +107,7 @@ def test_a_response_header_no_is_logged_then_remembered_for_the_url(proxies, sit
     second = proxy.get(s.url("/page"))
     assert second.status_code == 403 and "content-usage train-ai=n" in second.text
     assert proxy.get(s.url("/other")).status_code == 200
-    assert s.paths() == ["/robots.txt", "/page", "/other"]
+    assert s.paths() == ["/robots.txt", "/.well-known/tdmrep.json", "/page", "/other"]
 
 
 def test_observe_mode_logs_would_disallowed_and_forwards(proxies, site):
@@ -129,7 +130,7 @@ def test_malformed_signals_never_refuse_and_never_crash(proxies, site, junk):
     proxy = proxies["train"]
     assert proxy.get(s.url("/page")).status_code == 200
     assert proxy.get(s.url("/private/a")).status_code == 403
-    assert s.paths() == ["/robots.txt", "/page"]
+    assert s.paths() == ["/robots.txt", "/.well-known/tdmrep.json", "/page"]
     assert proxy.proc.poll() is None
     assert proxy.stderr().count(f"robots.txt of http://127.0.0.1:{s.port}") == 1  # said once per fetch
 
@@ -153,3 +154,47 @@ def test_a_site_allowing_reference_refuses_a_crawler_declaring_full_and_admits_r
     assert reference.get(s.url("/story")).status_code == 200
     assert line_for(reference, s.url("/story"))["outcome"] == "fetched"
     assert s.paths() == ["/robots.txt", "/robots.txt", "/story"]  # each proxy its own robots.txt
+
+
+TDMREP = (b'[{"location": "/reserved/", "tdm-reservation": 1, "tdm-policy": "https://rights.example/policy.json"},'
+          b' {"location": "/reserved/free$", "tdm-reservation": 0}]')
+
+
+def test_a_tdmrep_file_reservation_refuses_ai_train_only_and_is_fetched_once(proxies, site):
+    s = site(b"User-agent: *\nAllow: /\n")
+    s.route("/.well-known/tdmrep.json", Answer(200, TDMREP, {"Content-Type": "application/json"}))
+    train = proxies["train"]
+    assert train.get(s.url("/open/a")).status_code == 200
+    r = train.get(s.url("/reserved/paper"))
+    assert r.status_code == 403 and r.headers["X-Etiquette-Decision"] == "disallowed"
+    line = line_for(train, s.url("/reserved/paper"))
+    assert line["outcome"] == "disallowed" and line["upstream_status"] is None
+    assert line["reason"] == "tdmrep.json tdm-reservation=1 (location /reserved/)"
+    assert line["purposes"]["refused"] == "ai-train" and line["tdm_policy"] == "https://rights.example/policy.json"
+    assert train.get(s.url("/open/b")).status_code == 200
+    fetches = train.wait_audit(lambda r: r.get("tdmrep_fetch") and str(s.port) in r["url"])
+    assert [(f["outcome"], f["upstream_status"]) for f in fetches] == [("fetched", 200)]
+    assert s.paths() == ["/robots.txt", "/.well-known/tdmrep.json", "/open/a", "/open/b"]  # once, cached
+    search = proxies["search"]  # not declaring ai-train: TDMRep is not asked and refuses nothing
+    assert search.get(s.url("/reserved/paper")).status_code == 200
+    assert search.get(s.url("/open/a")).status_code == 200
+    assert s.paths()[4:] == ["/robots.txt", "/reserved/paper", "/open/a"]
+    assert s.paths().count("/.well-known/tdmrep.json") == 1
+
+
+def test_a_tdm_reservation_header_is_logged_then_refuses_ai_train_for_that_url(proxies, site):
+    s = site(b"User-agent: *\nAllow: /\n",
+             img=Answer(200, b"jpeg", {"tdm-reservation": "1", "tdm-policy": "https://rights.example/p.json"}))
+    s.route("/.well-known/tdmrep.json", Answer(404, b""))
+    train = proxies["train"]
+    assert train.get(s.url("/img")).status_code == 200  # already fetched when the header arrived
+    line = line_for(train, s.url("/img"))
+    assert line["outcome"] == "fetched" and line["tdm_reservation"] == 1
+    assert line["tdm_policy"] == "https://rights.example/p.json" and line["purposes"]["refused"] == "ai-train"
+    again = train.get(s.url("/img"))
+    assert again.status_code == 403 and "tdm-reservation: 1 (response header)" in again.text
+    assert line_for(train, s.url("/img"))["tdm_policy"] == "https://rights.example/p.json"
+    assert train.get(s.url("/other")).status_code == 200
+    search = proxies["search"]
+    assert [search.get(s.url("/img")).status_code for _ in range(2)] == [200, 200]
+    assert s.paths() == ["/robots.txt", "/.well-known/tdmrep.json", "/img", "/other", "/robots.txt", "/img", "/img"]
