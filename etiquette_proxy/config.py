@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from etiquette_proxy.agent_card import parse_contacts
 from etiquette_proxy.robots.purposes import USES, parse_purposes
 from etiquette_proxy.units import parse_duration, parse_rate, parse_size
 
@@ -232,6 +233,8 @@ SCHEMA: dict[str, Key] = {
     "upstream.idle_timeout": Key(positive_duration, 30.0),
     "upstream.max_connections": Key(integer(1), 1000),
     "identity.user_agent": Key(optional(text), None),
+    "identity.name": Key(optional(text), None),
+    "identity.contacts": Key(parse_contacts, ()),
     "identity.web_bot_auth.key_file": Key(optional(key_file), None),
     "identity.web_bot_auth.signature_agent": Key(optional(https_origin), None),
     "identity.web_bot_auth.validity": Key(signature_validity, 300.0),
