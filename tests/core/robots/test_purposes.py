@@ -218,7 +218,8 @@ def test_content_use_config_is_validated():
     assert load_config("").content_use is None
     with pytest.raises(ConfigError) as e:
         load_config("content_use: everything\n", file="u.yaml")
-    assert "u.yaml:1: content_use: 'everything' is not allowed (expected one of: immediate, reference, full)" in str(e.value)
+    assert ("u.yaml:1: content_use: 'everything' is not allowed (expected one of: immediate, reference, full)"
+            in str(e.value))
 
 
 # -- aipref: draft-ietf-aipref-vocab-08, draft-ietf-aipref-attach-05 -------------------------
