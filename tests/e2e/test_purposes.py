@@ -57,15 +57,21 @@ def line_for(proxy: Proxy, url: str) -> dict:
     return lines[-1]
 
 
+def refused_locally(proxy: Proxy, url: str, reason: str) -> dict:
+    """Asks `url`; asserts a local 403 `disallowed` naming `reason` that never reached the site."""
+    r = proxy.get(url)
+    assert r.status_code == 403 and r.headers["X-Etiquette-Decision"] == "disallowed"
+    assert reason in r.text
+    line = line_for(proxy, url)
+    assert line["outcome"] == "disallowed" and line["reason"] == reason
+    assert line["upstream_status"] is None
+    return line
+
+
 def test_ai_train_is_refused_locally_and_the_site_never_sees_it(proxies, site):
     s = site(SIGNAL)
     proxy = proxies["train"]
-    r = proxy.get(s.url("/article"))
-    assert r.status_code == 403 and r.headers["X-Etiquette-Decision"] == "disallowed"
-    assert "content-signal ai-train=no" in r.text
-    line = line_for(proxy, s.url("/article"))
-    assert line["outcome"] == "disallowed" and line["reason"] == "content-signal ai-train=no"
-    assert line["upstream_status"] is None
+    line = refused_locally(proxy, s.url("/article"), "content-signal ai-train=no")
     assert line["purposes"] == {"declared": ["ai-train"], "refused": "ai-train", "said": "content-signal ai-train=no"}
     assert s.paths() == ["/robots.txt"]  # the site's log: only the proxy's robots.txt fetch
 
@@ -141,12 +147,7 @@ MANAGED = b"User-Agent: *\nContent-Signal: search=yes,ai-train=no,use=reference\
 def test_a_site_allowing_reference_refuses_a_crawler_declaring_full_and_admits_reference(proxies, site):
     s = site(MANAGED)
     full = proxies["full"]
-    r = full.get(s.url("/story"))
-    assert r.status_code == 403 and r.headers["X-Etiquette-Decision"] == "disallowed"
-    assert "content-signal use=reference < declared full" in r.text
-    line = line_for(full, s.url("/story"))
-    assert line["outcome"] == "disallowed" and line["upstream_status"] is None
-    assert line["reason"] == "content-signal use=reference < declared full"
+    line = refused_locally(full, s.url("/story"), "content-signal use=reference < declared full")
     assert line["purposes"] == {"declared": ["search", "use=full"], "refused": "use=full",
                                 "said": "content-signal use=reference < declared full"}
     assert s.paths() == ["/robots.txt"]  # the site never saw the page asked for full use
@@ -165,11 +166,7 @@ def test_a_tdmrep_file_reservation_refuses_ai_train_only_and_is_fetched_once(pro
     s.route("/.well-known/tdmrep.json", Answer(200, TDMREP, {"Content-Type": "application/json"}))
     train = proxies["train"]
     assert train.get(s.url("/open/a")).status_code == 200
-    r = train.get(s.url("/reserved/paper"))
-    assert r.status_code == 403 and r.headers["X-Etiquette-Decision"] == "disallowed"
-    line = line_for(train, s.url("/reserved/paper"))
-    assert line["outcome"] == "disallowed" and line["upstream_status"] is None
-    assert line["reason"] == "tdmrep.json tdm-reservation=1 (location /reserved/)"
+    line = refused_locally(train, s.url("/reserved/paper"), "tdmrep.json tdm-reservation=1 (location /reserved/)")
     assert line["purposes"]["refused"] == "ai-train" and line["tdm_policy"] == "https://rights.example/policy.json"
     assert train.get(s.url("/open/b")).status_code == 200
     fetches = train.wait_audit(lambda r: r.get("tdmrep_fetch") and str(s.port) in r["url"])
