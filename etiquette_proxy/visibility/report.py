@@ -56,9 +56,9 @@ KNOWN_KEYS = frozenset(REQUIRED_KEYS) | {
     "ratelimit", "gone_status", "header_notes", "alert", "band_change", "event", "canary",
     "marker_found", "action", "purposes", "signals", "client_gone", "robots_cache",
     "seq", "chain", "signed", "not_signed", "would_sign",  # SPEC §11 chain, SPEC §9 identity
-    "pause_until", "breaker_until", "moved_to",  # SPEC §12 state checked and rebuilt at start
     "tdmrep_fetch", "tdm_reservation", "tdm_policy",  # SPEC §9 TDMRep
     "price", "charged", "payment_error", "payment",  # SPEC §9 HTTP 402
+    "pause_until", "breaker_until", "moved_to",  # SPEC §12 state checked and rebuilt at start
 }
 # A robots.txt that could not be fetched disallows everything (RFC 9309 §2.3.1.4): those 503s
 # are the proxy waiting for robots.txt, not a crawler trying a disallowed path.
