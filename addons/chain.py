@@ -15,6 +15,7 @@ from etiquette_addons.gone_memory import GoneMemory
 from etiquette_addons.health import REPORT_PATH, HealthWatch
 from etiquette_addons.identity import RequestSigning
 from etiquette_addons.pacing import Pacing
+from etiquette_addons.payments import PaymentWatch
 from etiquette_addons.refusals import RefusalTrimmer
 from etiquette_addons.revalidation import Revalidation
 from etiquette_addons.robots_gate import RobotsGate
@@ -190,6 +191,7 @@ def members(rt: Runtime) -> list[Any]:
         Revalidation(rt),  # served-stored, validator injection; 304 -> stored 200 in response
         runaway,  # SPEC §7: URL-space traps (requests going upstream), retired sites
         pacing,  # SPEC §5: hold for the site's turn (request), learn from its answer (responseheaders)
+        PaymentWatch(rt),  # SPEC §9: what a 402 asks, on the line, before the trimmer strips headers
         RefusalTrimmer(rt),  # SPEC §7: page-only headers off refusals (responseheaders)
         health,  # SPEC §8: the request leaves now (its send time)
         RequestSigning(rt),  # SPEC §9: signed last, after every header the proxy adds

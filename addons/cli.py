@@ -1,5 +1,5 @@
 """The `etiquette-proxy` command (SPEC §3): run, check-config, ca, report, wrap, env, sites,
-keygen, verify-log."""
+keygen, verify-log, card."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from etiquette_proxy.config import Config, ConfigError, load_config_file
 
-COMMANDS = ("run", "check-config", "ca", "report", "wrap", "env", "sites", "keygen", "verify-log")
+COMMANDS = ("run", "check-config", "ca", "report", "wrap", "env", "sites", "keygen", "verify-log", "card")
 
 log = logging.getLogger("etiquette_proxy.cli")
 
@@ -106,6 +106,9 @@ def _parser() -> argparse.ArgumentParser:
     keygen.add_argument("--validity", metavar="DURATION", default="7d",
                         help="how long the directory response signature holds (default 7d)")
 
+    card = sub.add_parser("card", help="print the Signature Agent Card (JSON) generated from the config")
+    common(card)
+    card.add_argument("--url", metavar="URL", help="the https URL the card will be published at (its client_id)")
     verify = sub.add_parser("verify-log", help="check the audit log's hash chain; exit 1 naming the first bad line")
     common(verify)
     verify.add_argument("audit_log", metavar="AUDIT_LOG", nargs="?",
@@ -162,6 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return keygen(config, args)
     if args.command == "verify-log":
         return verify_log(config, args)
+    if args.command == "card":
+        return card(config, args)
     if args.workers != 1:
         return run_workers(config, args.config, overrides, args.workers)
     return run(config, args.config, overrides, worker=args.worker, handoff_fd=args.handoff_fd)
@@ -311,6 +316,23 @@ def keygen(config: Config, args: argparse.Namespace) -> int:
     print(f"etiquette-proxy keygen: wrote {args.out} (mode 0600), keyid {jwk_thumbprint(public_bytes(key))}; "
           "serve the directory at https://<your origin>/.well-known/http-message-signatures-directory "
           "as application/http-message-signatures-directory+json", file=sys.stderr)
+    return 0
+
+
+def card(config: Config, args: argparse.Namespace) -> int:
+    """SPEC §9: the Signature Agent Card of this config on stdout; what it lacks on stderr."""
+    import json
+
+    from etiquette_proxy.agent_card import card_problems, signature_agent_card
+
+    if args.url is not None and not args.url.startswith("https://"):
+        print(f"etiquette-proxy card: --url {args.url!r} is not an https URL (expected the URL "
+              "the card is served at, e.g. https://bot.example/bot)", file=sys.stderr)
+        return 2
+    made = signature_agent_card(config, args.url)
+    print(json.dumps(made, indent=2))
+    for problem in card_problems(made):
+        print(f"etiquette-proxy card: {problem}", file=sys.stderr)
     return 0
 
 

@@ -34,6 +34,10 @@ from etiquette_proxy.robots.policy import (
     entry_registry,
     product_token,
 )
+from etiquette_proxy.robots.purposes import declared
+from etiquette_proxy.robots.tdmrep import PATH as TDMREP_PATH
+from etiquette_proxy.robots.tdmrep import PURPOSE as TDM_PURPOSE
+from etiquette_proxy.robots.tdmrep import TdmFile, TdmReservations, parse_file
 from etiquette_proxy.site_key import host_site, url_authority
 from etiquette_proxy.sites import SiteRegistry
 from etiquette_proxy.state.redis_store import RedisShared, SharedStateUnavailable
@@ -43,7 +47,8 @@ log = logging.getLogger(__name__)
 
 SHARED_ENTRY_S = 86400.0  # how long a shared entry is kept in Redis (its freshness is its own)
 REDIRECTS = (301, 302, 303, 307, 308)
-_SIGNALS = frozenset({b"content-usage", b"content-signal"})  # a site's word on purposes (SPEC §4)
+# A site's word on purposes (SPEC §4, §9): aipref, Content Signals, TDMRep.
+_SIGNALS = frozenset({b"content-usage", b"content-signal", b"tdm-reservation", b"tdm-policy"})
 
 
 class RobotsGate:
@@ -61,6 +66,10 @@ class RobotsGate:
         # the origin's next request (its compiled rules stay in the policy's own cache).
         self.entries: SiteRegistry[RobotsEntry] = entry_registry(lambda: self.rt.state, self.policy)
         self._inflight: dict[str, asyncio.Future[RobotsEntry]] = {}
+        # TDMRep (SPEC §9): each origin's tdmrep.json, fetched like robots.txt only when
+        # ai-train is declared, and the reservations response headers made.
+        self.tdm = TdmReservations(wall)
+        self._tdm_inflight: dict[str, asyncio.Future[TdmFile]] = {}
         # Pacing's: robots.txt fetches count against the site's budget (SPEC §4); it may raise
         # SideFetchError (not sent: the site is paused).
         self.before_fetch = before_fetch
@@ -115,6 +124,60 @@ class RobotsGate:
             entry = await self.entry_for(notes.origin, notes.site, client_ua, settings)
             if flow.live and flow.response is None:
                 self._decide(flow, entry, settings, client_ua)
+        # TDMRep only for a request robots.txt and the signals let go (observe: would let go).
+        if flow.live and flow.response is None and notes.would is None and TDM_PURPOSE in self.rt.config.purposes:
+            await self._reservation(flow, client_ua, settings)
+
+    async def _reservation(self, flow: http.HTTPFlow, client_ua: str | None, settings: RobotsSettings) -> None:
+        """TDMRep: a reservation for this URL (tdmrep.json, checked before the origin is mined,
+        or an earlier response header) refuses it for ai-train like a Disallow (SPEC §9)."""
+        notes = notes_of(flow)
+        if names_robots_txt(flow.request.path):
+            return
+        file = await self.tdm_file_for(notes.origin, notes.site, client_ua, settings)
+        if not flow.live or flow.response is not None:
+            return
+        verdict = self.tdm.verdict(file, flow.request.path, request_url(flow.request))
+        if verdict.policy is not None:
+            notes.extra["tdm_policy"] = verdict.policy
+        if verdict.refusal is None:
+            return
+        notes.extra["purposes"] = verdict.refusal.audit(self.declared())
+        if self.rt.observe:
+            notes.would_do("disallowed", verdict.refusal.said)
+            return
+        answer_locally(flow, 403, "disallowed", verdict.refusal.said)
+
+    async def tdm_file_for(self, origin: str, site: str, client_ua: str | None,
+                           settings: RobotsSettings) -> TdmFile:
+        """The origin's tdmrep.json, fetched once for all waiting requests and kept as long as
+        robots.txt (TDMRep "Processing priority": keep the file in cache)."""
+        file = self.tdm.file_of(origin)
+        if file is not None:
+            return file
+        future = self._tdm_inflight.get(origin)
+        if future is None:
+            future = asyncio.ensure_future(self._fetch_tdm(origin, site, client_ua, settings))
+            self._tdm_inflight[origin] = future
+            future.add_done_callback(lambda _: self._tdm_inflight.pop(origin, None))
+        return await asyncio.shield(future)  # a client that leaves does not cancel the others' fetch
+
+    async def _fetch_tdm(self, origin: str, site: str, client_ua: str | None, settings: RobotsSettings) -> TdmFile:
+        ua = self.rt.config.identity.user_agent or client_ua or "etiquette-proxy"
+        try:
+            result = await self._fetch(origin, site, ua, settings, TDMREP_PATH)
+        except Exception as e:  # noqa: BLE001 - not reached: nothing reserved, asked again soon
+            log.exception("tdmrep.json fetch for %s failed unexpectedly", origin)
+            result = FetchResult(None, error=f"{type(e).__name__}")
+        file = parse_file(result.status, result.body)
+        if file.problems:
+            log.info("%s%s: %s", origin, TDMREP_PATH, "; ".join(file.problems))
+        # TDMRep: no file means the origin does not implement the protocol (nothing reserved).
+        # A 5xx or no answer is kept only until robots.retry_min, so a passing fault does not
+        # read as "no reservation" for a whole day.
+        answered = result.status is not None and result.status < 500
+        self.tdm.keep(origin, file, settings.ttl if answered else settings.retry_min)
+        return file
 
     def _decide(self, flow: http.HTTPFlow, entry: RobotsEntry, settings: RobotsSettings,
                 client_ua: str | None) -> None:
@@ -128,7 +191,7 @@ class RobotsGate:
             return
 
         token = product_token(settings.user_agent or client_ua)
-        purposes: tuple[str, ...] = self.rt.config.purposes
+        purposes = self.declared()
         # The URL a response header's no was remembered under matters only with purposes
         # declared: without them it is not built (mitmproxy's Request.url costs ~15k
         # instructions a request, benchmarks/README.md "audit").
@@ -158,14 +221,28 @@ class RobotsGate:
         notes = notes_of(flow)
         if notes.local or notes.facts.get("internal"):
             return
-        purposes: tuple[str, ...] = self.rt.config.purposes
-        no, said, problems = self.policy.heard(request_url(flow.request), response.headers.items(), purposes)
+        purposes = self.declared()
+        url = request_url(flow.request)
+        reserved, policy = self.tdm.heard(url, response.headers.items())
+        if reserved is not None:
+            notes.extra["tdm_reservation"] = int(reserved)
+        if policy is not None:
+            notes.extra["tdm_policy"] = policy
+        if reserved and TDM_PURPOSE in purposes:
+            notes.extra["purposes"] = {"declared": list(purposes), "refused": TDM_PURPOSE,
+                                       "said": "tdm-reservation: 1 (response header)"}
+        no, said, problems = self.policy.heard(url, response.headers.items(), purposes)
         if problems:
             log.info("%s: %s", flow.request.url, "; ".join(problems))
         if said:
             notes.extra["signals"] = said
         if no is not None:
             notes.extra["purposes"] = no.audit(purposes)
+
+    def declared(self) -> tuple[str, ...]:
+        """The crawler's declared purposes and its use (`use=full`: SPEC §4, §9)."""
+        config = self.rt.config
+        return declared(config.purposes, config.content_use)
 
     def settings_for(self, site: str) -> RobotsSettings:
         """The site's robots.* settings: shared by every site without overrides, read once per
@@ -305,8 +382,12 @@ class RobotsGate:
             return None
         return entry if self.policy.is_fresh(entry) else None
 
-    async def _fetch(self, origin: str, site: str, ua: str, settings: RobotsSettings) -> FetchResult:
-        url = f"{origin}/robots.txt"
+    async def _fetch(self, origin: str, site: str, ua: str, settings: RobotsSettings,
+                     path: str = "/robots.txt") -> FetchResult:
+        """`path` on `origin` (robots.txt, or TDMRep's tdmrep.json), paced and signed as crawl
+        traffic, following up to robots.max_redirects redirects, each logged."""
+        url = f"{origin}{path}"
+        what = path.rsplit("/", 1)[-1]
         for hop in range(settings.max_redirects + 1):
             try:
                 if self.before_fetch is not None:
@@ -314,9 +395,9 @@ class RobotsGate:
                 response = await fetch(url, path=self.rt.upstream, headers={"User-Agent": ua},
                                        timeout=settings.timeout, max_bytes=settings.max_bytes + 1)
             except SideFetchError as e:
-                self._audit(url, site, ua, None, f"robots.txt fetch for {origin}: {e}")
+                self._audit(url, site, ua, None, f"{what} fetch for {origin}: {e}", what)
                 return FetchResult(None, error=str(e), redirects=hop)
-            self._audit(url, site, ua, response.status, f"robots.txt fetch for {origin}")
+            self._audit(url, site, ua, response.status, f"{what} fetch for {origin}", what)
             if response.status in REDIRECTS:
                 location = response.header("location")
                 if not location:
@@ -326,8 +407,10 @@ class RobotsGate:
             return FetchResult(response.status, response.body, redirects=hop, truncated=response.truncated)
         return FetchResult(None, error="too many redirects", redirects=settings.max_redirects + 1)
 
-    def _audit(self, url: str, site: str, ua: str, status: int | None, reason: str) -> None:
-        """The proxy's own robots.txt requests reach the site too: they are logged like any other."""
+    def _audit(self, url: str, site: str, ua: str, status: int | None, reason: str,
+               what: str = "robots.txt") -> None:
+        """The proxy's own robots.txt and tdmrep.json requests reach the site too: they are
+        logged like any other (`robots_fetch` or `tdmrep_fetch`)."""
         if status is None:
             outcome = "failed"
         elif status >= 400:
@@ -337,7 +420,8 @@ class RobotsGate:
         self.rt.record(audit_record(
             ts=wall(), outcome=outcome, method="GET", url=url, site=site, status=status,
             upstream_status=status, waited_s=0.0, rate=self.rates.of(site), reason=reason,
-            client_ua=ua, robots_fetch=True, signed=self.rt.signed_keyid() if status is not None else None,
+            client_ua=ua, signed=self.rt.signed_keyid() if status is not None else None,
+            **{"robots_fetch" if what == "robots.txt" else "tdmrep_fetch": True},
         ))
 
 

@@ -16,7 +16,8 @@ from typing import Any
 
 import yaml
 
-from etiquette_proxy.robots.purposes import parse_purposes
+from etiquette_proxy.agent_card import parse_contacts
+from etiquette_proxy.robots.purposes import USES, parse_purposes
 from etiquette_proxy.units import parse_duration, parse_rate, parse_size
 
 Parser = Callable[[Any], Any]
@@ -246,10 +247,13 @@ SCHEMA: dict[str, Key] = {
     "upstream.max_connections": Key(integer(1), 1000),
     "limits.stream_above": Key(parse_size, 1024**2),
     "identity.user_agent": Key(optional(text), None),
+    "identity.name": Key(optional(text), None),
+    "identity.contacts": Key(parse_contacts, ()),
     "identity.web_bot_auth.key_file": Key(optional(key_file), None),
     "identity.web_bot_auth.signature_agent": Key(optional(https_origin), None),
     "identity.web_bot_auth.validity": Key(signature_validity, 300.0),
     "purposes": Key(parse_purposes, ()),
+    "content_use": Key(optional(choice(*USES)), None),
     "robots.user_agent": Key(optional(text), None, per_site=True),
     "robots.ttl": Key(duration_max(86400, "24h"), 86400.0, per_site=True),
     "robots.timeout": Key(positive_duration, 10.0, per_site=True),

@@ -57,6 +57,8 @@ KNOWN_KEYS = frozenset(REQUIRED_KEYS) | {
     "ratelimit", "gone_status", "header_notes", "alert", "band_change", "event", "canary",
     "marker_found", "action", "purposes", "signals", "client_gone", "robots_cache",
     "seq", "chain", "signed", "not_signed", "would_sign",  # SPEC §11 chain, SPEC §9 identity
+    "tdmrep_fetch", "tdm_reservation", "tdm_policy",  # SPEC §9 TDMRep
+    "price", "charged", "payment_error", "payment",  # SPEC §9 HTTP 402
     "pause_until", "breaker_until", "moved_to",  # SPEC §12 state checked and rebuilt at start
     "gap",  # SPEC §11: the audit_gap event's what and when (etiquette_proxy/audit/log.py Gap)
     "learned",  # SPEC §5: how a throttling answer taught the site's limit

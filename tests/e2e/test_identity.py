@@ -51,7 +51,8 @@ def test_every_request_the_site_receives_is_signed_and_verifies_independently(st
     site.route("/canary", Answer(200, b"<html>canary-ok</html>", {"Content-Type": "text/html"}))
     site.route("/etag", Answer(200, b"<html>v1</html>", {"Content-Type": "text/html", "ETag": '"v1"'}))
     canaries = f"health.canaries=[{{url: '{site.url('/canary')}', marker: canary-ok}}]"
-    proxy = start_proxy(sets=FAST_PACING + signing_sets(key) + [canaries])
+    # ai-train declared: the TDMRep tdmrep.json side fetch is signed like robots.txt (SPEC §9)
+    proxy = start_proxy(sets=FAST_PACING + signing_sets(key) + [canaries, "purposes=[ai-train]"])
 
     with proxy.session() as s:
         assert s.get(site.url("/a"), timeout=30).status_code == 200
@@ -70,6 +71,7 @@ def test_every_request_the_site_receives_is_signed_and_verifies_independently(st
     arrivals = [a for a in site.arrivals if a.path != "/own"]
     paths = [a.path for a in arrivals]
     assert "/robots.txt" in paths and "/canary" in paths and "/c?q=1" in paths
+    assert paths.count("/.well-known/tdmrep.json") == 1
     assert "/private/x" not in paths
     assert any("if-none-match" in a.headers for a in site.hits("/etag"))  # signed after the validators
     results = verify_with_node(directory, arrivals)
@@ -202,3 +204,39 @@ def test_verify_log_holds_across_restart_and_kill9_and_names_tampering(start_pro
         out = tampered(name, edit)
         assert out.returncode == 1, (name, out.stdout)
         assert f"chain broken at line {line}: " in out.stdout and what in out.stdout, (name, out.stdout)
+
+
+def test_card_is_generated_from_the_config_it_is_given(tmp_path):
+    key = tmp_path / "bot.pem"
+    keygen(key)
+    config = tmp_path / "crawl.yaml"
+    config.write_text(
+        "identity:\n  user_agent: 'ExampleBot/2.1 (+https://crawler.example/about)'\n"
+        "  name: Example Crawler\n  contacts: ['mailto:crawl@crawler.example']\n"
+        f"  web_bot_auth:\n    key_file: {key}\n    signature_agent: {AGENT}\n"
+        "purposes: [search, train-ai]\ncontent_use: reference\npacing:\n  rate: 2/s\n  burst: 4\n")
+    out = etiquette("card", "--config", str(config), "--url", f"{AGENT}/bot")
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert json.loads(out.stdout) == {
+        "client_id": f"{AGENT}/bot",
+        "client_name": "Example Crawler",
+        "contacts": ["mailto:crawl@crawler.example"],
+        "jwks_uri": f"{AGENT}/.well-known/http-message-signatures-directory",
+        "web_bot_auth": {
+            "expected-user-agent": "ExampleBot/2.1 (+https://crawler.example/about)",
+            "rfc9309-product-token": "ExampleBot",
+            "rfc9309-compliance": True,
+            "trigger": "crawler",
+            "purpose": "search, ai-train",
+            "content-use": "reference",
+            "rate-control": "429",
+            "rate-expectation": "avg=2rps;max=4rps",
+        },
+    }
+    bare = etiquette("card", "--set", "mode=observe")
+    assert bare.returncode == 0 and json.loads(bare.stdout)["web_bot_auth"]["rfc9309-compliance"] is False
+    assert "no robots.txt product token" in bare.stderr and "no contacts" in bare.stderr
+    bad = etiquette("card", "--url", "http://crawler.example/bot")
+    assert bad.returncode == 2 and "not an https URL" in bad.stderr
+    wrong = etiquette("card", "--set", "identity.contacts=[crawl@crawler.example]")
+    assert wrong.returncode == 2 and "identity.contacts: 'crawl@crawler.example' is not a contact URI" in wrong.stderr

@@ -1,7 +1,8 @@
-"""Content signals end to end (SPEC §4): the real proxy, local sites, the site's own log.
+"""Content signals end to end (SPEC §4, §9): the real proxy, local sites, the site's own log.
 
-One proxy per `purposes` setting (none, [ai-train], [search], observe [ai-train]), started once
-for the module; every site is a fresh local server whose request log is the truth.
+One proxy per `purposes` / `content_use` setting (none, [ai-train], [search], observe
+[ai-train], use full, use reference), started once for the module; every site is a fresh local
+server whose request log is the truth.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ SIGNAL = b"User-Agent: *\nContent-Signal: search=yes, ai-train=no\nAllow: /\n"
 USAGE = (b"User-agent: *\nContent-Usage: train-ai=y\nContent-Usage: /drafts/ train-ai=n  # not for models\n"
          b"Disallow: /private/\n")
 SETTINGS = {"none": [], "train": ["purposes=[ai-train]"], "search": ["purposes=[search]"],
-            "observe": ["purposes=[train-ai]", "mode=observe"]}
+            "observe": ["purposes=[train-ai]", "mode=observe"],
+            "full": ["purposes=[search]", "content_use=full"], "reference": ["content_use=reference"]}
 
 
 @pytest.fixture(scope="module")
@@ -55,15 +57,21 @@ def line_for(proxy: Proxy, url: str) -> dict:
     return lines[-1]
 
 
+def refused_locally(proxy: Proxy, url: str, reason: str) -> dict:
+    """Asks `url`; asserts a local 403 `disallowed` naming `reason` that never reached the site."""
+    r = proxy.get(url)
+    assert r.status_code == 403 and r.headers["X-Etiquette-Decision"] == "disallowed"
+    assert reason in r.text
+    line = line_for(proxy, url)
+    assert line["outcome"] == "disallowed" and line["reason"] == reason
+    assert line["upstream_status"] is None
+    return line
+
+
 def test_ai_train_is_refused_locally_and_the_site_never_sees_it(proxies, site):
     s = site(SIGNAL)
     proxy = proxies["train"]
-    r = proxy.get(s.url("/article"))
-    assert r.status_code == 403 and r.headers["X-Etiquette-Decision"] == "disallowed"
-    assert "content-signal ai-train=no" in r.text
-    line = line_for(proxy, s.url("/article"))
-    assert line["outcome"] == "disallowed" and line["reason"] == "content-signal ai-train=no"
-    assert line["upstream_status"] is None
+    line = refused_locally(proxy, s.url("/article"), "content-signal ai-train=no")
     assert line["purposes"] == {"declared": ["ai-train"], "refused": "ai-train", "said": "content-signal ai-train=no"}
     assert s.paths() == ["/robots.txt"]  # the site's log: only the proxy's robots.txt fetch
 
@@ -90,7 +98,8 @@ def test_path_scoped_content_usage_refuses_one_path_and_fetches_another(proxies,
     assert line_for(proxy, s.url("/drafts/next"))["reason"] == "content-usage train-ai=n"
     assert proxy.get(s.url("/published/one")).status_code == 200
     assert proxy.get(s.url("/private/x")).status_code == 403  # the Disallow still applies
-    assert s.paths() == ["/robots.txt", "/published/one"]
+    # ai-train declared: TDMRep's file is asked once, before the first page that may be fetched
+    assert s.paths() == ["/robots.txt", "/.well-known/tdmrep.json", "/published/one"]
 
 
 def test_a_response_header_no_is_logged_then_remembered_for_the_url(proxies, site):
@@ -104,7 +113,7 @@ def test_a_response_header_no_is_logged_then_remembered_for_the_url(proxies, sit
     second = proxy.get(s.url("/page"))
     assert second.status_code == 403 and "content-usage train-ai=n" in second.text
     assert proxy.get(s.url("/other")).status_code == 200
-    assert s.paths() == ["/robots.txt", "/page", "/other"]
+    assert s.paths() == ["/robots.txt", "/.well-known/tdmrep.json", "/page", "/other"]
 
 
 def test_observe_mode_logs_would_disallowed_and_forwards(proxies, site):
@@ -127,6 +136,62 @@ def test_malformed_signals_never_refuse_and_never_crash(proxies, site, junk):
     proxy = proxies["train"]
     assert proxy.get(s.url("/page")).status_code == 200
     assert proxy.get(s.url("/private/a")).status_code == 403
-    assert s.paths() == ["/robots.txt", "/page"]
+    assert s.paths() == ["/robots.txt", "/.well-known/tdmrep.json", "/page"]
     assert proxy.proc.poll() is None
     assert proxy.stderr().count(f"robots.txt of http://127.0.0.1:{s.port}") == 1  # said once per fetch
+
+
+MANAGED = b"User-Agent: *\nContent-Signal: search=yes,ai-train=no,use=reference\nAllow: /\n"
+
+
+def test_a_site_allowing_reference_refuses_a_crawler_declaring_full_and_admits_reference(proxies, site):
+    s = site(MANAGED)
+    full = proxies["full"]
+    line = refused_locally(full, s.url("/story"), "content-signal use=reference < declared full")
+    assert line["purposes"] == {"declared": ["search", "use=full"], "refused": "use=full",
+                                "said": "content-signal use=reference < declared full"}
+    assert s.paths() == ["/robots.txt"]  # the site never saw the page asked for full use
+    reference = proxies["reference"]
+    assert reference.get(s.url("/story")).status_code == 200
+    assert line_for(reference, s.url("/story"))["outcome"] == "fetched"
+    assert s.paths() == ["/robots.txt", "/robots.txt", "/story"]  # each proxy its own robots.txt
+
+
+TDMREP = (b'[{"location": "/reserved/", "tdm-reservation": 1, "tdm-policy": "https://rights.example/policy.json"},'
+          b' {"location": "/reserved/free$", "tdm-reservation": 0}]')
+
+
+def test_a_tdmrep_file_reservation_refuses_ai_train_only_and_is_fetched_once(proxies, site):
+    s = site(b"User-agent: *\nAllow: /\n")
+    s.route("/.well-known/tdmrep.json", Answer(200, TDMREP, {"Content-Type": "application/json"}))
+    train = proxies["train"]
+    assert train.get(s.url("/open/a")).status_code == 200
+    line = refused_locally(train, s.url("/reserved/paper"), "tdmrep.json tdm-reservation=1 (location /reserved/)")
+    assert line["purposes"]["refused"] == "ai-train" and line["tdm_policy"] == "https://rights.example/policy.json"
+    assert train.get(s.url("/open/b")).status_code == 200
+    fetches = train.wait_audit(lambda r: r.get("tdmrep_fetch") and str(s.port) in r["url"])
+    assert [(f["outcome"], f["upstream_status"]) for f in fetches] == [("fetched", 200)]
+    assert s.paths() == ["/robots.txt", "/.well-known/tdmrep.json", "/open/a", "/open/b"]  # once, cached
+    search = proxies["search"]  # not declaring ai-train: TDMRep is not asked and refuses nothing
+    assert search.get(s.url("/reserved/paper")).status_code == 200
+    assert search.get(s.url("/open/a")).status_code == 200
+    assert s.paths()[4:] == ["/robots.txt", "/reserved/paper", "/open/a"]
+    assert s.paths().count("/.well-known/tdmrep.json") == 1
+
+
+def test_a_tdm_reservation_header_is_logged_then_refuses_ai_train_for_that_url(proxies, site):
+    s = site(b"User-agent: *\nAllow: /\n",
+             img=Answer(200, b"jpeg", {"tdm-reservation": "1", "tdm-policy": "https://rights.example/p.json"}))
+    s.route("/.well-known/tdmrep.json", Answer(404, b""))
+    train = proxies["train"]
+    assert train.get(s.url("/img")).status_code == 200  # already fetched when the header arrived
+    line = line_for(train, s.url("/img"))
+    assert line["outcome"] == "fetched" and line["tdm_reservation"] == 1
+    assert line["tdm_policy"] == "https://rights.example/p.json" and line["purposes"]["refused"] == "ai-train"
+    again = train.get(s.url("/img"))
+    assert again.status_code == 403 and "tdm-reservation: 1 (response header)" in again.text
+    assert line_for(train, s.url("/img"))["tdm_policy"] == "https://rights.example/p.json"
+    assert train.get(s.url("/other")).status_code == 200
+    search = proxies["search"]
+    assert [search.get(s.url("/img")).status_code for _ in range(2)] == [200, 200]
+    assert s.paths() == ["/robots.txt", "/.well-known/tdmrep.json", "/img", "/other", "/robots.txt", "/img", "/img"]

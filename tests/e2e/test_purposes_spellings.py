@@ -29,7 +29,8 @@ def test_a_no_said_in_a_header_holds_for_every_spelling_of_the_url(tmp_path) -> 
             status, headers, body = proxy.curl(site.url(path), "--path-as-is")
             assert (status, headers.get("x-etiquette-decision")) == (403, "disallowed"), (path, body)
             assert b"train-ai=n" in body
-        assert site.paths() == ["/robots.txt", SPELLINGS[0]]
+        # ai-train declared: TDMRep's tdmrep.json is asked once before the first page (SPEC §9)
+        assert site.paths() == ["/robots.txt", "/.well-known/tdmrep.json", SPELLINGS[0]]
     finally:
         proxy.stop()
         site.close()

@@ -11,7 +11,14 @@ import pytest
 from etiquette_proxy.audit.log import audit_record
 from etiquette_proxy.config import ConfigError, load_config
 from etiquette_proxy.robots.policy import FetchResult, RobotsPolicy, RobotsSettings
-from etiquette_proxy.robots.purposes import SaidNoMemory, header_refusal, parse_purposes, parse_value
+from etiquette_proxy.robots.purposes import (
+    SaidNoMemory,
+    declared,
+    header_refusal,
+    parse_header,
+    parse_purposes,
+    parse_value,
+)
 from etiquette_proxy.visibility.report import Report, read_log, render_text
 
 S = RobotsSettings()
@@ -132,7 +139,8 @@ def test_ten_thousand_signal_lines_are_bounded(clock):
 
 @pytest.mark.parametrize("headers,purposes,said", [
     ([("Content-Usage", "train-ai=n, search=y")], ("ai-train",), "content-usage train-ai=n"),
-    ([("content-usage", "train-ai=?0")], ("ai-train",), "content-usage train-ai=n"),
+    # vocab §6.5: only the Tokens y and n count; a Boolean is unknown (earlier parser: n).
+    ([("content-usage", "train-ai=?0")], ("ai-train",), None),
     ([("Content-Signal", "search=yes, ai-train=no")], ("ai-train",), "content-signal ai-train=no"),
     ([("Content-Usage", "train-ai=n")], ("search",), None),
     ([("Content-Usage", "train-ai=y")], ("ai-train",), None),
@@ -167,6 +175,100 @@ def test_parse_value_keeps_use_and_reports_problems():
     said, problems = parse_value("content-signal", "search=yes, use=reference, bogus=1")
     assert said is not None and said.text == "search=yes, use=reference"
     assert problems == ["unknown label 'bogus'"]
+
+
+# -- use= (Content Signals' fourth field, SPEC §9) -------------------------------------------
+
+MANAGED = b"User-Agent: *\nContent-Signal: search=yes,ai-train=no,use=reference\nAllow: /\n"
+
+
+@pytest.mark.parametrize("use,allowed", [
+    (None, True), ("immediate", True), ("reference", True), ("full", False),
+])
+def test_a_site_use_below_the_declared_use_refuses_naming_both(clock, use, allowed):
+    v, _ = verdict(clock, MANAGED, "/page", declared(("search",), use))
+    assert v.allowed is allowed
+    if not allowed:
+        assert v.reason == "content-signal use=reference < declared full" and v.status == 403
+        assert v.purpose is not None and v.purpose.audit(declared(("search",), use)) == {
+            "declared": ["search", "use=full"], "refused": "use=full",
+            "said": "content-signal use=reference < declared full"}
+
+
+def test_use_counts_without_purposes_and_follows_paths_and_headers(clock):
+    body = b"User-agent: *\nContent-Signal: use=full\nContent-Signal: /news/ use=immediate\n"
+    assert verdict(clock, body, "/page", declared((), "full"))[0].allowed
+    v = verdict(clock, body, "/news/today", declared((), "reference"))[0]
+    assert v.reason == "content-signal use=immediate < declared reference"
+    assert verdict(clock, body, "/news/today", declared((), "immediate"))[0].allowed
+    no, _, _ = header_refusal([("Content-Signal", "use=reference")], declared((), "full"))
+    assert no is not None and no.said == "content-signal use=reference < declared full"
+    assert header_refusal([("Content-Signal", "use=reference")], declared((), "reference"))[0] is None
+
+
+@pytest.mark.parametrize("value", ["use=partial", "use=", "use=FULLY", "use=\x00", "use=reference=full"])
+def test_a_malformed_use_never_refuses(value):
+    said, problems = parse_value("content-signal", value)
+    assert said is None and problems
+    assert header_refusal([("Content-Signal", value)], declared(("ai-train",), "full"))[0] is None
+
+
+def test_content_use_config_is_validated():
+    assert load_config("content_use: reference\n").content_use == "reference"
+    assert load_config("").content_use is None
+    with pytest.raises(ConfigError) as e:
+        load_config("content_use: everything\n", file="u.yaml")
+    assert ("u.yaml:1: content_use: 'everything' is not allowed (expected one of: immediate, reference, full)"
+            in str(e.value))
+
+
+# -- aipref: draft-ietf-aipref-vocab-08, draft-ietf-aipref-attach-05 -------------------------
+
+@pytest.mark.parametrize("statement,train,search", [
+    ("train-ai=y, search=n", True, False),  # vocab §6 example
+    ('train-ai=y, train-ai, search=n, search="n"', None, None),  # vocab §6.5.1: last value, not tokens
+    ("train-ai;allow=n, train-ai=y", True, None),  # vocab §6.5.2: parameters disregarded
+    ('train-ai;has;parameters="?";', None, None),  # vocab §6.5.2 (trailing ";": does not parse)
+    ("train-ai=n;why=x", False, None),
+    ("Train-AI=n", None, None),  # vocab §6.5.1: uppercase keys fail the parse: unknown
+    ("bots=n, train-genai=n, ai-output=n", None, None),  # labels earlier drafts had: ignored
+    ("train-ai=no, search=yes", None, None),  # tokens other than y and n: unknown
+    ("train-ai=?0", None, None),  # a Boolean is not a Token
+    ("train-ai=n, search=y, foo=n", False, True),  # unknown labels ignored beside known ones
+    ("%%garbage,,=", None, None),
+    ("train-ai=\u00ff", None, None),
+])
+def test_aipref_statements_of_preference(statement, train, search):
+    said, _problems = parse_header("content-usage", statement)
+    grants = {purpose: allowed for purpose, allowed, _ in (said.grants if said else ())}
+    assert (grants.get("ai-train"), grants.get("search")) == (train, search)
+
+
+def test_dropped_labels_are_not_problems():
+    said, problems = parse_value("content-usage", "bots=n, train-genai=n, ai-output=n")
+    assert said is None and problems == []
+
+
+ATTACH_EXAMPLE = (b"User-Agent: *\nAllow: /\nDisallow: /never/\nContent-Usage: train-ai=n\n"
+                  b"Content-Usage: /ai-ok/ train-ai=y\n\n"
+                  b"User-Agent: ExampleBot\nAllow: /\nContent-Usage: train-ai=y\n")
+
+
+@pytest.mark.parametrize("path,token,allowed,reason", [
+    ("/test", "otherbot", False, "content-usage train-ai=n"),  # attach §3.4 table
+    ("/never/test", "otherbot", False, "Disallow: /never/ (group *)"),
+    ("/ai-ok/test", "otherbot", True, "allowed by robots.txt"),
+    ("/test", "examplebot", True, "allowed by robots.txt"),
+])
+def test_the_attach_draft_robots_example(clock, path, token, allowed, reason):
+    v = verdict(clock, ATTACH_EXAMPLE, path, ("ai-train",), token)[0]
+    assert (v.allowed, v.reason) == (allowed, reason)
+
+
+def test_a_content_usage_path_ends_at_a_tab_and_only_a_slash_starts_one(clock):
+    body = b"User-agent: *\nContent-Usage: /tabbed/\ttrain-ai=n\nContent-Usage: *x train-ai=n\n"
+    assert verdict(clock, body, "/tabbed/a", ("ai-train",))[0].reason == "content-usage train-ai=n"
+    assert verdict(clock, body, "/x", ("ai-train",))[0].allowed  # `*x train-ai=n` does not parse
 
 
 def test_report_counts_requests_refused_for_a_purpose():
