@@ -19,6 +19,7 @@ from etiquette_proxy.visibility.report import (
     SiteConduct,
     _bytes,
     parse_epoch,
+    write_output,
 )
 from etiquette_proxy.visibility.svg import Chart, thin, time_label
 from etiquette_proxy.visibility.timeline import NEEDS, SiteTimeline
@@ -195,11 +196,7 @@ def _duration(seconds: float) -> str:
 def write_html(report: HtmlReport, source: str, path: str, err: IO[str]) -> int:
     """Write the page to `path` (0), or say why not (2)."""
     text = render_html(report, source)
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as e:
-        err.write(f"etiquette-proxy report: cannot write {path}: {e.strerror}\n")
+    if write_output(path, text, "etiquette-proxy report", err):
         return 2
     err.write(f"etiquette-proxy report: wrote {path} ({len(report.sites)} site(s), "
               f"{math.ceil(len(text) / 1024)} KiB)\n")

@@ -748,11 +748,16 @@ def _write_junit(path: str, verdict: ConductVerdict, report: Report, source: str
     xml = junit_xml(verdict, timestamp=junit_timestamp(first), hostname=socket.gethostname(),
                     time_s=_span(first, last), site_times={c.site: _span(c.first_ts, c.last_ts) for c in sites},
                     properties=(("audit_log", source),), system_out=text)
+    return write_output(path, xml, f"etiquette-proxy {command}: --junit", err)
+
+
+def write_output(path: str, text: str, who: str, err: IO[str]) -> int:
+    """Write a file the user asked for (`--junit`, `--html`): 0, or 2 naming the file and why."""
     try:
         with open(path, "w", encoding="utf-8") as f:
-            f.write(xml)
+            f.write(text)
     except OSError as e:
-        err.write(f"etiquette-proxy {command}: --junit: cannot write {path}: {e.strerror}\n")
+        err.write(f"{who}: cannot write {path}: {e.strerror}\n")
         return 2
     return 0
 
