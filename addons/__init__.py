@@ -1,5 +1,5 @@
 """The mitmproxy layer (SPEC §2): thin addons translating flows into calls on the core.
 
-Imported as `etiquette_addons` (pyproject maps it to this folder); `mitmdump -s
-addons/etiquette.py` loads the same chain from a checkout.
+One package under one name, `addons`: the console script imports it installed, and
+`mitmdump -s addons/etiquette.py` from a checkout puts the checkout on sys.path first.
 """

@@ -10,7 +10,7 @@ import logging
 import os
 import traceback
 
-from etiquette_addons.notes import KEY, notes_of
+from addons.notes import KEY, notes_of
 from mitmproxy import http
 
 from etiquette_proxy.clock import wall

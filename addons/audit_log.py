@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import logging
 
-from etiquette_addons.answers import answer_locally
-from etiquette_addons.fields import field_value
-from etiquette_addons.mitm_patches import ANSWERED_WITH
-from etiquette_addons.notes import FORWARDED, FlowNotes, client_ended, notes_of, request_url, skip
-from etiquette_addons.runtime import Runtime
-from etiquette_addons.side_fetch import TLS_HINT
+from addons.answers import answer_locally
+from addons.fields import field_value
+from addons.mitm_patches import ANSWERED_WITH
+from addons.notes import FORWARDED, FlowNotes, client_ended, notes_of, request_url, skip
+from addons.runtime import Runtime
+from addons.side_fetch import TLS_HINT
 from mitmproxy import http
 
 from etiquette_proxy.audit.log import line_record

@@ -6,25 +6,25 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from etiquette_addons.answers import FAULTS, fail_closed
-from etiquette_addons.audit_log import AuditLogGate, AuditWriter
-from etiquette_addons.connections import ConnectionLimits, StopGate
-from etiquette_addons.controls import OperatorControls
-from etiquette_addons.dashboard import Dashboard
-from etiquette_addons.gone_memory import GoneMemory
-from etiquette_addons.health import REPORT_PATH, HealthWatch
-from etiquette_addons.identity import RequestSigning
-from etiquette_addons.pacing import Pacing
-from etiquette_addons.payments import PaymentWatch
-from etiquette_addons.refusals import RefusalTrimmer
-from etiquette_addons.revalidation import Revalidation
-from etiquette_addons.robots_gate import RobotsGate
-from etiquette_addons.runaway import RunawayWatch
-from etiquette_addons.runtime import Runtime
-from etiquette_addons.settings import Settings
-from etiquette_addons.site_grouping import SiteGrouping
-from etiquette_addons.streaming import BodyStreams, discard_request_body
-from etiquette_addons.target_check import TargetCheck
+from addons.answers import FAULTS, fail_closed
+from addons.audit_log import AuditLogGate, AuditWriter
+from addons.connections import ConnectionLimits, StopGate
+from addons.controls import OperatorControls
+from addons.dashboard import Dashboard
+from addons.gone_memory import GoneMemory
+from addons.health import REPORT_PATH, HealthWatch
+from addons.identity import RequestSigning
+from addons.pacing import Pacing
+from addons.payments import PaymentWatch
+from addons.refusals import RefusalTrimmer
+from addons.revalidation import Revalidation
+from addons.robots_gate import RobotsGate
+from addons.runaway import RunawayWatch
+from addons.runtime import Runtime
+from addons.settings import Settings
+from addons.site_grouping import SiteGrouping
+from addons.streaming import BodyStreams, discard_request_body
+from addons.target_check import TargetCheck
 
 from etiquette_proxy.events import Broadcast
 from etiquette_proxy.operate.controls import ROUTE as OPERATOR_ROUTE

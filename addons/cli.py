@@ -198,7 +198,7 @@ def _warn_key_file(config: Config) -> None:
 
 def _listen_problem(config: Config, source: str) -> str | None:
     """SPEC §12: listen on loopback unless told otherwise; elsewhere requires proxy auth."""
-    from etiquette_addons.settings import is_loopback
+    from addons.settings import is_loopback
 
     host = config.listen.host
     if not is_loopback(host) and not config.listen.proxyauth:
@@ -213,7 +213,7 @@ def state_dir(config: Config) -> str:
 
 def operate(config: Config, args: argparse.Namespace) -> int:
     """`ca`, `env`, `sites`, `wrap`: commands that work with a proxy from outside it."""
-    from etiquette_addons import commands
+    from addons import commands
 
     state = commands.chosen_state_dir(args.state_dir, config.state.dir)
     try:
@@ -264,7 +264,7 @@ def _audit_path(config: Config, args: argparse.Namespace, command: str) -> str |
         return None
     if configured:
         return os.path.expanduser(configured)
-    from etiquette_addons.commands import chosen_state_dir
+    from addons.commands import chosen_state_dir
 
     return os.path.join(chosen_state_dir(getattr(args, "state_dir", None), config.state.dir), "audit.jsonl")
 
@@ -404,7 +404,7 @@ def _setup_logging() -> None:
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.INFO)
-    from etiquette_addons.connections import install_exhaustion_filter
+    from addons.connections import install_exhaustion_filter
 
     install_exhaustion_filter()  # SPEC §12: running out of descriptors, once a second at most
     for noisy in ("mitmproxy", "asyncio", "hpack", "passlib"):
@@ -419,7 +419,7 @@ def run(config: Config, config_path: str | None, overrides: list[str], worker: i
         return 2
     _setup_logging()
     if worker is not None:  # one of `run --workers N`: on the supervisor's port, beside the others
-        from etiquette_addons.mitm_patches import share_listening_port
+        from addons.mitm_patches import share_listening_port
 
         share_listening_port(handoff_fd)
     try:
@@ -430,7 +430,7 @@ def run(config: Config, config_path: str | None, overrides: list[str], worker: i
 
 def run_workers(config: Config, config_path: str | None, overrides: list[str], count: int) -> int:
     """SPEC §3 `run --workers N`: a supervisor and N worker processes on one listening address."""
-    from etiquette_addons.supervisor import supervise
+    from addons.supervisor import supervise
 
     from etiquette_proxy.operate.workers import worker_audit_path, workers_problem
 
@@ -446,7 +446,7 @@ def run_workers(config: Config, config_path: str | None, overrides: list[str], c
         # Later --set wins: each worker gets the supervisor's port and its own audit file
         # (each file its own hash chain, SPEC §11); `-` stays stdout, passed on by the supervisor.
         own_audit = audit if audit == "-" else worker_audit_path(os.path.expanduser(audit), index)
-        cmd = [sys.executable, "-m", "etiquette_addons.cli", "run", "--worker", str(index)]
+        cmd = [sys.executable, "-m", "addons.cli", "run", "--worker", str(index)]
         cmd += [f"--config={config_path}"] if config_path else []
         cmd += [f"--set={s}" for s in overrides]
         cmd += [f"--set=state.dir={directory}", f"--set=audit.log={own_audit}",
@@ -458,10 +458,10 @@ def run_workers(config: Config, config_path: str | None, overrides: list[str], c
 
 
 async def _serve(config: Config, config_path: str | None, overrides: list[str]) -> int:
-    from etiquette_addons.chain import build_chain
-    from etiquette_addons.connections import ConnectionLimits
-    from etiquette_addons.master import ProductMaster, skip_message_typechecks
-    from etiquette_addons.runtime import Runtime
+    from addons.chain import build_chain
+    from addons.connections import ConnectionLimits
+    from addons.master import ProductMaster, skip_message_typechecks
+    from addons.runtime import Runtime
     from mitmproxy import options
 
     skip_message_typechecks()

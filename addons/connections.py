@@ -51,11 +51,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from etiquette_addons import mitm_patches
-from etiquette_addons.answers import answer_locally
-from etiquette_addons.notes import FORWARDED, notes_of, skip
-from etiquette_addons.runtime import Runtime
-from etiquette_addons.streaming import BODY, REQUEST_BODY
+from addons import mitm_patches
+from addons.answers import answer_locally
+from addons.notes import FORWARDED, notes_of, skip
+from addons.runtime import Runtime
+from addons.streaming import BODY, REQUEST_BODY
 from mitmproxy import connection, ctx, http
 from mitmproxy.proxy import mode_specs, server_hooks
 

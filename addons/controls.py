@@ -29,9 +29,9 @@ import os
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from etiquette_addons.answers import answer_locally
-from etiquette_addons.notes import notes_of, skip
-from etiquette_addons.runtime import Runtime
+from addons.answers import answer_locally
+from addons.notes import notes_of, skip
+from addons.runtime import Runtime
 from mitmproxy import http
 
 from etiquette_proxy.audit.log import audit_record

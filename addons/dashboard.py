@@ -22,9 +22,9 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from etiquette_addons.notes import notes_of, skip
-from etiquette_addons.runtime import Runtime
-from etiquette_addons.shared_board import SharedBoard
+from addons.notes import notes_of, skip
+from addons.runtime import Runtime
+from addons.shared_board import SharedBoard
 from mitmproxy import http
 
 from etiquette_proxy.pacing.rates import Rates

@@ -5,23 +5,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 import sys
 
-try:
-    from etiquette_addons.chain import build_chain
-except ModuleNotFoundError:
-    # Run from a checkout that was not pip-installed: import this folder as etiquette_addons.
-    here = pathlib.Path(__file__).resolve().parent
-    sys.path.insert(0, str(here.parent))
-    spec = importlib.util.spec_from_file_location(
-        "etiquette_addons", here / "__init__.py", submodule_search_locations=[str(here)]
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["etiquette_addons"] = module
-    spec.loader.exec_module(module)
-    from etiquette_addons.chain import build_chain
+# mitmproxy puts this script's own folder on sys.path, not the checkout; a checkout that was not
+# pip-installed still has to find the `addons` and `etiquette_proxy` packages beside each other.
+_checkout = str(pathlib.Path(__file__).resolve().parent.parent)
+if _checkout not in sys.path:
+    sys.path.insert(0, _checkout)
+
+from addons.chain import build_chain  # noqa: E402
 
 addons = build_chain()

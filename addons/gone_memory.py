@@ -17,9 +17,9 @@ import logging
 from collections.abc import Awaitable
 from typing import Any
 
-from etiquette_addons.answers import answer_locally, fail_closed
-from etiquette_addons.notes import notes_of, skip, url_key
-from etiquette_addons.runtime import PerSite, Runtime
+from addons.answers import answer_locally, fail_closed
+from addons.notes import notes_of, skip, url_key
+from addons.runtime import PerSite, Runtime
 from mitmproxy import http
 
 from etiquette_proxy.clock import wall

@@ -42,11 +42,11 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from etiquette_addons.fields import fields_named
-from etiquette_addons.notes import FlowNotes, client_ended, notes_of, skip
-from etiquette_addons.runtime import Runtime
-from etiquette_addons.side_fetch import SideFetchError, fetch
-from etiquette_addons.streaming import body_of
+from addons.fields import fields_named
+from addons.notes import FlowNotes, client_ended, notes_of, skip
+from addons.runtime import Runtime
+from addons.side_fetch import SideFetchError, fetch
+from addons.streaming import body_of
 from mitmproxy import http
 
 from etiquette_proxy.audit.log import audit_record

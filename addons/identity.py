@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 
-from etiquette_addons.notes import notes_of, skip
-from etiquette_addons.runtime import Runtime
+from addons.notes import notes_of, skip
+from addons.runtime import Runtime
 from mitmproxy import http
 
 from etiquette_proxy.webbotauth import client_signed, signing_authority

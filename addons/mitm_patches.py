@@ -234,7 +234,7 @@ async def _start_server(handle: Any, *args: Any, reuse_port: bool | None, handof
         finally:
             sock.detach()  # the server's socket: not ours to close
     if handoff_fd is not None:
-        from etiquette_addons.supervisor import receive_connections
+        from addons.supervisor import receive_connections
 
         receive_connections(handoff_fd, _ends_quietly_when_cancelled(handle))
     return server

@@ -13,7 +13,7 @@ from etiquette_proxy.revalidation.urlkey import normalise
 from etiquette_proxy.site_key import host_site
 
 if TYPE_CHECKING:
-    from etiquette_addons.runtime import Runtime
+    from addons.runtime import Runtime
 
 log = logging.getLogger(__name__)
 

@@ -35,11 +35,11 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from etiquette_addons.answers import answer_locally, fail_closed
-from etiquette_addons.fields import fields_named
-from etiquette_addons.notes import FlowNotes, notes_of, skip
-from etiquette_addons.runtime import Runtime
-from etiquette_addons.side_fetch import SideFetchError
+from addons.answers import answer_locally, fail_closed
+from addons.fields import fields_named
+from addons.notes import FlowNotes, notes_of, skip
+from addons.runtime import Runtime
+from addons.side_fetch import SideFetchError
 from mitmproxy import connection, http
 
 from etiquette_proxy.operate.controls import site_matches

@@ -8,9 +8,9 @@ Runs in `responseheaders` before the refusal trimmer, which may strip headers of
 
 from __future__ import annotations
 
-from etiquette_addons.fields import has_field
-from etiquette_addons.notes import notes_of
-from etiquette_addons.runtime import Runtime
+from addons.fields import has_field
+from addons.notes import notes_of
+from addons.runtime import Runtime
 from mitmproxy import http
 
 from etiquette_proxy.payments import payment_asked

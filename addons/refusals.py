@@ -6,8 +6,8 @@ bodies stream (MITMPROXY-NOTES: edits in `response` would be too late then).
 
 from __future__ import annotations
 
-from etiquette_addons.notes import notes_of
-from etiquette_addons.runtime import PerSite, Runtime
+from addons.notes import notes_of
+from addons.runtime import PerSite, Runtime
 from mitmproxy import http
 
 from etiquette_proxy.refusals import RefusalPolicy

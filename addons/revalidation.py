@@ -28,12 +28,12 @@ import logging
 from collections import OrderedDict
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from etiquette_addons.answers import FAULTS, answer_locally, fail_closed
-from etiquette_addons.audit_log import DECISION_HEADER
-from etiquette_addons.notes import FlowNotes, notes_of, skip, url_key
-from etiquette_addons.runtime import PerSite, Runtime
-from etiquette_addons.side_fetch import SideFetchError, fetch
-from etiquette_addons.streaming import body_of
+from addons.answers import FAULTS, answer_locally, fail_closed
+from addons.audit_log import DECISION_HEADER
+from addons.notes import FlowNotes, notes_of, skip, url_key
+from addons.runtime import PerSite, Runtime
+from addons.side_fetch import SideFetchError, fetch
+from addons.streaming import body_of
 from mitmproxy import http
 
 from etiquette_proxy.bodies import decode_head

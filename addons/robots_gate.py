@@ -13,11 +13,11 @@ import time
 from collections.abc import Awaitable, Callable
 from urllib.parse import urljoin, urlsplit
 
-from etiquette_addons.answers import answer_locally, fail_closed
-from etiquette_addons.fields import field_value, has_field
-from etiquette_addons.notes import notes_of, request_url, skip
-from etiquette_addons.runtime import Runtime
-from etiquette_addons.side_fetch import SideFetchError, fetch
+from addons.answers import answer_locally, fail_closed
+from addons.fields import field_value, has_field
+from addons.notes import notes_of, request_url, skip
+from addons.runtime import Runtime
+from addons.side_fetch import SideFetchError, fetch
 from mitmproxy import http
 
 from etiquette_proxy.audit.log import audit_record

@@ -17,9 +17,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from etiquette_addons.answers import answer_locally, fail_closed
-from etiquette_addons.notes import notes_of, skip
-from etiquette_addons.runtime import Runtime
+from addons.answers import answer_locally, fail_closed
+from addons.notes import notes_of, skip
+from addons.runtime import Runtime
 from mitmproxy import http
 
 from etiquette_proxy.pacing.restraints import Restraints

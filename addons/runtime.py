@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from etiquette_addons.side_fetch import UpstreamPath
+from addons.side_fetch import UpstreamPath
 
 from etiquette_proxy.audit.log import AuditLog
 from etiquette_proxy.config import Config, defaults

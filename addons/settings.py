@@ -10,9 +10,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from etiquette_addons.notes import notes_of
-from etiquette_addons.runtime import Runtime, expand_dir
-from etiquette_addons.side_fetch import UpstreamPath
+from addons.notes import notes_of
+from addons.runtime import Runtime, expand_dir
+from addons.side_fetch import UpstreamPath
 from mitmproxy import ctx, exceptions, http
 
 from etiquette_proxy.audit.log import AuditLog, audit_record

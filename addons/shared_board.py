@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import redis.asyncio as aioredis
-from etiquette_addons.runtime import Runtime
+from addons.runtime import Runtime
 from redis.exceptions import RedisError
 
 from etiquette_proxy.state.shared_board import (

@@ -11,8 +11,8 @@ import asyncio
 import logging
 import socket
 
-from etiquette_addons.notes import notes_of, skip
-from etiquette_addons.runtime import Runtime
+from addons.notes import notes_of, skip
+from addons.runtime import Runtime
 from mitmproxy import http
 
 from etiquette_proxy.site_key import SiteKeys

@@ -34,8 +34,8 @@ from collections.abc import Generator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from etiquette_addons.notes import notes_of
-from etiquette_addons.runtime import Runtime
+from addons.notes import notes_of
+from addons.runtime import Runtime
 from mitmproxy import http
 
 from etiquette_proxy.bodies import BodyCopy

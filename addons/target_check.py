@@ -22,10 +22,10 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from etiquette_addons import mitm_patches
-from etiquette_addons.answers import answer_locally
-from etiquette_addons.notes import notes_of, skip
-from etiquette_addons.runtime import Runtime
+from addons import mitm_patches
+from addons.answers import answer_locally
+from addons.notes import notes_of, skip
+from addons.runtime import Runtime
 from mitmproxy import connection, http
 
 from etiquette_proxy.request_head import (

@@ -145,11 +145,11 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
 
 
 def checkout_path(checkout: Path, scratch: Path) -> str:
-    """A PYTHONPATH under which `etiquette_addons` and `etiquette_proxy` are `checkout`'s own.
+    """A PYTHONPATH under which `addons` and `etiquette_proxy` are `checkout`'s own.
 
     `checkout` is another checkout of this repository (`git worktree add /tmp/before main`,
-    or `git archive BASE` unpacked): it holds `addons/` (installed as `etiquette_addons`) and
-    `etiquette_proxy/`. PYTHONPATH=checkout alone is not enough: it has no `etiquette_addons`
+    or `git archive BASE` unpacked): it holds `addons/` (installed as `addons`) and
+    `etiquette_proxy/`. PYTHONPATH=checkout alone is not enough: it has no `addons`
     folder, so the editable install's finder would hand out *this* checkout's addons over the
     other checkout's core — a mixed proxy that fails at import once the two disagree (that is
     how `overhead.py --before DIR` failed to start), or, worse, measures the wrong code. So the
@@ -162,12 +162,12 @@ def checkout_path(checkout: Path, scratch: Path) -> str:
         if not need.is_file():
             raise SystemExit(f"--before {checkout}: {need} is missing (expected a checkout of etiquette-proxy)")
     scratch.mkdir(parents=True, exist_ok=True)
-    for name, target in (("etiquette_addons", addons), ("etiquette_proxy", core)):
+    for name, target in (("addons", addons), ("etiquette_proxy", core)):
         link = scratch / name
         if not link.is_symlink():
             link.symlink_to(target, target_is_directory=True)
-    probe = ("import etiquette_addons.cli, etiquette_proxy.config, os; "
-             "print(os.path.realpath(etiquette_addons.cli.__file__)); "
+    probe = ("import addons.cli, etiquette_proxy.config, os; "
+             "print(os.path.realpath(addons.cli.__file__)); "
              "print(os.path.realpath(etiquette_proxy.config.__file__))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
                          env=clean_env(str(scratch)), cwd=scratch)  # not our cwd: `-c` puts it first on sys.path
@@ -185,12 +185,12 @@ def same_checkout(other_checkout: str) -> None:
     trees."""
     if not os.environ.get(other_checkout):
         return
-    import etiquette_addons
+    import addons
 
     import etiquette_proxy
 
     want = Path(os.environ["PYTHONPATH"].split(os.pathsep)[0])
-    for module in (etiquette_addons, etiquette_proxy):
+    for module in (addons, etiquette_proxy):
         got = Path(str(module.__file__)).parent
         if got != want / module.__name__:
             raise SystemExit(f"before arm: {module.__name__} imported from {got}, not from {want}")
@@ -207,7 +207,7 @@ def etiquette_command(state_dir: Path, sets: Sequence[str] = (), extra: Sequence
 def start_etiquette(state_dir: Path, sets: Sequence[str] = (), prefix: Sequence[str] = (),
                     pythonpath: str | None = None) -> Started:
     """The real proxy process (console script of this venv); `prefix` e.g. a profiler;
-    `pythonpath` a directory holding another checkout's etiquette_addons and etiquette_proxy."""
+    `pythonpath` a directory holding another checkout's addons and etiquette_proxy."""
     state_dir.mkdir(parents=True, exist_ok=True)
     stderr = open(state_dir.parent / f"{state_dir.name}.stderr", "ab")
     proc = subprocess.Popen([*prefix, *etiquette_command(state_dir, sets)], stdout=subprocess.PIPE,

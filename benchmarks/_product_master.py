@@ -23,7 +23,7 @@ from typing import Any
 
 def master_for(opts: Any) -> Any:
     try:
-        from etiquette_addons.master import ProductMaster, skip_message_typechecks
+        from addons.master import ProductMaster, skip_message_typechecks
     except ImportError:  # a checkout before the lean master: what its `run` used
         from mitmproxy.tools.dump import DumpMaster
         return DumpMaster(opts, with_termlog=False, with_dumper=False)
@@ -39,8 +39,8 @@ async def serve(args: argparse.Namespace) -> None:
         opts.update(mode=[f"reverse:{args.reverse}"], ssl_insecure=True)
     master = master_for(opts)
     if args.chain:
-        from etiquette_addons.chain import build_chain
-        from etiquette_addons.runtime import Runtime
+        from addons.chain import build_chain
+        from addons.runtime import Runtime
 
         master.addons.add(*build_chain(Runtime()))
         opts.update(etiquette_state_dir=args.chain, etiquette_set=list(args.set), etiquette_ready_line=False)

@@ -40,16 +40,16 @@ HERE = Path(__file__).resolve().parent
 
 
 def use_root(root: str | None) -> None:
-    """Import etiquette_proxy and etiquette_addons from `root` (another checkout)."""
+    """Import etiquette_proxy and addons from `root` (another checkout)."""
     if not root:
         sys.path.insert(0, str(HERE.parent))
         return
     sys.path.insert(0, root)
-    spec = importlib.util.spec_from_file_location("etiquette_addons", f"{root}/addons/__init__.py",
+    spec = importlib.util.spec_from_file_location("addons", f"{root}/addons/__init__.py",
                                                   submodule_search_locations=[f"{root}/addons"])
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["etiquette_addons"] = module
+    sys.modules["addons"] = module
     spec.loader.exec_module(module)
 
 
@@ -117,14 +117,14 @@ def rss_mb() -> float:
 
 
 def snapshot_child(n: int, bound: int, skip: set[str]) -> dict[str, Any]:
-    from etiquette_addons.chain import members
-    from etiquette_addons.controls import OperatorControls
-    from etiquette_addons.dashboard import Dashboard
-    from etiquette_addons.health import HealthWatch
-    from etiquette_addons.pacing import Pacing
-    from etiquette_addons.robots_gate import RobotsGate
-    from etiquette_addons.runaway import RunawayWatch
-    from etiquette_addons.runtime import Runtime
+    from addons.chain import members
+    from addons.controls import OperatorControls
+    from addons.dashboard import Dashboard
+    from addons.health import HealthWatch
+    from addons.pacing import Pacing
+    from addons.robots_gate import RobotsGate
+    from addons.runaway import RunawayWatch
+    from addons.runtime import Runtime
 
     from etiquette_proxy.config import load_config
     from etiquette_proxy.robots.policy import FetchResult, RobotsSettings

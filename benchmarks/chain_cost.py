@@ -109,22 +109,22 @@ async def run(with_chain: bool, n: int, paths: int, tmp: str, without: str | Non
     from mitmproxy import options
     opts = options.Options(listen_host="127.0.0.1", listen_port=0, confdir=tmp)
     try:
-        from etiquette_addons.master import ProductMaster
+        from addons.master import ProductMaster
         master = ProductMaster(opts)
     except ImportError:
         from mitmproxy.tools.dump import DumpMaster
         master = DumpMaster(opts, with_termlog=False, with_dumper=False)
     if with_chain:
-        from etiquette_addons.chain import build_chain
-        from etiquette_addons.robots_gate import RobotsGate
-        from etiquette_addons.runtime import Runtime
+        from addons.chain import build_chain
+        from addons.robots_gate import RobotsGate
+        from addons.runtime import Runtime
 
         from etiquette_proxy.robots.policy import FetchResult, RobotsSettings
 
         rt = Runtime()
         chain = build_chain(rt)
         if without is not None or spent is not None:
-            from etiquette_addons.chain import Chain
+            from addons.chain import Chain
 
             kept = [m for m in chain[0].members if type(m).__name__ != without]
             for m in kept if spent is not None else ():
@@ -157,7 +157,7 @@ async def run(with_chain: bool, n: int, paths: int, tmp: str, without: str | Non
     if with_chain:
         for addon in master.addons.chain:
             for member in getattr(addon, "members", [addon]):
-                if hasattr(member, "done") and type(member).__module__.startswith("etiquette_addons"):
+                if hasattr(member, "done") and type(member).__module__.startswith("addons"):
                     result = member.done()
                     if asyncio.iscoroutine(result):
                         await result
@@ -283,8 +283,8 @@ NEEDED = ("Settings", "SiteGrouping")
 def each_member(n: int, paths: int, rounds: int, validators: bool) -> int:
     """Median per request of the whole chain, of mitmproxy alone, and of the chain without each
     member in turn; rounds alternate the order so drift hits all alike."""
-    from etiquette_addons.chain import members
-    from etiquette_addons.runtime import Runtime
+    from addons.chain import members
+    from addons.runtime import Runtime
 
     names = [type(m).__name__ for m in members(Runtime())]
     arms: list[str | None] = ["(mitmproxy only)", None, *[m for m in names if m not in NEEDED]]

@@ -245,13 +245,13 @@ def robots_component(config, robots_txt: bytes = ROBOTS_TXT,  # type: ignore[no-
         return RobotsSettings.from_config(config, site)
 
     try:  # the gate's own per-site settings cache, when the addon layer has one
-        from etiquette_addons.robots_gate import RobotsGate
-        from etiquette_addons.runtime import Runtime
+        from addons.robots_gate import RobotsGate
+        from addons.runtime import Runtime
 
         gate = RobotsGate(Runtime(config=config))
         settings_for = getattr(gate, "settings_for", settings_for)
     except ModuleNotFoundError as e:  # only a checkout without the addon layer; any other
-        if e.name != "etiquette_addons":  # import error (a stale venv missing a dependency)
+        if e.name != "addons":  # import error (a stale venv missing a dependency)
             raise  # must not quietly measure the slower path the gate no longer takes
 
     def decide(i: int) -> object:
@@ -324,9 +324,9 @@ def kept_injections_cache() -> Any:
     """The revalidation addon's cache of injections (addons/revalidation.py Recent), as many
     kept as it keeps (INJECTIONS_KEPT; Recent()'s 1,024 in a tree from before it)."""
     try:
-        from etiquette_addons import revalidation as addon
+        from addons import revalidation as addon
     except ModuleNotFoundError as e:  # only a checkout without the addon layer; any other
-        if e.name != "etiquette_addons":  # missing module (a stale venv) must not quietly
+        if e.name != "addons":  # missing module (a stale venv) must not quietly
             raise  # measure another cache
         return _Kept()
     return addon.Recent(getattr(addon, "INJECTIONS_KEPT", 1024))

@@ -189,9 +189,9 @@ def addon(n: int) -> None:
     checkout is imported (a `git worktree` of an older commit, with its own venv, for before)."""
     import gc
 
-    from etiquette_addons.health import HealthWatch
-    from etiquette_addons.notes import notes_of
-    from etiquette_addons.runtime import Runtime
+    from addons.health import HealthWatch
+    from addons.notes import notes_of
+    from addons.runtime import Runtime
     from mitmproxy.test import tflow, tutils
 
     from etiquette_proxy.config import load_config

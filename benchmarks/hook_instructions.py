@@ -86,10 +86,10 @@ def measured(member: str, flows: int, warm: int, validators: bool) -> None:
     def wall() -> float:
         return WALL_START + state["flow"] * 0.001
 
-    import etiquette_addons.audit_log
-    import etiquette_addons.gone_memory
-    import etiquette_addons.revalidation
-    for module in (etiquette_addons.audit_log, etiquette_addons.revalidation, etiquette_addons.gone_memory):
+    import addons.audit_log
+    import addons.gone_memory
+    import addons.revalidation
+    for module in (addons.audit_log, addons.revalidation, addons.gone_memory):
         module.wall = wall  # type: ignore[attr-defined]
     chain_cost.make_flow = counted_flow
     chain_cost.timed = through_c

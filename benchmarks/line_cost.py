@@ -40,9 +40,9 @@ from chain_cost import SETS, make_flow, make_response  # noqa: E402
 
 def lane(tmp: str) -> tuple[Any, Any]:
     """(AuditWriter, HealthWatch) over one Runtime with an audit file and the dashboard's board."""
-    from etiquette_addons.audit_log import AuditWriter
-    from etiquette_addons.health import HealthWatch
-    from etiquette_addons.runtime import Runtime
+    from addons.audit_log import AuditWriter
+    from addons.health import HealthWatch
+    from addons.runtime import Runtime
 
     from etiquette_proxy.audit.log import AuditLog
     from etiquette_proxy.config import load_config_file

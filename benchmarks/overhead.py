@@ -42,7 +42,7 @@ CPU per request includes accepting and setting up a connection (what benchmarks/
 `--before DIR` adds an arm (c0): the same chain from another checkout DIR (`git worktree add
 /tmp/before main`, or `git archive BASE` unpacked), alternating with b and c in every round: a
 change's before/after from one run, under the same load. DIR's `addons/` and `etiquette_proxy/`
-are linked side by side as `etiquette_addons`/`etiquette_proxy` and checked to import from DIR
+are linked side by side as `addons`/`etiquette_proxy` and checked to import from DIR
 before anything starts (PYTHONPATH=DIR alone mixed DIR's core with this checkout's addons).
 
     python benchmarks/overhead.py [--rounds 5] [--duration 5] [--connections 16] [--sign]

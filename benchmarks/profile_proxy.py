@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import BIN, HERE, header, self_signed, start_site, started, wrk  # noqa: E402
 from overhead import FAST_PACING, load_args, start_chain, start_proxies  # noqa: E402
 
-OURS = ("addons/", "etiquette_proxy/", "etiquette_addons/")
+OURS = ("addons/", "etiquette_proxy/", "addons/")
 ROOT_TEXT = str(Path(__file__).resolve().parent.parent) + "/"
 
 

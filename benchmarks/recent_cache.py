@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _harness import header  # noqa: E402
 
-from etiquette_addons.revalidation import INJECTIONS_KEPT, Recent  # noqa: E402
+from addons.revalidation import INJECTIONS_KEPT, Recent  # noqa: E402
 
 
 class DictFifo:

@@ -13,8 +13,8 @@ prints the CPU time every process spent per request (ms: the proxy, or each work
 supervisor; the site; redis-server; wrk) and, for (e), the requests each worker answered.
 
 `--before DIR` adds arms (d0) and (e0): (d) and (e) from another checkout (DIR holds its
-`etiquette_addons` and `etiquette_proxy` packages, e.g. `git archive BASE` with
-`ln -s addons etiquette_addons`), alternating with the others in every round: a change's
+`addons` and `etiquette_proxy` packages, e.g. `git archive BASE` with
+`ln -s addons addons`), alternating with the others in every round: a change's
 before/after from one run, under the same load.
 
 --exact: `run --workers 2` on one Redis, 64 wrk connections through its one port (the kernel
@@ -90,7 +90,7 @@ def start_workers(state_dir: Path, sets: list[str], workers: int, pythonpath: st
     """`etiquette-proxy run --workers N`: its one ready line comes once every worker listens."""
     state_dir.mkdir(parents=True, exist_ok=True)
     stderr = open(state_dir.parent / f"{state_dir.name}.stderr", "ab")
-    # The workers are `python -m etiquette_addons.cli`, which puts the working directory first on
+    # The workers are `python -m addons.cli`, which puts the working directory first on
     # sys.path: for another checkout's code, run from that checkout.
     proc = subprocess.Popen(etiquette_command(state_dir, sets, ["--workers", str(workers)]), stdout=subprocess.PIPE,
                             stderr=stderr, text=True, env=clean_env(pythonpath), cwd=pythonpath)

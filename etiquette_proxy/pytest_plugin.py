@@ -119,7 +119,7 @@ def start_proxy(mode: str = "observe", sets: Sequence[str] = (), config: str | N
     run_args = ["--mode", mode, *(f"--set={s}" for s in sets), *([f"--config={config}"] if config else [])]
     proc, url = start_child_proxy(directory, run_args, os.path.join(directory, "proxy.log"))
     try:
-        printed = subprocess.run([sys.executable, "-m", "etiquette_addons.cli", "env", "--state-dir", directory],
+        printed = subprocess.run([sys.executable, "-m", "addons.cli", "env", "--state-dir", directory],
                                  env={k: v for k, v in os.environ.items() if k != STATE_ENV}, capture_output=True,
                                  text=True, timeout=START_TIMEOUT_S, check=True).stdout
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:

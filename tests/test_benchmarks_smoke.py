@@ -96,7 +96,7 @@ def test_before_arm_imports_the_other_checkouts_own_packages(tmp_path: Path) -> 
     path = checkout_path(other, tmp_path / "shim")
     proc = subprocess.run(
         [sys.executable, "-c",
-         "import etiquette_addons.cli as a, etiquette_proxy.config as c; print(a.WHO, '|', c.WHO)"],
+         "import addons.cli as a, etiquette_proxy.config as c; print(a.WHO, '|', c.WHO)"],
         capture_output=True, text=True, timeout=60, env=clean_env(path), cwd=tmp_path,
     )
     assert proc.stdout.strip() == "other addons | other core", proc.stderr

@@ -24,7 +24,7 @@ class ChildProxyError(RuntimeError):
 def start_child_proxy(state_dir: str, run_args: Sequence[str], log_path: str) -> tuple[subprocess.Popen[str], str]:
     """`run` on a free loopback port with `state_dir`, its stderr to `log_path` (0600): the
     process and the URL it listens on, once it says it is ready."""
-    cmd = [sys.executable, "-m", "etiquette_addons.cli", "run", "--listen-host", "127.0.0.1", "--listen-port", "0",
+    cmd = [sys.executable, "-m", "addons.cli", "run", "--listen-host", "127.0.0.1", "--listen-port", "0",
            *run_args, "--state-dir", state_dir]
     # The child's own state dir, not one inherited from a wrapped shell (`env`, `wrap` export it).
     env = {k: v for k, v in os.environ.items() if k != STATE_ENV}

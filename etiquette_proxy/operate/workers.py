@@ -1,6 +1,6 @@
 """`etiquette-proxy run --workers N` (SPEC §3, §10): what the supervisor decides, without processes.
 
-The supervisor (etiquette_addons/supervisor.py) starts N proxy processes on one listening
+The supervisor (addons/supervisor.py) starts N proxy processes on one listening
 address; this module answers its questions: may N workers run with this config, where does
 worker i write its audit log, how long to wait before starting a crashed worker again. It also
 reads the worker files back as one log for `report` and `verify-log`.

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from etiquette_addons.audit_log import DECISION_HEADER, AuditWriter, mark
-from etiquette_addons.notes import notes_of
-from etiquette_addons.runtime import Runtime
+from addons.audit_log import DECISION_HEADER, AuditWriter, mark
+from addons.notes import notes_of
+from addons.runtime import Runtime
 from mitmproxy.test import tflow, tutils
 
 from etiquette_proxy.audit.log import AuditLog, audit_record
@@ -80,7 +80,7 @@ def test_while_the_log_cannot_be_written_the_gate_answers_503_and_only_counts_it
     import errno
     import os
 
-    from etiquette_addons.audit_log import AuditLogGate
+    from addons.audit_log import AuditLogGate
 
     room: list[int | None] = [None]
 
@@ -122,11 +122,11 @@ def test_while_the_log_cannot_be_written_the_gate_answers_503_and_only_counts_it
 
 
 def test_the_log_gate_stands_before_any_site_contact_and_again_as_the_request_leaves(tmp_path):
-    from etiquette_addons.audit_log import AuditLogGate
-    from etiquette_addons.chain import members
-    from etiquette_addons.connections import ConnectionLimits
-    from etiquette_addons.pacing import Pacing
-    from etiquette_addons.robots_gate import RobotsGate
+    from addons.audit_log import AuditLogGate
+    from addons.chain import members
+    from addons.connections import ConnectionLimits
+    from addons.pacing import Pacing
+    from addons.robots_gate import RobotsGate
 
     rt = Runtime(config=load_config_file(None, []))
     rt.state_dir = str(tmp_path)

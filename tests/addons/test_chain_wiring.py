@@ -6,17 +6,17 @@ from __future__ import annotations
 import asyncio
 import os
 
-from etiquette_addons.audit_log import AuditWriter
-from etiquette_addons.chain import members
-from etiquette_addons.controls import OperatorControls
-from etiquette_addons.dashboard import Dashboard
-from etiquette_addons.health import HealthWatch
-from etiquette_addons.notes import notes_of
-from etiquette_addons.pacing import Pacing
-from etiquette_addons.robots_gate import RobotsGate
-from etiquette_addons.runaway import RunawayWatch
-from etiquette_addons.runtime import Runtime
-from etiquette_addons.settings import Settings
+from addons.audit_log import AuditWriter
+from addons.chain import members
+from addons.controls import OperatorControls
+from addons.dashboard import Dashboard
+from addons.health import HealthWatch
+from addons.notes import notes_of
+from addons.pacing import Pacing
+from addons.robots_gate import RobotsGate
+from addons.runaway import RunawayWatch
+from addons.runtime import Runtime
+from addons.settings import Settings
 from mitmproxy.test import tflow
 
 from etiquette_proxy.config import load_config_file

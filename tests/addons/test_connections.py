@@ -9,8 +9,8 @@ import inspect
 import logging
 from typing import Any
 
-from etiquette_addons import mitm_patches
-from etiquette_addons.connections import DescriptorExhaustion, raise_fd_limit
+from addons import mitm_patches
+from addons.connections import DescriptorExhaustion, raise_fd_limit
 
 
 class FakeClock:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from etiquette_addons.controls import OperatorControls
-from etiquette_addons.health import HealthWatch
-from etiquette_addons.pacing import Pacing
+from addons.controls import OperatorControls
+from addons.health import HealthWatch
+from addons.pacing import Pacing
 from mitmproxy.test import tflow
 
 from etiquette_proxy.health.site import WARMUP_WINDOWS

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from etiquette_addons.fields import field_value, fields_named, has_field
+from addons.fields import field_value, fields_named, has_field
 from hypothesis import given
 from hypothesis import strategies as st
 from mitmproxy.http import Headers

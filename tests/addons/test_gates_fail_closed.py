@@ -10,16 +10,16 @@ import types
 from typing import Any
 
 import pytest
-from etiquette_addons import answers
-from etiquette_addons.audit_log import AuditWriter
-from etiquette_addons.chain import GATE_HOOKS, Chain, members
-from etiquette_addons.gone_memory import GoneMemory
-from etiquette_addons.notes import notes_of, skip
-from etiquette_addons.pacing import Pacing
-from etiquette_addons.revalidation import Revalidation
-from etiquette_addons.robots_gate import RobotsGate
-from etiquette_addons.runaway import RunawayWatch
-from etiquette_addons.runtime import Runtime
+from addons import answers
+from addons.audit_log import AuditWriter
+from addons.chain import GATE_HOOKS, Chain, members
+from addons.gone_memory import GoneMemory
+from addons.notes import notes_of, skip
+from addons.pacing import Pacing
+from addons.revalidation import Revalidation
+from addons.robots_gate import RobotsGate
+from addons.runaway import RunawayWatch
+from addons.runtime import Runtime
 from mitmproxy.test import tflow, tutils
 
 from etiquette_proxy.audit.log import AuditLog

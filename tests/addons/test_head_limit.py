@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import inspect
 
-from etiquette_addons import mitm_patches
+from addons import mitm_patches
 from mitmproxy.http import Request
 
 

@@ -13,10 +13,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from etiquette_addons import health as health_addon
-from etiquette_addons.chain import members
-from etiquette_addons.dashboard import Dashboard
-from etiquette_addons.health import (
+from addons import health as health_addon
+from addons.chain import members
+from addons.dashboard import Dashboard
+from addons.health import (
     HealthWatch,
     body_head,
     canaries_of,
@@ -25,9 +25,9 @@ from etiquette_addons.health import (
     route_label,
     run_alert,
 )
-from etiquette_addons.notes import notes_of
-from etiquette_addons.runtime import Runtime
-from etiquette_addons.side_fetch import SideFetchError
+from addons.notes import notes_of
+from addons.runtime import Runtime
+from addons.side_fetch import SideFetchError
 from mitmproxy import http
 from mitmproxy.test import tflow, tutils
 

@@ -4,10 +4,10 @@ signature, not in observe mode, not for local answers, and never a crash on an o
 from __future__ import annotations
 
 from cryptography.hazmat.primitives.asymmetric import ed25519
-from etiquette_addons.identity import CLIENT_SIGNED, RequestSigning
-from etiquette_addons.notes import notes_of
-from etiquette_addons.runtime import Runtime
-from etiquette_addons.side_fetch import UpstreamPath
+from addons.identity import CLIENT_SIGNED, RequestSigning
+from addons.notes import notes_of
+from addons.runtime import Runtime
+from addons.side_fetch import UpstreamPath
 from mitmproxy import http
 from mitmproxy.test import tflow, tutils
 

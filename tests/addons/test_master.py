@@ -8,7 +8,7 @@ import asyncio
 import logging
 
 import pytest
-from etiquette_addons.master import HookTable, ProductMaster, product_addons
+from addons.master import HookTable, ProductMaster, product_addons
 from mitmproxy import addonmanager, exceptions, options
 from mitmproxy.master import Master
 from mitmproxy.proxy.layers import http
@@ -119,7 +119,7 @@ def test_run_skips_mitmproxys_debug_typechecks_only_where_it_is_called() -> None
     import sys
     probe = (
         "from mitmproxy import http\n"
-        "from etiquette_addons.master import skip_message_typechecks\n"
+        "from addons.master import skip_message_typechecks\n"
         "def build():\n"
         "    http.Response(http_version=b'HTTP/1.1', status_code=200, reason=b'OK', headers=http.Headers(),\n"
         "                  content=b'', trailers=None, timestamp_start='not a float', timestamp_end=None)\n"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from etiquette_addons.notes import notes_of, skip
+from addons.notes import notes_of, skip
 from mitmproxy import http
 from mitmproxy.test import tflow
 
@@ -23,7 +23,7 @@ def test_request_url_is_mitmproxys_url() -> None:
     other ports, authority forms, paths (`*`, empty, bytes that are not UTF-8)."""
     import random
 
-    from etiquette_addons.notes import request_url
+    from addons.notes import request_url
     from mitmproxy.test import tutils
 
     rng = random.Random(11)

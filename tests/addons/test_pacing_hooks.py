@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from etiquette_addons.notes import notes_of
-from etiquette_addons.pacing import Pacing
-from etiquette_addons.runtime import Runtime
+from addons.notes import notes_of
+from addons.pacing import Pacing
+from addons.runtime import Runtime
 from mitmproxy.test import tflow
 
 from etiquette_proxy.config import load_config_file

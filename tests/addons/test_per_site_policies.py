@@ -3,7 +3,7 @@ per-site table (a crawl over more sites than a table holds rebuilt policies on e
 
 from __future__ import annotations
 
-from etiquette_addons.runtime import PerSite, Runtime
+from addons.runtime import PerSite, Runtime
 
 from etiquette_proxy.config import load_config
 from etiquette_proxy.refusals import RefusalPolicy

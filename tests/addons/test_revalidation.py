@@ -9,12 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from etiquette_addons import revalidation as reval_module
-from etiquette_addons.gone_memory import GoneMemory
-from etiquette_addons.notes import notes_of
-from etiquette_addons.revalidation import Revalidation, decoded_for_fingerprint
-from etiquette_addons.runtime import Runtime
-from etiquette_addons.side_fetch import SideResponse
+from addons import revalidation as reval_module
+from addons.gone_memory import GoneMemory
+from addons.notes import notes_of
+from addons.revalidation import Revalidation, decoded_for_fingerprint
+from addons.runtime import Runtime
+from addons.side_fetch import SideResponse
 from mitmproxy import http
 from mitmproxy.test import tflow, tutils
 
@@ -324,7 +324,7 @@ def test_site_headers_decode_the_fields_without_the_decision_header() -> None:
     UTF-8 (surrogateescape, as mitmproxy decodes them)."""
     import random
 
-    from etiquette_addons.revalidation import decoded, site_headers
+    from addons.revalidation import decoded, site_headers
 
     rng = random.Random(3)
     names = [b"X-Etiquette-Decision", b"x-etiquette-decision", b"X-ETIQUETTE-DECISION", b"ETag", b"Vary",
@@ -343,7 +343,7 @@ def test_same_variant_as_is_the_first_values_rule() -> None:
     is named), on generated headers and stored entries."""
     import random
 
-    from etiquette_addons.revalidation import _same_variant_as
+    from addons.revalidation import _same_variant_as
 
     from etiquette_proxy.revalidation.validators import credentials_digest
 
@@ -388,7 +388,7 @@ def test_same_variant_as_is_the_first_values_rule() -> None:
 def test_first_field_is_first_value() -> None:
     import random
 
-    from etiquette_addons.revalidation import first_field
+    from addons.revalidation import first_field
 
     from etiquette_proxy.headers import first_value
 

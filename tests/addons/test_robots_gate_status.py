@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from etiquette_addons.notes import notes_of
-from etiquette_addons.robots_gate import RobotsGate
-from etiquette_addons.runtime import Runtime
-from etiquette_addons.side_fetch import SideFetchError
+from addons.notes import notes_of
+from addons.robots_gate import RobotsGate
+from addons.runtime import Runtime
+from addons.side_fetch import SideFetchError
 from mitmproxy.test import tflow
 
 from etiquette_proxy.clock import wall

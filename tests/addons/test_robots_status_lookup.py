@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from etiquette_addons.robots_gate import RobotsGate
-from etiquette_addons.runtime import Runtime
+from addons.robots_gate import RobotsGate
+from addons.runtime import Runtime
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

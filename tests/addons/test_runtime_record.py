@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from etiquette_addons.runtime import Runtime
+from addons.runtime import Runtime
 
 from etiquette_proxy.audit.log import AuditLog
 

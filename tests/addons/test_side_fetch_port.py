@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from etiquette_addons.side_fetch import SideFetchError, UpstreamPath, fetch
+from addons.side_fetch import SideFetchError, UpstreamPath, fetch
 
 
 def test_port_zero_is_not_the_default_port() -> None:

@@ -9,13 +9,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from etiquette_addons import streaming
-from etiquette_addons.chain import Chain
-from etiquette_addons.health import body_head
-from etiquette_addons.notes import notes_of
-from etiquette_addons.revalidation import Revalidation
-from etiquette_addons.runtime import Runtime
-from etiquette_addons.streaming import BODY, DISCARD, MAX_PENDING, TAIL, BodyStreams, OffLoopSha256, body_of
+from addons import streaming
+from addons.chain import Chain
+from addons.health import body_head
+from addons.notes import notes_of
+from addons.revalidation import Revalidation
+from addons.runtime import Runtime
+from addons.streaming import BODY, DISCARD, MAX_PENDING, TAIL, BodyStreams, OffLoopSha256, body_of
 from mitmproxy import http
 from mitmproxy.proxy.layers import http as http_layer
 from mitmproxy.proxy.layers.http._events import RequestData

@@ -8,8 +8,8 @@ import asyncio
 import socket
 
 import pytest
-from etiquette_addons import mitm_patches
-from etiquette_addons.supervisor import Supervisor, receive_connections, reserve_port
+from addons import mitm_patches
+from addons.supervisor import Supervisor, receive_connections, reserve_port
 
 
 def test_workers_listen_on_the_supervisors_port_and_a_lone_proxy_cannot():

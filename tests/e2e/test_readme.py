@@ -55,15 +55,15 @@ def fresh_clone(tmp: Path) -> Path:
                              capture_output=True, text=True, check=True).stdout.strip()
     # This venv's packages on the clone's path: a plain directory line (its own .pth files,
     # including this checkout's editable install, are not processed from there). Then the
-    # clone installed the way `pip install -e .` would (pyproject.toml: etiquette_addons is
-    # addons/), without building a wheel: the suite must not need the network.
+    # clone installed the way `pip install -e .` would (pyproject.toml: the packages
+    # addons/ and etiquette_proxy/), without building a wheel: the suite must not need the network.
     links = venv / "editable"
     links.mkdir()
-    (links / "etiquette_addons").symlink_to(clone / "addons")
+    (links / "addons").symlink_to(clone / "addons")
     (links / "etiquette_proxy").symlink_to(clone / "etiquette_proxy")
     Path(purelib, "etiquette_clone.pth").write_text(f"{links}\n" + "\n".join(pysite.getsitepackages()) + "\n")
     script = venv / "bin/etiquette-proxy"
-    script.write_text(f"#!{venv / 'bin/python'}\nimport sys\nfrom etiquette_addons.cli import main\n"
+    script.write_text(f"#!{venv / 'bin/python'}\nimport sys\nfrom addons.cli import main\n"
                       "sys.exit(main())\n")
     script.chmod(0o755)
     (venv / ".installed-proxy").touch()  # ./run-proxy: installed, do not reinstall from the network

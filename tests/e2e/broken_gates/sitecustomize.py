@@ -15,7 +15,7 @@ from typing import Any
 _named = [n for n in os.environ.get("BROKEN_GATES", "").split(",") if n]
 
 if _named:
-    from etiquette_addons import chain
+    from addons import chain
 
     def _break(class_name: str, hook: str) -> None:
         kind = getattr(chain, class_name)
