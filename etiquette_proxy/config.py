@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from etiquette_proxy.agent_card import parse_contacts
+from etiquette_proxy.payments.money import money_setting
 from etiquette_proxy.robots.purposes import USES, parse_purposes
 from etiquette_proxy.units import parse_duration, parse_rate, parse_size
 
@@ -254,6 +255,8 @@ SCHEMA: dict[str, Key] = {
     "identity.web_bot_auth.validity": Key(signature_validity, 300.0),
     "purposes": Key(parse_purposes, ()),
     "content_use": Key(optional(choice(*USES)), None),
+    "payments.max_price": Key(optional(money_setting), None, per_site=True),
+    "payments.daily_budget": Key(optional(money_setting), None, per_site=True),
     "robots.user_agent": Key(optional(text), None, per_site=True),
     "robots.ttl": Key(duration_max(86400, "24h"), 86400.0, per_site=True),
     "robots.timeout": Key(positive_duration, 10.0, per_site=True),
@@ -318,6 +321,11 @@ _RELATIONS: list[tuple[tuple[str, str], Callable[[Any, Any], bool], str]] = [
     (("state.backend", "state.url"), lambda backend, url: (backend == "redis") == (url is not None),
      "needs state.url set exactly when state.backend is redis (expected backend: redis with "
      "url: redis://host:port/db, or backend: diskcache without a url)"),
+    # SPEC §9: a price without a budget (or the reverse) pays nothing; say so at start-up.
+    (("payments.max_price", "payments.daily_budget"),
+     lambda p, b: (p is None) == (b is None) and (p is None or (p.currency == b.currency and p.amount <= b.amount)),
+     "needs payments.daily_budget beside it, in the same currency and not below it (expected "
+     'max_price: "USD 0.05" with daily_budget: "USD 5.00")'),
 ]
 
 

@@ -169,3 +169,40 @@ def test_attribute_reads_equal_get_for_every_key_and_stay_per_config_object():
         _ = first.upstream.no_such_key
     with pytest.raises(AttributeError):
         _ = first.no_such_section
+
+
+@pytest.mark.parametrize("text,problem", [
+    ("payments:\n  max_price: 0.05\n  daily_budget: \"USD 5\"\n",
+     "<config>:2: payments.max_price: 0.05 is a bare number (expected \"USD 0.05\""),
+    ("payments:\n  max_price: \"USD 0.05\"\n  daily_budget: \"5 dollars\"\n",
+     "<config>:3: payments.daily_budget: '5 dollars' is not an amount"),
+    ("payments:\n  max_price: \"USD 0\"\n  daily_budget: \"USD 5\"\n",
+     "<config>:2: payments.max_price: 'USD 0' must be above zero"),
+    ("payments:\n  max_price: \"USD 0.05\"\n", "<config>:2: payments.max_price: 'USD 0.05' needs payments.daily_budget"),
+    ("payments:\n  max_price: \"EUR 0.05\"\n  daily_budget: \"USD 5\"\n",
+     "<config>:2: payments.max_price: 'EUR 0.05' needs payments.daily_budget beside it, in the same currency"),
+    ("payments:\n  max_price: \"USD 6\"\n  daily_budget: \"USD 5\"\n", "not below it"),
+    ("sites:\n  shop.example:\n    payments: {max_price: 0.1}\n",
+     "<config>:3: sites.\"shop.example\".payments.max_price: 0.1 is a bare number"),
+])
+def test_payment_settings_are_exact_money_checked_with_their_line(text, problem):
+    with pytest.raises(ConfigError) as e:
+        load_config(text)
+    assert problem in str(e.value)
+
+
+def test_payment_settings_read_exactly_and_per_site():
+    from decimal import Decimal
+
+    from etiquette_proxy.payments.money import CRAWL, PaymentLimits
+
+    config = load_config('payments: {max_price: "USD 0.02", daily_budget: "USD 0.10"}\n'
+                         'sites:\n  shop.example: {payments: {daily_budget: "USD 1.00"}}\n'
+                         '  cheap.example: {payments: {max_price: "USD 0.01"}}\n')
+    crawl = PaymentLimits.from_config(config, "news.example:443")
+    assert crawl is not None and crawl.max_price.amount == Decimal("0.02") and crawl.bucket == CRAWL
+    own = PaymentLimits.from_config(config, "shop.example:443")
+    assert own is not None and own.bucket == "shop.example:443" and str(own.daily_budget) == "USD 1.00"
+    cheap = PaymentLimits.from_config(config, "cheap.example:80")
+    assert cheap is not None and str(cheap.max_price) == "USD 0.01" and cheap.bucket == CRAWL
+    assert PaymentLimits.from_config(load_config(""), "news.example:443") is None
