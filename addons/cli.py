@@ -102,7 +102,8 @@ def _parser() -> argparse.ArgumentParser:
     keygen.add_argument("--directory", action="store_true",
                         help="print a signed directory response (body and headers) to serve instead")
     keygen.add_argument("--signature-agent", metavar="URL",
-                        help="https origin serving the directory (default identity.web_bot_auth.signature_agent)")
+                        help="https URL of the directory, or the origin serving it at the well-known path "
+                             "(default identity.web_bot_auth.signature_agent)")
     keygen.add_argument("--validity", metavar="DURATION", default="7d",
                         help="how long the directory response signature holds (default 7d)")
 
@@ -277,7 +278,7 @@ def keygen(config: Config, args: argparse.Namespace) -> int:
     from etiquette_proxy.units import parse_duration
     from etiquette_proxy.webbotauth import (
         directory_body,
-        https_origin,
+        directory_url,
         jwk_thumbprint,
         public_bytes,
         signed_directory,
@@ -293,7 +294,7 @@ def keygen(config: Config, args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
         try:
-            agent = https_origin(agent)
+            agent = directory_url(agent)
             validity = int(parse_duration(args.validity))
         except ValueError as e:
             print(f"etiquette-proxy keygen: {e}", file=sys.stderr)

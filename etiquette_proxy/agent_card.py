@@ -14,7 +14,6 @@ from typing import Any
 
 from etiquette_proxy.robots.policy import product_token
 
-DIRECTORY_PATH = "/.well-known/http-message-signatures-directory"
 _CONTACT_SCHEMES = ("mailto:", "https:", "tel:")
 
 
@@ -62,7 +61,7 @@ def signature_agent_card(config: Any, client_id: str | None = None) -> dict[str,
         card["contacts"] = list(identity.contacts)
     agent = identity.web_bot_auth.signature_agent
     if agent:
-        card["jwks_uri"] = agent.rstrip("/") + DIRECTORY_PATH
+        card["jwks_uri"] = agent  # already the directory's URL (config: webbotauth.directory_url)
     bot: dict[str, Any] = {}
     if identity.user_agent:
         bot["expected-user-agent"] = identity.user_agent

@@ -203,8 +203,8 @@ def key_file(value: Any) -> str:
     return path
 
 
-def https_origin(value: Any) -> str:
-    from etiquette_proxy.webbotauth import https_origin as parse
+def directory_url(value: Any) -> str:
+    from etiquette_proxy.webbotauth import directory_url as parse
 
     return parse(value)
 
@@ -251,7 +251,7 @@ SCHEMA: dict[str, Key] = {
     "identity.name": Key(optional(text), None),
     "identity.contacts": Key(parse_contacts, ()),
     "identity.web_bot_auth.key_file": Key(optional(key_file), None),
-    "identity.web_bot_auth.signature_agent": Key(optional(https_origin), None),
+    "identity.web_bot_auth.signature_agent": Key(optional(directory_url), None),
     "identity.web_bot_auth.validity": Key(signature_validity, 300.0),
     "purposes": Key(parse_purposes, ()),
     "content_use": Key(optional(choice(*USES)), None),

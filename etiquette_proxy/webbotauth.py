@@ -1,9 +1,12 @@
 """Web Bot Auth: HTTP Message Signatures (RFC 9421) on every request the proxy sends (SPEC §9).
 
-The profile is draft-ietf-webbotauth-httpsig-protocol's minimum: one signature labelled `sig1`
-over `("@authority" "signature-agent";key="sig1")` with `created`, `keyid` (the RFC 7638 JWK
-SHA-256 thumbprint of the Ed25519 key, RFC 8037 §A.3), `alg`, `expires` and
-`tag="web-bot-auth"`, and a `Signature-Agent` Dictionary naming the operator's key directory.
+The profile is draft-ietf-webbotauth-httpsig-protocol-01's minimum (§5.2): one signature
+labelled `sig1` over `("@authority" "signature-agent";key="sig1")` with `created`, `keyid` (the
+RFC 7638 JWK SHA-256 thumbprint of the Ed25519 key, RFC 8037 §A.3), `alg`, `expires` and
+`tag="web-bot-auth"`, and a `Signature-Agent` Dictionary whose member is the URL of the
+operator's key directory (a JWK Set verifiers fetch as is, §5.2.1, §5.5), with no parameters.
+Headers the proxy adds that a site bills on (`crawler-exact-price`, `crawler-max-price`) are
+covered too (§5.2.4 "Additional Headers"; Cloudflare pay per crawl wants them signed).
 
 The signature base has one shape, so it is formatted directly: `http-message-signatures`
 takes ~0.5 ms a request to build the same bytes (benchmarks/signing.py), the Ed25519 step
@@ -40,6 +43,10 @@ DIRECTORY_MEDIA_TYPE = "application/http-message-signatures-directory+json"
 MAX_VALIDITY_S = 86400  # the draft: expiry no more than 24 hours
 HEADER_NAMES = ("Signature-Agent", "Signature-Input", "Signature")
 KEYGEN_HINT = "an Ed25519 private key in PEM, as `etiquette-proxy keygen --out FILE` writes"
+
+# Request headers covered whenever the proxy sends them: a price the site may charge must be
+# the crawler's signed word, not something an intermediary could add (SPEC §9).
+COVERED_WHEN_SENT = ("crawler-exact-price", "crawler-max-price")
 
 # RFC 3986 authority characters (reg-name, IP literal, port); anything else is never signed.
 _AUTHORITY = re.compile(r"^[a-z0-9._~%!$&'()*+,;=:\[\]-]+$")
@@ -137,6 +144,50 @@ def https_origin(value: str) -> str:
     return f"https://{host}" + (f":{port}" if port not in (None, 443) else "")
 
 
+# RFC 3986 path and query characters, printable ASCII that an sf-string carries unescaped.
+_PATH_QUERY = re.compile(r"^[A-Za-z0-9._~%!$&'()*+,;=:@/?-]*$")
+
+
+def agent_uri(value: str) -> str:
+    """A `Signature-Agent` member value as draft-ietf-webbotauth-httpsig-protocol-01 §5.2.1 wants
+    it: an absolute https URI (a String Item), sent as given; ValueError otherwise."""
+    expected = ("(expected the https URL of your key directory, or an https origin such as "
+                "https://bot.example whose /.well-known/http-message-signatures-directory serves it)")
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{value!r} is not an https URL {expected}")
+    value = value.strip()
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError:
+        raise ValueError(f"{value!r} is not a URL {expected}") from None
+    if parts.scheme.lower() != "https":
+        raise ValueError(f"{value!r} is not https {expected}")
+    if not parts.hostname or parts.username or parts.password:
+        raise ValueError(f"{value!r} has no plain host {expected}")
+    if parts.fragment:
+        raise ValueError(f"{value!r} has a fragment {expected}")
+    if not parts.hostname.isascii() or not _PATH_QUERY.match(parts.path + parts.query):
+        raise ValueError(f"{value!r} is not plain ASCII (expected the punycode host and a percent-encoded path)")
+    return value
+
+
+def directory_url(value: str) -> str:
+    """`identity.web_bot_auth.signature_agent` as sent: at -01 verifiers fetch the member value
+    itself as the JWK Set (§5.5), so an origin alone, which earlier drafts resolved to its
+    well-known directory, is written out as that well-known URL (§4.5, §8.1)."""
+    value = agent_uri(value)
+    parts = urlsplit(value)
+    if parts.path in ("", "/") and not parts.query:
+        return https_origin(f"https://{parts.netloc}") + DIRECTORY_PATH
+    return value
+
+
+def directory_authority(url: str) -> str:
+    """The authority of a directory URL (what its possession proof covers as `@authority`)."""
+    return urlsplit(directory_url(url)).netloc.lower()
+
+
 def signing_authority(host_header: str, scheme: str) -> str:
     """`@authority` as RFC 9421 §2.2.3 normalises it: lower case, the scheme's default port dropped."""
     authority = host_header.strip().lower()
@@ -177,7 +228,7 @@ class RequestSigner:
         # ~60 % of the time (benchmarks/signing.py): per request, this is most of signing's cost.
         self._sign = nacl.signing.SigningKey(key.private_bytes_raw()).sign
         self.keyid = jwk_thumbprint(public_bytes(key))
-        self.signature_agent = https_origin(signature_agent)
+        self.signature_agent = agent_uri(signature_agent)
         self.validity_s = validity
         self._clock = clock
         self.label = label
@@ -199,33 +250,39 @@ class RequestSigner:
         return {"signing": True, "keyid": self.keyid, "signature_agent": self.signature_agent,
                 "validity_s": self.validity_s}
 
-    def signature_params(self, created: int, expires: int, nonce: str | None = None) -> str:
+    def signature_params(self, created: int, expires: int, nonce: str | None = None,
+                         covered: tuple[tuple[str, str], ...] = ()) -> str:
         nonce_param = f";nonce={sf_string(nonce)}" if nonce is not None else ""
-        return (f"{self._covered};created={created}{self._keyid_param};expires={expires}"
+        components = self._covered
+        if covered:
+            components = components[:-1] + "".join(f" {sf_string(name)}" for name, _ in covered) + ")"
+        return (f"{components};created={created}{self._keyid_param};expires={expires}"
                 f"{nonce_param};tag=\"{TAG}\"")
 
-    def signature_base(self, authority: str, params: str) -> str:
-        """RFC 9421 §2.5 for this one shape of covered components."""
-        return f'"@authority": {authority}\n{self._agent_line}\n"@signature-params": {params}'
+    def signature_base(self, authority: str, params: str, covered: tuple[tuple[str, str], ...] = ()) -> str:
+        """RFC 9421 §2.5 for this shape of covered components (§2.1: a field's value, trimmed)."""
+        extra = "".join(f'{sf_string(name)}: {value.strip()}\n' for name, value in covered)
+        return f'"@authority": {authority}\n{self._agent_line}\n{extra}"@signature-params": {params}'
 
     def sign(self, authority: str, created: int | None = None, expires: int | None = None,
-             nonce: str | None = None) -> Signed:
+             nonce: str | None = None, covered: tuple[tuple[str, str], ...] = ()) -> Signed:
         """The Signature-Agent, Signature-Input and Signature fields for a request to `authority`
-        (already normalised: `signing_authority`)."""
+        (already normalised: `signing_authority`); `covered`: more header fields signed, as
+        (lower-case name, value) pairs (`covered_fields`)."""
         if created is None:
             created = int(self._clock())
         if expires is None:
             expires = created + self.validity_s
-        if nonce is None:
+        if nonce is None and not covered:
             last = self._last.get(authority)
             if last is not None and last.created == created and last.expires == expires:
                 return last
-        params = self.signature_params(created, expires, nonce)
-        signature = self._sign(self.signature_base(authority, params).encode("ascii")).signature
+        params = self.signature_params(created, expires, nonce, covered)
+        signature = self._sign(self.signature_base(authority, params, covered).encode("ascii")).signature
         value = base64.b64encode(signature).decode("ascii")
         signed = Signed((("Signature-Agent", self.agent_field), ("Signature-Input", f"{self.label}={params}"),
                          ("Signature", f"{self.label}=:{value}:")), self.keyid, created, expires)
-        if nonce is None:
+        if nonce is None and not covered:
             if len(self._last) >= 4096:
                 self._last.clear()
             self._last[authority] = signed
@@ -241,6 +298,20 @@ def signer_from_config(config: Any) -> RequestSigner | None:
 
 
 _SIGNATURE_FIELDS = frozenset(n.lower() for n in HEADER_NAMES)
+
+
+def covered_fields(headers: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """The request's fields among COVERED_WHEN_SENT, in that order, as the signature covers
+    them; a field sent twice is covered as its values joined (RFC 9421 §2.1), printable ASCII
+    only (anything else is never signed: ValueError)."""
+    found: dict[str, list[str]] = {}
+    for name, value in headers:
+        lower = name.lower()
+        if lower in COVERED_WHEN_SENT:
+            if not value.isascii() or not value.strip().isprintable():
+                raise ValueError(f"cannot sign {lower} {value[:40]!r}")
+            found.setdefault(lower, []).append(value.strip())
+    return tuple((n, ", ".join(found[n])) for n in COVERED_WHEN_SENT if n in found)
 
 
 def client_signed(header_names: Iterable[str]) -> bool:
@@ -260,7 +331,7 @@ def signed_directory(key: ed25519.Ed25519PrivateKey, signature_agent: str, creat
     """The directory response body and headers, with the possession proof the draft recommends:
     a signature over `("@authority";req "content-digest")`, tag http-message-signatures-directory."""
     body = directory_body([key])
-    authority = https_origin(signature_agent).removeprefix("https://")
+    authority = directory_authority(signature_agent)
     digest = content_digest(body.encode("ascii"))
     keyid = jwk_thumbprint(public_bytes(key))
     params = (f'("@authority";req "content-digest");created={created};expires={expires}'

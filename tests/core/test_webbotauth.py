@@ -17,6 +17,8 @@ from etiquette_proxy.webbotauth import (
     client_signed,
     content_digest,
     directory_body,
+    covered_fields,
+    directory_url,
     https_origin,
     jwk_thumbprint,
     key_file_warning,
@@ -85,15 +87,16 @@ class _Message:
 
 
 def library_sign(key: ed25519.Ed25519PrivateKey, url: str, agent_field: str, label: str, agent_key: str,
-                 created: int, expires: int, nonce: str | None) -> dict[str, str]:
+                 created: int, expires: int, nonce: str | None,
+                 extra: tuple[tuple[str, str], ...] = ()) -> dict[str, str]:
     """The same request signed by http-message-signatures 3.x (the reference implementation)."""
-    message = _Message(url, {"Signature-Agent": agent_field})
+    message = _Message(url, {"Signature-Agent": agent_field, **dict(extra)})
     at = datetime.datetime.fromtimestamp
     HTTPMessageSigner(signature_algorithm=algorithms.ED25519, key_resolver=_Key(key)).sign(
         message, key_id=jwk_thumbprint(public_bytes(key)), created=at(created, datetime.UTC),
         expires=at(expires, datetime.UTC), nonce=nonce, label=label, tag="web-bot-auth",
-        covered_component_ids=("@authority", f'"signature-agent";key="{agent_key}"'))
-    return message.headers
+        covered_component_ids=("@authority", f'"signature-agent";key="{agent_key}"', *(f'"{n}"' for n, _ in extra)))
+    return {k: v for k, v in message.headers.items() if k not in dict(extra)}
 
 
 def test_the_library_reproduces_the_vector_too():
@@ -293,7 +296,8 @@ def test_config_errors_name_file_line_key_and_the_key_file(tmp_path):
         f"c.yaml:3: identity.web_bot_auth.key_file: {tmp_path / 'missing.pem'}: no such file "
         "(expected an Ed25519 private key in PEM, as `etiquette-proxy keygen --out FILE` writes)",
         "c.yaml:4: identity.web_bot_auth.signature_agent: 'http://bot.example/keys' is not https "
-        "(expected an https origin such as https://bot.example, where the key directory is served)",
+        "(expected the https URL of your key directory, or an https origin such as https://bot.example "
+        "whose /.well-known/http-message-signatures-directory serves it)",
         "c.yaml:5: identity.web_bot_auth.validity: '2d' is above the maximum (expected at most 24h)",
     ]
     with pytest.raises(ConfigError, match=r"c.yaml:1: identity.web_bot_auth.key_file: .*holds a \w+ key"):
@@ -317,5 +321,58 @@ def test_config_key_file_and_signature_agent_go_together(tmp_path):
     from etiquette_proxy.webbotauth import signer_from_config
 
     signer = signer_from_config(config)
-    assert signer is not None and signer.signature_agent == "https://bot.example" and signer.validity_s == 90
+    # draft-ietf-webbotauth-httpsig-protocol-01 §5.5: the member is fetched as is, so an origin
+    # alone is sent as its well-known directory's URL.
+    assert signer is not None and signer.validity_s == 90
+    assert signer.signature_agent == "https://bot.example/.well-known/http-message-signatures-directory"
     assert signer_from_config(load_config("", "c.yaml")) is None
+
+
+@pytest.mark.parametrize("fields", [
+    (("crawler-exact-price", "USD 0.01"),),
+    (("crawler-max-price", " USD 0.50 "),),
+])
+def test_a_price_header_is_covered_and_equals_the_library_s(fields):
+    """SPEC §9: crawler-exact-price / crawler-max-price are signed (Cloudflare pay per crawl)."""
+    key = ed25519.Ed25519PrivateKey.generate()
+    signer = RequestSigner(key, "https://bot.example/keys.json", 300)
+    covered = covered_fields([("Accept", "*/*"), *((n.title(), v) for n, v in fields)])
+    assert covered == tuple((n, v.strip()) for n, v in fields)
+    created = 1_796_000_000
+    ours = dict(signer.sign("shop.example", created, created + 300, None, covered).headers)
+    theirs = library_sign(key, "https://shop.example/a", ours["Signature-Agent"], "sig1", "sig1", created,
+                          created + 300, None, tuple((n, v.strip()) for n, v in fields))
+    assert ours == theirs
+    name = fields[0][0]
+    assert ours["Signature-Input"].startswith(f'sig1=("@authority" "signature-agent";key="sig1" "{name}");')
+    assert ours["Signature-Agent"] == 'sig1="https://bot.example/keys.json"'
+    # Not the cached signature of the same second without the price.
+    plain = dict(signer.sign("shop.example", created, created + 300).headers)
+    assert plain["Signature"] != ours["Signature"]
+
+
+def test_a_price_header_that_cannot_be_signed_is_refused():
+    with pytest.raises(ValueError, match="cannot sign crawler-max-price"):
+        covered_fields([("crawler-max-price", "USD 1\x00")])
+
+
+@pytest.mark.parametrize(("value", "sent"), [
+    ("https://bot.example", "https://bot.example/.well-known/http-message-signatures-directory"),
+    ("https://Bot.Example:443/", "https://bot.example/.well-known/http-message-signatures-directory"),
+    ("https://bot.example/keys/jwks.json", "https://bot.example/keys/jwks.json"),
+    ("https://bot.example:8443/.well-known/http-message-signatures-directory",
+     "https://bot.example:8443/.well-known/http-message-signatures-directory"),
+])
+def test_signature_agent_is_the_directory_url_at_01(value, sent):
+    """draft-ietf-webbotauth-httpsig-protocol-01 §5.2.1, §5.5: the member is the JWK Set URI."""
+    assert directory_url(value) == sent
+
+
+@pytest.mark.parametrize(("value", "why"), [
+    ("http://bot.example/keys", "is not https"), ("https://bot.example/k#frag", "has a fragment"),
+    ("https://user@bot.example/k", "has no plain host"), ('https://bot.example/"k"', "is not plain ASCII"),
+    ("", "is not an https URL"),
+])
+def test_a_signature_agent_that_is_no_https_uri_is_refused(value, why):
+    with pytest.raises(ValueError, match=why):
+        directory_url(value)
