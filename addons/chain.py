@@ -15,7 +15,7 @@ from addons.gone_memory import GoneMemory
 from addons.health import REPORT_PATH, HealthWatch
 from addons.identity import RequestSigning
 from addons.pacing import Pacing
-from addons.payments import PaymentWatch
+from addons.payments import PaidBodies, Payments
 from addons.refusals import RefusalTrimmer
 from addons.revalidation import Revalidation
 from addons.robots_gate import RobotsGate
@@ -174,12 +174,14 @@ def members(rt: Runtime) -> list[Any]:
     target = TargetCheck(rt)
     listening.connect(target.listening)  # SPEC §12: a request to the proxy's own address is a loop
     runaway = RunawayWatch(rt, restraints)
+    payments = Payments(rt, before_fetch=pacing.before_robots_fetch)  # SPEC §5: the paid retry takes a turn
     dashboard = Dashboard(rt, providers=(pacing.status, robots.status, health.live_fields, controls.status,
-                                         runaway.status),
+                                         runaway.status, payments.status),
                           routes={REPORT_PATH: health.post_report, OPERATOR_ROUTE: controls.post},
                           rates=rates, restraints=restraints)
     return [
         Settings(rt, listening),  # options, config, state, audit log; starts each flow's notes
+        PaidBodies(),  # SPEC §9: a paid answer's body back in place before any `response` hook reads it
         StopGate(rt),  # SPEC §12: while stopping, new requests are answered, never started
         dashboard,  # http://etiquette.proxy/ answered here, before any gate sees it
         AuditLogGate(rt),  # SPEC §11: audit log not writable -> local 503, before anything reaches a site
@@ -190,8 +192,10 @@ def members(rt: Runtime) -> list[Any]:
         GoneMemory(rt),  # 404/410 remembered: answered locally before any validator work
         Revalidation(rt),  # served-stored, validator injection; 304 -> stored 200 in response
         runaway,  # SPEC §7: URL-space traps (requests going upstream), retired sites
+        # SPEC §9: stopped sites answered, crawler-max-price offered (request); a 402 paid once and
+        # its answer put in place before pacing, health, the trimmer and streaming read it
+        payments,
         pacing,  # SPEC §5: hold for the site's turn (request), learn from its answer (responseheaders)
-        PaymentWatch(rt),  # SPEC §9: what a 402 asks, on the line, before the trimmer strips headers
         RefusalTrimmer(rt),  # SPEC §7: page-only headers off refusals (responseheaders)
         health,  # SPEC §8: the request leaves now (its send time)
         RequestSigning(rt),  # SPEC §9: signed last, after every header the proxy adds

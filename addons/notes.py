@@ -20,6 +20,9 @@ log = logging.getLogger(__name__)
 KEY = "etiquette"
 # notes.facts key: the request passed every gate and was handed to mitmproxy for the site.
 FORWARDED = "forwarded"
+# notes.facts key: the body of a paid answer put in place of the site's 402 (payments.py); that
+# response's body is already decided, no other member streams or copies it.
+PAID_BODY = "paid_body"
 _URL_KEY = "etiquette_url_key"  # flow.metadata: the normalised URL (None when not an http(s) URL)
 
 

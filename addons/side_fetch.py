@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import h11
 
-from etiquette_proxy.webbotauth import RequestSigner, signing_authority
+from etiquette_proxy.webbotauth import RequestSigner, covered_fields, signing_authority
 
 try:
     import certifi
@@ -76,11 +76,12 @@ async def fetch(
     headers: dict[str, str],
     timeout: float,
     max_bytes: int,
+    method: str = "GET",
 ) -> SideResponse:
-    """GET `url` once (no redirects), reading at most `max_bytes` of the body."""
+    """GET (or HEAD) `url` once (no redirects), reading at most `max_bytes` of the body."""
     try:
         async with asyncio.timeout(timeout):
-            return await _fetch(url, path, headers, max_bytes)
+            return await _fetch(url, path, headers, max_bytes, method)
     except TimeoutError:
         raise SideFetchError("timeout") from None
     except ConnectionRefusedError:
@@ -95,7 +96,8 @@ async def fetch(
         raise SideFetchError(f"{type(e).__name__}: {e}") from None
 
 
-async def _fetch(url: str, path: UpstreamPath, headers: dict[str, str], max_bytes: int) -> SideResponse:
+async def _fetch(url: str, path: UpstreamPath, headers: dict[str, str], max_bytes: int,
+                 method: str = "GET") -> SideResponse:
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https") or not parts.hostname:
@@ -127,9 +129,10 @@ async def _fetch(url: str, path: UpstreamPath, headers: dict[str, str], max_byte
         conn = h11.Connection(our_role=h11.CLIENT)
         request_headers = [("Host", authority), ("Accept-Encoding", "gzip, identity"), ("Connection", "close")]
         request_headers += [(k, v) for k, v in headers.items() if k.lower() not in ("host", "connection", "accept-encoding")]
-        if path.signer is not None:  # last, after every other header (SPEC §9)
-            request_headers += path.signer.sign(signing_authority(authority, scheme)).headers
-        writer.write(conn.send(h11.Request(method="GET", target=target, headers=request_headers)))
+        if path.signer is not None:  # last, after every other header, a price covered too (SPEC §9)
+            request_headers += path.signer.sign(signing_authority(authority, scheme),
+                                                covered=covered_fields(request_headers)).headers
+        writer.write(conn.send(h11.Request(method=method, target=target, headers=request_headers)))
         writer.write(conn.send(h11.EndOfMessage()))
         await writer.drain()
 

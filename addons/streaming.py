@@ -34,7 +34,7 @@ from collections.abc import Generator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from addons.notes import notes_of
+from addons.notes import PAID_BODY, notes_of
 from addons.runtime import Runtime
 from mitmproxy import http
 
@@ -198,7 +198,7 @@ class BodyStreams:
         if response is None or response.status_code in _NO_CONTENT or response.status_code < 200:
             return
         notes = notes_of(flow)
-        if notes.local or notes.facts.get("internal") or flow.request.method == "HEAD":
+        if notes.local or notes.facts.get("internal") or flow.request.method == "HEAD" or PAID_BODY in notes.facts:
             return
         keep = self.rt.config.limits.stream_above
         store = self.rt.store

@@ -28,6 +28,11 @@ def utc_day(wall_s: float) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(wall_s))
 
 
+def until_next_day(wall_s: float) -> float:
+    """Seconds until the next UTC day begins, when a stopped site may be asked again."""
+    return 86400.0 - (wall_s % 86400.0)
+
+
 @dataclass(frozen=True, slots=True)
 class Settled:
     """After a settle: the site's spend and the budget's spend that day, in nano-units."""

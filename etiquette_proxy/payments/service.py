@@ -14,13 +14,13 @@ Amounts are exact (money.py); the books are the ledger's (ledger.py, local or Re
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from etiquette_proxy.clock import Clock, wall
 from etiquette_proxy.payments.asked import shown
-from etiquette_proxy.payments.ledger import Ledger, Settled, utc_day
+from etiquette_proxy.payments.ledger import Ledger, Settled, until_next_day, utc_day
 from etiquette_proxy.payments.money import Money, PaymentLimits, read_money
 
 EXACT_PRICE = "crawler-exact-price"
@@ -42,6 +42,7 @@ class Offer:
     day: str = ""
     reason: str = ""
     price: str | None = None
+    retry_after_s: float | None = None  # refuse: until the UTC day ends
 
 
 GO = Offer("go")
@@ -72,6 +73,24 @@ class Outcome:
 
 Retry = Callable[[tuple[str, str]], Awaitable[SiteAnswer]]
 
+# Not resent with the paid retry: the connection's own fields (RFC 9110 §7.6.1), what the side
+# request sets itself, the client's signature (the proxy signs the retry, covering the price),
+# the proxy's vocabulary, and any price but the one the proxy decided.
+_NOT_RESENT = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authorization", "te", "trailer",
+                         "transfer-encoding", "upgrade", "host", "accept-encoding", "content-length", "expect",
+                         "signature", "signature-input", "signature-agent", *PRICE_HEADERS})
+
+
+def resent_fields(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """The client's request fields the paid retry carries again (its cookies, Accept, UA)."""
+    out: dict[str, str] = {}
+    for name, value in headers:
+        lower = name.lower()
+        if lower in _NOT_RESENT or lower.startswith("x-etiquette-"):
+            continue
+        out[name] = f"{out[name]}, {value}" if name in out else value
+    return out
+
 
 class PaymentService:
     """Decides what is paid, over one ledger; `wall` gives the UTC day."""
@@ -96,7 +115,7 @@ class PaymentService:
         stopped = await self.ledger.stopped(day, site)
         if stopped is not None:
             return Offer("refuse", day=day, reason=f"{stopped}; not asked again before the UTC day ends",
-                         price=price)
+                         price=price, retry_after_s=until_next_day(self._clock()))
         known = read_money(price) if price is not None else None
         if known is None or not signing:
             return GO
@@ -105,7 +124,8 @@ class PaymentService:
         if not taken:
             reason = self._over_budget(site, price or "", limits, left)
             await self.ledger.stop(day, site, reason)
-            return Offer("refuse", day=day, reason=reason + "; not asked again before the UTC day ends", price=price)
+            return Offer("refuse", day=day, reason=reason + "; not asked again before the UTC day ends", price=price,
+                         retry_after_s=until_next_day(self._clock()))
         offered = Money.of_units(cap.currency, taken)
         return Offer("offer", (MAX_PRICE, str(offered)), taken, limits.bucket, day, price=price)
 

@@ -126,9 +126,8 @@ def _site_section(need: int, c: SiteConduct, tl: SiteTimeline, t0: float, t1: fl
              f"robots.txt: {c.stopped:,} disallowed attempt(s) stopped, {c.violations:,} reached the site",
              f"bytes: site sent {_bytes(c.bytes_sent)}; saved {_bytes(c.saved_revalidation)} by revalidation, "
              f"{_bytes(c.saved_trimming)} by trimming"]
-    if tl.spend:
-        facts.append("spend: " + ", ".join(f"{cur} {amount:.4f}".rstrip("0").rstrip(".")
-                                           for cur, amount in sorted(tl.spend.items())))
+    if c.spend.paid:  # SPEC §9: summed exactly (visibility/spend.py), per UTC day
+        facts.append("spend: " + c.spend.text())
     parts.append("<p>" + "<br>".join(escape(f).replace("\u00a0", " ") for f in facts) + "</p>")
     penalties = c.penalties() if c.graded else []
     if penalties:

@@ -47,6 +47,7 @@ from urllib.parse import urlsplit
 from etiquette_proxy.audit.chain import ChainCheck, ChainVerdict
 from etiquette_proxy.audit.log import OUTCOMES, REQUIRED_KEYS, rfc3339_ms
 from etiquette_proxy.visibility.tally import SiteCounts, byte_count, health_score, is_429
+from etiquette_proxy.visibility.spend import Spend
 
 # Keys the proxy writes (every addon's notes.extra and audit_record call) or the SPEC documents;
 # anything else is counted as unknown.
@@ -58,7 +59,7 @@ KNOWN_KEYS = frozenset(REQUIRED_KEYS) | {
     "marker_found", "action", "purposes", "signals", "client_gone", "robots_cache",
     "seq", "chain", "signed", "not_signed", "would_sign",  # SPEC §11 chain, SPEC §9 identity
     "tdmrep_fetch", "tdm_reservation", "tdm_policy",  # SPEC §9 TDMRep
-    "price", "charged", "payment_error", "payment",  # SPEC §9 HTTP 402
+    "price", "charged", "payment_error", "payment", "payment_headers_dropped",  # SPEC §9 HTTP 402
     "pause_until", "breaker_until", "moved_to",  # SPEC §12 state checked and rebuilt at start
     "gap",  # SPEC §11: the audit_gap event's what and when (etiquette_proxy/audit/log.py Gap)
     "learned",  # SPEC §5: how a throttling answer taught the site's limit
@@ -164,6 +165,7 @@ class SiteConduct(SiteCounts):
     health_max: float | None = None
     first_ts: str = ""
     last_ts: str = ""
+    spend: Spend = field(default_factory=Spend)  # SPEC §9: what was paid, exactly
     _pending: tuple[float, float, str] | None = None  # (epoch of the 429, wait asked, its request)
 
     # -- derived ---------------------------------------------------------------------------
@@ -258,7 +260,7 @@ class SiteConduct(SiteCounts):
             "bytes": {"site_sent": self.bytes_sent, "saved_revalidation": self.saved_revalidation,
                       "saved_trimming": self.saved_trimming},
             "health": None if self.health_min is None else {"min": self.health_min, "max": self.health_max},
-            "first_ts": self.first_ts, "last_ts": self.last_ts,
+            "first_ts": self.first_ts, "last_ts": self.last_ts, "spend": self.spend.as_dict(),
         }
 
 
@@ -357,6 +359,8 @@ class Report:
             return
         if isinstance(learned := record.get("learned"), str) and learned:
             c.learned = learned[:200]
+        if "charged" in record:
+            c.spend.add(record, ts)
         upstream = record.get("upstream_status")
         if upstream is not None:
             c.reached += 1
@@ -417,6 +421,13 @@ class Report:
             c.finish()
         self.chain = self._chain.finish()
 
+    def spend(self) -> Spend:
+        """Every site's spend summed (SPEC §9: spend per site and per day)."""
+        total = Spend()
+        for c in self.sites.values():
+            total.merge(c.spend)
+        return total
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "lines": self.lines, "used": self.used,
@@ -426,6 +437,7 @@ class Report:
                         "truncated_last": self.skipped.truncated_last,
                         "unknown_keys": dict(self.skipped.unknown_keys)},
             "sites": [self.sites[s].as_dict() for s in sorted(self.sites)],
+            "spend": self.spend().as_dict(),
             "chain": None if self.chain is None else {
                 "intact": self.chain.intact, "line": self.chain.line, "problem": self.chain.problem,
                 "chained": self.chain.chained, "head": self.chain.head, "torn": self.chain.torn},
@@ -645,10 +657,15 @@ def render_text(report: Report, source: str) -> str:
                      f"revalidation, {_bytes(c.saved_trimming)} by trimming")
         if c.health_min is not None:
             out += _wrap("health", f"{c.health_min:g}–{c.health_max:g}")
+        if c.spend.paid:
+            out += _wrap("spend", c.spend.text())
         if c.events:
             out += _wrap("events", ", ".join(f"{k} {_n(v)}" for k, v in c.events.most_common()))
         for points, why in c.penalties() if c.graded else ():
             out += _wrap("points", f"-{points} {why}")
+    spend = report.spend()
+    if spend.paid:
+        out += [""] + _wrap("spend", spend.text())
     out += ["", "grades: A >= 90, B >= 80, C >= 70, D >= 60, E >= 50, F < 50 (README: grades)"]
     return "\n".join(out) + "\n"
 

@@ -1,5 +1,6 @@
 """What happened to each site over time, read from its audit lines, for `report --html` (SPEC §11:
-requests over time with throttling answers and pauses marked, rate and ceiling, health, spend).
+requests over time with throttling answers and pauses marked, rate and ceiling, health; the spend
+is the report's, summed exactly in spend.py).
 
 One `SiteTimeline` per site, fed the same records `report` counts. Series keep a point only where
 the value changed (a rate that holds for 10,000 lines is two points), so memory follows what
@@ -29,20 +30,6 @@ def _changed(series: list[tuple[float, float]], t: float, value: float | None) -
         series.append((t, value))
 
 
-def price_parts(value: Any) -> tuple[str, float] | None:
-    """`"USD 0.01"` (the pay-per-crawl header form the audit line keeps) as (currency, amount)."""
-    if not isinstance(value, str):
-        return None
-    parts = value.split()
-    if len(parts) != 2:
-        return None
-    try:
-        amount = float(parts[1])
-    except ValueError:
-        return None
-    return (parts[0].upper(), amount) if amount >= 0 else None
-
-
 @dataclass
 class SiteTimeline:
     site: str
@@ -53,7 +40,6 @@ class SiteTimeline:
     rate: list[tuple[float, float]] = field(default_factory=list)
     ceiling: list[tuple[float, float]] = field(default_factory=list)
     health: list[tuple[float, float]] = field(default_factory=list)
-    spend: dict[str, float] = field(default_factory=dict)
     last_outcome: str = ""
     _operator_pause: float | None = None  # start of an operator pause with no end yet
 
@@ -78,10 +64,6 @@ class SiteTimeline:
         _changed(self.rate, t, _number(record.get("rate")))
         _changed(self.ceiling, t, _number(record.get("ceiling")))
         _changed(self.health, t, health_score(record.get("health")))
-        charged = price_parts(record.get("charged"))
-        if charged is not None:
-            currency, amount = charged
-            self.spend[currency] = self.spend.get(currency, 0.0) + amount
 
     def _operator(self, record: Mapping[str, Any], t: float, pause: float | None) -> None:
         action = record.get("action")

@@ -7,7 +7,8 @@ import json
 from etiquette_proxy.audit.log import rfc3339_ms
 from etiquette_proxy.visibility.html_report import HtmlReport, render_html
 from etiquette_proxy.visibility.svg import WIDTH, Chart, thin
-from etiquette_proxy.visibility.timeline import SiteTimeline, price_parts
+from etiquette_proxy.visibility.spend import Spend
+from etiquette_proxy.visibility.timeline import SiteTimeline
 
 T0 = 1_800_000_000.0
 
@@ -48,10 +49,16 @@ def test_timeline_keeps_changes_only_and_closes_an_open_operator_pause_at_the_en
     assert tl.need(T0 + 9, received_429=1, refusals=0) == 0  # paused at the end comes first
 
 
-def test_price_parts_reads_the_pay_per_crawl_form_and_nothing_else():
-    assert price_parts("USD 0.01") == ("USD", 0.01)
+def test_spend_sums_charges_exactly_per_day_and_reads_nothing_else():
+    spend = Spend()
+    for i in range(1000):  # a thousand cents: 10.00 exactly (floats would give 9.999999999999831)
+        spend.add({"charged": "USD 0.01"}, f"2026-12-0{1 + i % 2}T10:00:00.000Z")
     for junk in ("0.01", "USD", "USD -1", "USD x", 3, None, "USD 1 2"):
-        assert price_parts(junk) is None
+        spend.add({"charged": junk}, "2026-12-01T10:00:00.000Z")
+    assert spend.paid == 1000
+    assert spend.as_dict() == {"paid": 1000, "total": {"USD": "10.00"},
+                               "by_day": {"2026-12-01": {"USD": "5.00"}, "2026-12-02": {"USD": "5.00"}}}
+    assert spend.text() == "USD 10.00 for 1000 paid request(s) (2026-12-01 USD 5.00; 2026-12-02 USD 5.00)"
 
 
 def test_page_orders_sites_by_need_and_escapes_what_the_log_says():
