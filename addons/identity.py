@@ -14,7 +14,7 @@ from addons.notes import notes_of, skip
 from addons.runtime import Runtime
 from mitmproxy import http
 
-from etiquette_proxy.webbotauth import client_signed, signing_authority
+from etiquette_proxy.webbotauth import client_signed, covered_fields, signing_authority
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,8 @@ class RequestSigning:
             return
         host = request.host_header or notes.site  # what the site will read as @authority
         try:
-            signed = signer.sign(signing_authority(host, request.scheme))
+            # A price the proxy sends (crawler-max-price, SPEC §9) is covered too.
+            signed = signer.sign(signing_authority(host, request.scheme), covered=covered_fields(request.headers.items()))
         except ValueError as e:  # a Host no signature can cover: sent unsigned, and said so
             notes.extra["not_signed"] = str(e)
             return

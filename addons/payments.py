@@ -78,6 +78,10 @@ class Payments:
         return {"payment": spent} if spent else {}
 
     def _signing(self, flow: http.HTTPFlow) -> bool:
+        """Will the proxy sign (before the signing addon ran), or did it (after)?"""
+        extra = notes_of(flow).extra
+        if "signed" in extra or "not_signed" in extra:
+            return "signed" in extra
         return self.rt.upstream.signer is not None and not client_signed(flow.request.headers.keys())
 
     async def request(self, flow: http.HTTPFlow) -> None:

@@ -85,13 +85,14 @@ class PaymentLimits:
     bucket: str  # CRAWL, or the site itself when `sites:` gives it its own daily_budget
 
     @classmethod
-    def from_config(cls, config: Any, site: str) -> PaymentLimits | None:
-        """None when `payments` is not configured: nothing is ever paid (SPEC §9)."""
+    def from_config(cls, config: Any, site: str | None) -> PaymentLimits | None:
+        """None when `payments` is not configured: nothing is ever paid (SPEC §9). `site` None:
+        the limits of every site under a config without `sites:`."""
         max_price = config.get("payments.max_price", site)
         budget = config.get("payments.daily_budget", site)
         if max_price is None or budget is None:
             return None
         # SPEC §9: a site's own limit through `sites:` overrides; its spend is then counted
         # against its own budget, not the crawl's (written down in README "Payment").
-        own = "payments.daily_budget" in config.site_overrides(site)
-        return cls(max_price, budget, site if own else CRAWL)
+        own = site is not None and "payments.daily_budget" in config.site_overrides(site)
+        return cls(max_price, budget, site if own and site is not None else CRAWL)

@@ -165,6 +165,7 @@ class PaymentService:
                                        "(only GET and HEAD are retried with a price)")
         day = self.today()
         cap = limits.max_price
+        await self.ledger.learn_price(day, site, str(price))  # known to charge: later requests offer
         if price.currency != cap.currency or price.amount > cap.amount:
             reason = f"402 pay per crawl: crawler-price {price} is above payments.max_price {cap}: not paid"
             return await self._stop(day, site, keys, reason)
@@ -172,7 +173,6 @@ class PaymentService:
                                                 price.units)
         if not taken:
             return await self._stop(day, site, keys, self._over_budget(site, str(price), limits, left))
-        await self.ledger.learn_price(day, site, str(price))
         try:
             answer = await retry((EXACT_PRICE, price_text.strip()))
         except Exception as e:  # noqa: BLE001 - the side request failed: nothing was charged

@@ -29,11 +29,13 @@ def keygen(path: Path) -> dict:
     return json.loads(out.stdout)
 
 
-def verify_with_node(directory: dict, arrivals: list[Arrival]) -> list[dict]:
-    """What npm http-message-sig + Node's Ed25519 say of each request the site received."""
+def verify_with_node(directory: dict, arrivals: list[Arrival], required: tuple[str, ...] = ()) -> list[dict]:
+    """What npm http-message-sig + Node's Ed25519 say of each request the site received;
+    `required`: header fields every signature must also cover."""
     requests_ = [{"method": a.method, "target_uri": f"http://{a.headers['host']}{a.path}",
                   "fields": list(a.headers.items())} for a in arrivals]
-    out = subprocess.run(["node", str(VERIFIER)], input=json.dumps({"directory": directory, "requests": requests_}),
+    given = {"directory": directory, "requests": requests_, "required": list(required)}
+    out = subprocess.run(["node", str(VERIFIER)], input=json.dumps(given),
                          capture_output=True, text=True, timeout=60, cwd=TESTS, check=False)
     assert out.returncode == 0, out.stderr
     return [json.loads(line) for line in out.stdout.splitlines()]
@@ -79,7 +81,8 @@ def test_every_request_the_site_receives_is_signed_and_verifies_independently(st
     assert {r["keyid"] for r in results} == {keyid}
     assert {r["tag"] for r in results} == {"web-bot-auth"}
     for a, r in zip(arrivals, results, strict=True):
-        assert a.headers["signature-agent"] == f'sig1="{AGENT}"'
+        # draft-ietf-webbotauth-httpsig-protocol-01 §5.5: the member is the directory's URL itself
+        assert a.headers["signature-agent"] == f'sig1="{AGENT}/.well-known/http-message-signatures-directory"'
         assert a.headers["signature-input"].startswith('sig1=("@authority" "signature-agent";key="sig1");created=')
         assert 0 < r["expires"] - r["created"] <= 300
 

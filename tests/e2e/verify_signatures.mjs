@@ -3,7 +3,8 @@
 // Node's own Ed25519 checks it against the key directory that `etiquette-proxy keygen` printed.
 // Nothing here shares code with the Python signer.
 //
-// stdin: {"directory": {"keys": [...]}, "requests": [{"method", "target_uri", "fields": [[name, value], ...]}]}
+// stdin: {"directory": {"keys": [...]}, "requests": [{"method", "target_uri", "fields": [[name, value], ...]}],
+//         "required": ["crawler-exact-price", ...] (optional: more header fields each signature must cover)}
 // stdout: one JSON line per request: {"ok": true, "keyid", "label", "tag", "expires", "created"} or {"ok": false, "error"}
 import { component, verifySignature } from "http-message-sig";
 import { createHash, createPublicKey, verify } from "node:crypto";
@@ -31,7 +32,7 @@ for (const req of input.requests) {
       label: "sig1",
       policy: {
         algorithms: ["ed25519"],
-        requiredComponents: ["@authority", component("signature-agent", { key: "sig1" })],
+        requiredComponents: ["@authority", component("signature-agent", { key: "sig1" }), ...(input.required || [])],
         requiredParameters: ["created", "expires", "keyid", "tag"],
         maxAge: 86400,
       },
