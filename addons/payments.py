@@ -75,7 +75,9 @@ class Payments:
         if self._service is None:
             return {}
         spent = self._service.spend_of(site)
-        return {"payment": spent} if spent else {}
+        if not spent:
+            return {}
+        return {"payment": spent, "spent_today": f"{spent['spent']} for {spent['paid']} paid request(s)"}
 
     def _signing(self, flow: http.HTTPFlow) -> bool:
         """Will the proxy sign (before the signing addon ran), or did it (after)?"""

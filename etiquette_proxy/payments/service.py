@@ -229,9 +229,11 @@ class PaymentService:
         days[site] = (currency, settled.site_units, settled.site_paid)
 
     def spend(self, day: str | None = None) -> dict[str, dict[str, Any]]:
-        """Per site, the day's spend as exact text (`USD 0.03`) and the paid requests."""
-        rows = self._spend.get(day or self.today(), {})
-        return {site: {"spent": str(Money.of_units(cur, units)), "paid": paid}
+        """Per site, the day's spend as exact text (`USD 0.03`), in nano-units (an exact integer
+        for /metrics), and the paid requests."""
+        day = day or self.today()
+        rows = self._spend.get(day, {})
+        return {site: {"spent": str(Money.of_units(cur, units)), "spent_nano": units, "paid": paid, "day": day}
                 for site, (cur, units, paid) in rows.items()}
 
     def spend_of(self, site: str) -> dict[str, Any] | None:

@@ -75,7 +75,7 @@ def test_within_price_and_budget_a_402_is_paid_once_then_offers_follow():
     assert offer.action == "offer" and offer.header == (MAX_PRICE, "USD 0.02") and offer.price == "USD 0.01"
     keys = run(service.after_offer(SITE, offer, 200, {"crawler-charged": "USD 0.01"}))
     assert keys["charged"] == "USD 0.01" and keys["price"] == "USD 0.01"
-    assert service.spend() == {SITE: {"spent": "USD 0.02", "paid": 2}}
+    assert service.spend() == {SITE: {"spent": "USD 0.02", "spent_nano": 20_000_000, "paid": 2, "day": "2026-11-30"}}
     # The books survive a restart within the day (the state store), reservations do not linger.
     again = PaymentService(LocalLedger(state), clock)
     offer = run(again.before(SITE, limits(), signing=True))
@@ -116,7 +116,7 @@ def test_the_budget_used_up_stops_the_site_and_is_never_overspent():
     assert refused.action == "refuse"
     assert refused.reason.startswith("402 pay per crawl: crawler-price USD 0.01 does not fit what is left of the "
                                      "crawl's payments.daily_budget (USD 0.00 of USD 0.03 today): not paid")
-    assert service.spend()[SITE] == {"spent": "USD 0.03", "paid": 3}
+    assert service.spend()[SITE]["spent"] == "USD 0.03" and service.spend()[SITE]["paid"] == 3
 
 
 def test_two_requests_in_flight_cannot_both_take_the_last_cent():
@@ -165,7 +165,7 @@ def test_crawler_error_is_logged_as_the_site_names_it_and_nothing_is_counted():
                                 retry=PayPerCrawlSite(error="InvalidCrawlerExactPrice")))
     assert out.keys["payment_error"] == "InvalidCrawlerExactPrice" and "charged" not in out.keys
     assert out.reason.endswith("without crawler-charged: nothing counted; crawler-error InvalidCrawlerExactPrice")
-    assert service.spend()[SITE] == {"spent": "USD 0.00", "paid": 0}
+    assert service.spend()[SITE]["spent"] == "USD 0.00" and service.spend()[SITE]["paid"] == 0
 
 
 def test_a_failed_retry_gives_the_reservation_back():

@@ -136,9 +136,13 @@ def test_within_price_and_budget_one_402_then_paid_pages_summed_exactly(tmp_path
         with proxy.session() as s:
             api = s.get("http://etiquette.proxy/api/sites", timeout=30).json()
             metrics = s.get("http://etiquette.proxy/metrics", timeout=30).text
+            page = s.get("http://etiquette.proxy/", timeout=30).text
         (entry,) = [e for e in api["sites"] if e["site"] == f"127.0.0.1:{site.port}"]
         assert entry["live"]["payment"]["spent"] == "USD 0.04" and entry["live"]["payment"]["paid"] == 4
         assert f'etiquette_site_payment_paid{{site="127.0.0.1:{site.port}"}} 4' in metrics
+        nano = f'etiquette_site_payment_spent_nano{{site="127.0.0.1:{site.port}"}} '
+        assert float(metrics.split(nano, 1)[1].split()[0]) == 40_000_000
+        assert "spent_today: USD 0.04 for 4 paid request(s)" in page
         proxy.stop()
         spend = report_json(proxy)["spend"]
         assert spend["paid"] == 4 and spend["total"] == {"USD": "0.04"} and len(spend["by_day"]) == 1
