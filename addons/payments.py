@@ -146,6 +146,18 @@ class Payments:
         if asked.reason and not notes.reason:
             notes.reason = asked.reason
 
+    async def error(self, flow: http.HTTPFlow) -> None:
+        """No answer (reset, timeout, client gone): an offered amount goes back to the budget."""
+        notes = notes_of(flow)
+        offer: Offer | None = notes.facts.pop(_OFFER, None)
+        if offer is not None:
+            await self.service.release(notes.site, offer)
+
+    async def done(self) -> None:
+        close = getattr(self._service.ledger, "close", None) if self._service is not None else None
+        if close is not None:
+            await close()
+
     def _retry(self, flow: http.HTTPFlow) -> Callable[[tuple[str, str]], Awaitable[SiteAnswer]]:
         """The one paid retry: the same request again with the price, as a signed side request."""
         request = flow.request

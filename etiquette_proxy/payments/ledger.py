@@ -43,7 +43,7 @@ class Settled:
 
 
 class Ledger(Protocol):
-    async def reserve(self, day: str, bucket: str, limit: int, want: int, least: int) -> tuple[int, int]: ...
+    async def reserve(self, day: str, bucket: str, limit: int, want: int, least: int) -> tuple[int, int, int]: ...
     async def settle(self, day: str, bucket: str, site: str, reserved: int, charged: int) -> Settled: ...
     async def stop(self, day: str, site: str, reason: str) -> None: ...
     async def stopped(self, day: str, site: str) -> str | None: ...
@@ -96,15 +96,17 @@ class LocalLedger:
         if self._store is not None:
             save(self._store, NAMESPACE, day, self._days[day].to_state(), "the day's payments")
 
-    async def reserve(self, day: str, bucket: str, limit: int, want: int, least: int) -> tuple[int, int]:
-        """Take up to `want` (at least `least`) out of what is left; (taken, left before)."""
+    async def reserve(self, day: str, bucket: str, limit: int, want: int, least: int) -> tuple[int, int, int]:
+        """Take up to `want` (at least `least`) out of what is left; (taken, left before, held by
+        other reservations): what is held may come back, what is spent does not."""
         books = self._day(day)
-        left = limit - books.spent.get(bucket, 0) - books.reserved.get(bucket, 0)
+        held = books.reserved.get(bucket, 0)
+        left = limit - books.spent.get(bucket, 0) - held
         if left < least or left <= 0:
-            return 0, left
+            return 0, left, held
         taken = min(want, left)
-        books.reserved[bucket] = books.reserved.get(bucket, 0) + taken
-        return taken, left
+        books.reserved[bucket] = held + taken
+        return taken, left, held
 
     async def settle(self, day: str, bucket: str, site: str, reserved: int, charged: int) -> Settled:
         books = self._day(day)
@@ -135,18 +137,18 @@ class LocalLedger:
         return self._day(day).prices.get(site)
 
 
-# KEYS[1] the budget's hash; ARGV: limit, want, least, ttl. Returns {taken, left before}.
+# KEYS[1] the budget's hash; ARGV: limit, want, least, ttl. Returns {taken, left before, held}.
 RESERVE_LUA = """
 local spent = tonumber(redis.call('HGET', KEYS[1], 'spent') or '0')
 local reserved = tonumber(redis.call('HGET', KEYS[1], 'reserved') or '0')
 local left = tonumber(ARGV[1]) - spent - reserved
 local want = tonumber(ARGV[2])
 local least = tonumber(ARGV[3])
-if left < least or left <= 0 then return {0, left} end
+if left < least or left <= 0 then return {0, left, reserved} end
 if want > left then want = left end
 redis.call('HINCRBY', KEYS[1], 'reserved', want)
 redis.call('EXPIRE', KEYS[1], ARGV[4])
-return {want, left}
+return {want, left, reserved}
 """
 
 # KEYS[1] the budget's hash, KEYS[2] the site's; ARGV: reserved, charged, ttl.
@@ -179,10 +181,10 @@ class RedisLedger:
     def _key(self, day: str, *parts: str) -> str:
         return self.PREFIX + ":".join((day, *parts))
 
-    async def reserve(self, day: str, bucket: str, limit: int, want: int, least: int) -> tuple[int, int]:
-        taken, left = await self._reserve(keys=[self._key(day, "budget", bucket)],
-                                          args=[limit, want, least, KEEP_DAYS_S])
-        return int(taken), int(left)
+    async def reserve(self, day: str, bucket: str, limit: int, want: int, least: int) -> tuple[int, int, int]:
+        taken, left, held = await self._reserve(keys=[self._key(day, "budget", bucket)],
+                                                args=[limit, want, least, KEEP_DAYS_S])
+        return int(taken), int(left), int(held)
 
     async def settle(self, day: str, bucket: str, site: str, reserved: int, charged: int) -> Settled:
         site_units, paid, bucket_units = await self._settle(

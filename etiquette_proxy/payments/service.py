@@ -27,6 +27,7 @@ EXACT_PRICE = "crawler-exact-price"
 MAX_PRICE = "crawler-max-price"
 PRICE_HEADERS = (EXACT_PRICE, MAX_PRICE)  # the proxy's own: a client's are dropped (the budget governs)
 PAYABLE_METHODS = ("GET", "HEAD")  # a retry resends no body: only these are repeated safely (RFC 9110 §9.2.2)
+HELD_RETRY_S = 5.0  # a budget held by requests in flight: worth asking again soon
 UNSIGNED = ("not paid: paid crawling needs signed requests (set identity.web_bot_auth; "
             "pay per crawl accepts only Web Bot Auth crawlers)")
 
@@ -120,9 +121,13 @@ class PaymentService:
         if known is None or not signing:
             return GO
         cap = limits.max_price
-        taken, left = await self.ledger.reserve(day, limits.bucket, limits.daily_budget.units, cap.units, known.units)
+        taken, left, held = await self.ledger.reserve(day, limits.bucket, limits.daily_budget.units, cap.units,
+                                                      known.units)
         if not taken:
             reason = self._over_budget(site, price or "", limits, left)
+            if left + held >= known.units:  # what is held may come back: not stopped for the day
+                return Offer("refuse", day=day, reason=reason + f"; {self._held(limits, held)}", price=price,
+                             retry_after_s=HELD_RETRY_S)
             await self.ledger.stop(day, site, reason)
             return Offer("refuse", day=day, reason=reason + "; not asked again before the UTC day ends", price=price,
                          retry_after_s=until_next_day(self._clock()))
@@ -169,10 +174,13 @@ class PaymentService:
         if price.currency != cap.currency or price.amount > cap.amount:
             reason = f"402 pay per crawl: crawler-price {price} is above payments.max_price {cap}: not paid"
             return await self._stop(day, site, keys, reason)
-        taken, left = await self.ledger.reserve(day, limits.bucket, limits.daily_budget.units, price.units,
-                                                price.units)
+        taken, left, held = await self.ledger.reserve(day, limits.bucket, limits.daily_budget.units, price.units,
+                                                      price.units)
         if not taken:
-            return await self._stop(day, site, keys, self._over_budget(site, str(price), limits, left))
+            reason = self._over_budget(site, str(price), limits, left)
+            if left + held >= price.units:  # what is held may come back: not stopped for the day
+                return Outcome(None, keys, reason + f"; {self._held(limits, held)}")
+            return await self._stop(day, site, keys, reason)
         try:
             answer = await retry((EXACT_PRICE, price_text.strip()))
         except Exception as e:  # noqa: BLE001 - the side request failed: nothing was charged
@@ -206,6 +214,11 @@ class PaymentService:
         left_money = Money.of_units(limits.daily_budget.currency, max(0, left))
         return (f"402 pay per crawl: crawler-price {price} does not fit what is left of {whose} "
                 f"payments.daily_budget ({left_money} of {limits.daily_budget} today): not paid")
+
+    @staticmethod
+    def _held(limits: PaymentLimits, held: int) -> str:
+        return (f"{Money.of_units(limits.daily_budget.currency, held)} of it is held by requests still at a site "
+                "and may come back")
 
     @staticmethod
     def _units(charged: str | None, currency_of: str) -> int:

@@ -125,11 +125,10 @@ def test_two_requests_in_flight_cannot_both_take_the_last_cent():
     run(service.ledger.learn_price(utc_day(NOON), SITE, "USD 0.01"))
     first = run(service.before(SITE, small, signing=True))
     second = run(service.before(SITE, small, signing=True))
-    assert first.action == "offer" and second.action == "refuse"
+    assert first.action == "offer" and second.action == "refuse" and second.retry_after_s == 5
+    assert "USD 0.01 of it is held by requests still at a site" in second.reason  # not stopped for the day
     run(service.release(SITE, first))  # the first never got an answer: its cent is back
-    other = "news.example:443"
-    run(service.ledger.learn_price(utc_day(NOON), other, "USD 0.01"))
-    assert run(service.before(other, small, signing=True)).action == "offer"
+    assert run(service.before(SITE, small, signing=True)).action == "offer"
 
 
 def test_a_site_with_its_own_budget_spends_only_from_it():
@@ -214,6 +213,9 @@ def test_the_redis_ledger_is_one_budget_across_proxies(tmp_path):
             for svc, offer in zip((a, b) * 5, offers, strict=True):
                 if offer.action == "offer":
                     await svc.after_offer(SITE, offer, 200, {"crawler-charged": "USD 0.01"})
+            # Five were refused while the budget was held by the five in flight (not stopped);
+            # once all of it is spent the next request stops the site for the day.
+            assert (await b.before(SITE, small, signing=True)).action == "refuse"
             stopped = await b.ledger.stopped(day, SITE)
             spent = [a.spend()[SITE]["spent"], b.spend()[SITE]["spent"]]
             for c in clients:
