@@ -25,7 +25,7 @@ import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import http_sf
 import nacl.signing
@@ -121,11 +121,10 @@ def directory_body(keys: list[ed25519.Ed25519PrivateKey]) -> str:
     return json.dumps({"keys": [public_jwk(k) for k in keys]}, separators=(",", ":"))
 
 
-def https_origin(value: str) -> str:
-    """`Signature-Agent` value: the ASCII serialisation of an https origin; ValueError otherwise."""
-    expected = "(expected an https origin such as https://bot.example, where the key directory is served)"
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{value!r} is not an https origin {expected}")
+def _https_parts(value: str, noun: str, expected: str) -> tuple[SplitResult, int | None]:
+    """`value` split as an https URL with a plain ASCII host; ValueError naming what is wrong."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{value!r} is not an https {noun} {expected}")
     try:
         parts = urlsplit(value.strip())
         port = parts.port
@@ -135,11 +134,18 @@ def https_origin(value: str) -> str:
         raise ValueError(f"{value!r} is not https {expected}")
     if not parts.hostname or parts.username or parts.password:
         raise ValueError(f"{value!r} has no plain host {expected}")
-    if parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise ValueError(f"{value!r} is not an origin: it has a path, query or fragment {expected}")
     if not parts.hostname.isascii():
         raise ValueError(f"{value!r} is not ASCII (expected the punycode form of the host)")
-    host = parts.hostname.lower()
+    return parts, port
+
+
+def https_origin(value: str) -> str:
+    """The ASCII serialisation of an https origin; ValueError otherwise."""
+    expected = "(expected an https origin such as https://bot.example, where the key directory is served)"
+    parts, port = _https_parts(value, "origin", expected)
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ValueError(f"{value!r} is not an origin: it has a path, query or fragment {expected}")
+    host = (parts.hostname or "").lower()
     host = f"[{host}]" if ":" in host else host
     return f"https://{host}" + (f":{port}" if port not in (None, 443) else "")
 
@@ -153,23 +159,12 @@ def agent_uri(value: str) -> str:
     it: an absolute https URI (a String Item), sent as given; ValueError otherwise."""
     expected = ("(expected the https URL of your key directory, or an https origin such as "
                 "https://bot.example whose /.well-known/http-message-signatures-directory serves it)")
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{value!r} is not an https URL {expected}")
-    value = value.strip()
-    try:
-        parts = urlsplit(value)
-        parts.port  # noqa: B018 - raises on a port that is not a number
-    except ValueError:
-        raise ValueError(f"{value!r} is not a URL {expected}") from None
-    if parts.scheme.lower() != "https":
-        raise ValueError(f"{value!r} is not https {expected}")
-    if not parts.hostname or parts.username or parts.password:
-        raise ValueError(f"{value!r} has no plain host {expected}")
+    parts, _ = _https_parts(value, "URL", expected)
     if parts.fragment:
         raise ValueError(f"{value!r} has a fragment {expected}")
-    if not parts.hostname.isascii() or not _PATH_QUERY.match(parts.path + parts.query):
+    if not _PATH_QUERY.match(parts.path + parts.query):
         raise ValueError(f"{value!r} is not plain ASCII (expected the punycode host and a percent-encoded path)")
-    return value
+    return value.strip()
 
 
 def directory_url(value: str) -> str:
