@@ -143,8 +143,11 @@ class Payments:
         if asked is None:
             return
         notes.extra.update(asked.keys)
-        if asked.reason and not notes.reason:
-            notes.reason = asked.reason
+        reason = asked.reason
+        if reason and price is not None and limits is not None and self.rt.observe:
+            reason = reason.replace("(no payments configured)", "(observe mode pays nothing)")
+        if reason and not notes.reason:
+            notes.reason = reason
 
     async def error(self, flow: http.HTTPFlow) -> None:
         """No answer (reset, timeout, client gone): an offered amount goes back to the budget."""

@@ -64,3 +64,19 @@ def test_an_offer_is_signed_with_its_price_and_comes_back_when_no_answer_came():
         assert h.response is None and h.request.headers["crawler-max-price"] == "USD 0.02"
 
     asyncio.run(scenario())
+
+
+def test_observe_mode_pays_nothing_and_says_so():
+    rt = runtime([*PAYING, "mode=observe"])
+    payments = Payments(rt)
+    f = flow()
+    f.response = http.Response.make(402, b"pay", {"crawler-price": "USD 0.01"})
+
+    async def scenario() -> None:
+        await payments.request(f)
+        assert "crawler-max-price" not in f.request.headers
+        await payments.responseheaders(f)
+
+    asyncio.run(scenario())
+    assert f.response.status_code == 402
+    assert notes_of(f).reason == "402 pay per crawl: crawler-price USD 0.01: not paid (observe mode pays nothing)"
