@@ -4,6 +4,7 @@ In-process, no sockets. Per request:
   - Web Bot Auth signature, fresh (a new `created` every request: every request pays Ed25519,
     as at the default pace of 1 request/s per site) — the figure that counts;
   - the same site in the same second (the signer reuses the identical bytes);
+  - a request carrying a price the proxy sends (`crawler-max-price` covered: never reused);
   - the bare Ed25519 sign of a signature base with `cryptography` (what the signer used before
     it moved to libsodium through PyNaCl);
   - http-message-signatures 3.x building and signing the same request (the reference the
@@ -86,6 +87,9 @@ def main() -> int:
     base = signer.signature_base("127.0.0.1:8000", signer.signature_params(1_800_000_000, 1_800_000_300)).encode()
     fresh = per_call_us(lambda i: signer.sign("127.0.0.1:8000", 1_800_000_000 + i), n, rounds)
     same = per_call_us(lambda i: signer.sign("127.0.0.1:8000", 1_800_000_000, 1_800_000_300), n, rounds)
+    price = (("crawler-max-price", "USD 0.02"),)  # SPEC §9: a price the proxy sends is covered
+    priced = per_call_us(lambda i: signer.sign("127.0.0.1:8000", 1_800_000_000, 1_800_000_300, covered=price),
+                         n, rounds)
     raw = per_call_us(lambda i: key.sign(base), n, rounds)
     library = per_call_us(_library_signer(key, signer), max(10, n // 10), rounds)
 
@@ -107,6 +111,7 @@ def main() -> int:
     print(f"{n} calls per round, {rounds} rounds, median CPU time per call:")
     row("Web Bot Auth signature, fresh (Ed25519 every request)", fresh)
     row("  same site, same second (identical bytes reused)", same)
+    row("  with crawler-max-price covered (never reused)", priced)
     row("  the same Ed25519 sign with cryptography (was used)", raw)
     row("  http-message-signatures 3.x, same request (reference)", library)
     row("audit line with chain (encode + sha256 + os.write)", chained)
