@@ -213,7 +213,7 @@ class OldSiteBoard:
 
 
 def old_board_json(board: OldSiteBoard, at: float, limit: int = 1000) -> str:
-    """state/shared_board.py board_json as it was."""
+    """visibility/shared_board.py board_json as it was."""
     recent = sorted(board.sites.items(), key=lambda item: item[1].last_ts, reverse=True)[:limit]
     sites = {site: tally.as_dict() for site, tally in recent if tally.requests or tally.robots_fetches}
     return json.dumps({"at": at, "records": board.records, "sites": sites}, separators=(",", ":"))
