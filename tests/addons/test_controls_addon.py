@@ -23,7 +23,7 @@ def hostile(tmp_path, clock):
     windows(watch, clock, WARMUP_WINDOWS + 1)
     for _ in range(4):
         hostile_window(watch, clock)
-        watch.tick()
+        watch.service.tick()
     assert watch.restraints.get(SITE, "health").paused
     return rt, watch
 
