@@ -183,7 +183,7 @@ def counted(sizes: list[int]) -> None:
 
 
 def addon(n: int) -> None:
-    """HealthWatch (addons/health.py) after `n` sites (https on 443) answered once each: the bytes
+    """HealthWatch (addons/health.py, over etiquette_proxy/health/service.py) after `n` sites (https on 443) answered once each: the bytes
     per site its per-site dicts hold (with what only they hold: ints, origin strings), and the
     rows the ticks write over four windows without traffic after it. Runs against whichever
     checkout is imported (a `git worktree` of an older commit, with its own venv, for before)."""
@@ -225,17 +225,18 @@ def addon(n: int) -> None:
                     total += sys.getsizeof(v)
         return total
 
-    held = {name: getattr(watch, name) for name in ("_saved_window", "_origins", "_unseen", "_reports")
-            if hasattr(watch, name)}
-    if hasattr(watch.book, "_due"):
-        held["book._due"] = watch.book._due
+    service = getattr(watch, "service", watch)  # the core's HealthService, where the addon has one
+    held = {name: getattr(service, name) for name in ("_saved_window", "_origins", "_unseen", "_reports")
+            if hasattr(service, name)}
+    if hasattr(service.book, "_due"):
+        held["book._due"] = service.book._due
     row: dict[str, Any] = {"sites": n, "bytes per site": {k: round(size(v) / n, 1) for k, v in held.items()}}
     writes.clear()
     for k in range(4):
         clock.advance(W)
-        watch.tick()
+        service.tick()
         clock.advance(30)
-        watch.tick()
+        service.tick()
         row[f"rows written by window {k + 1}"] = len(writes)
     print(json.dumps(row), flush=True)
 
