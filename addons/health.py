@@ -23,13 +23,13 @@ import logging
 import time
 from collections.abc import Mapping
 
+from mitmproxy import http
+
 from addons.fields import fields_named
 from addons.notes import client_ended, notes_of, skip
 from addons.runtime import Runtime
 from addons.side_fetch import SideFetchError, SideResponse, fetch
 from addons.streaming import body_of
-from mitmproxy import http
-
 from etiquette_proxy.bodies import BodyCopy
 from etiquette_proxy.clock import Clock, wall
 from etiquette_proxy.health.canary import FetchFailed, RobotsAllows, canaries_of

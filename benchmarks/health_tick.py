@@ -33,7 +33,8 @@ from typing import Any
 sys.path.insert(0, ".")
 
 from etiquette_proxy.clock import FakeClock  # noqa: E402
-from etiquette_proxy.health.site import HealthBook, HealthSettings  # noqa: E402
+from etiquette_proxy.health.bands import HealthSettings  # noqa: E402
+from etiquette_proxy.health.site import HealthBook  # noqa: E402
 
 W = 900.0
 T0 = 1_800_000_000.0 - 1_800_000_000.0 % W  # a window boundary
@@ -189,11 +190,11 @@ def addon(n: int) -> None:
     checkout is imported (a `git worktree` of an older commit, with its own venv, for before)."""
     import gc
 
+    from mitmproxy.test import tflow, tutils
+
     from addons.health import HealthWatch
     from addons.notes import notes_of
     from addons.runtime import Runtime
-    from mitmproxy.test import tflow, tutils
-
     from etiquette_proxy.config import load_config
     from etiquette_proxy.state.memory import MemoryState
 

@@ -18,7 +18,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from etiquette_proxy.audit.log import audit_record
-from etiquette_proxy.health.site import Band, BandChange, SiteHealth
+from etiquette_proxy.health.bands import Band, BandChange
+from etiquette_proxy.health.site import SiteHealth
 from etiquette_proxy.pacing.restraints import Restraint
 
 log = logging.getLogger(__name__)

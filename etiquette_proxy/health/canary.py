@@ -18,8 +18,9 @@ from urllib.parse import urlsplit
 
 from etiquette_proxy.audit.log import audit_record
 from etiquette_proxy.clock import wall
+from etiquette_proxy.health.bands import BandChange
 from etiquette_proxy.health.signals import HEAD_BYTES, Signal
-from etiquette_proxy.health.site import BandChange, SiteHealth
+from etiquette_proxy.health.site import SiteHealth
 from etiquette_proxy.site_key import SiteKeys
 
 if TYPE_CHECKING:  # the service drives the canaries; it imports this module at run time

@@ -14,10 +14,10 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from etiquette_proxy.clock import Clock, wall
+from etiquette_proxy.health.bands import Band, BandChange, HealthSettings
 from etiquette_proxy.health.parser import parse_report
-from etiquette_proxy.health.site import NAMESPACE, Band, BandChange, HealthBook, HealthSettings, SiteHealth
+from etiquette_proxy.health.site import NAMESPACE, HealthBook, SiteHealth
 from etiquette_proxy.health.status import site_status
-from etiquette_proxy.sites import SiteRegistry
 from etiquette_proxy.state.interface import StateStore, save
 
 if TYPE_CHECKING:
@@ -57,9 +57,11 @@ class HealthKeeping:
     _origins: dict[str, str]
     _unseen: set[str]
     _reports: dict[str, float]
-    _settings: SiteRegistry[HealthSettings]
 
     def _restrain(self, site: str, change: BandChange) -> None:
+        raise NotImplementedError  # HealthService's
+
+    def settings(self, site: str) -> HealthSettings:
         raise NotImplementedError  # HealthService's
 
     def restore(self) -> None:
@@ -153,7 +155,7 @@ class HealthKeeping:
         self.book.parser(site).record(report["url"], report["ok"], report["reason"])
         if site not in self._reports:  # stored when the window it came in is over
             h = self.book.peek(site)
-            window = (h.settings if h is not None else self._settings.get(self.rt.config, site)).window_s
+            window = (h.settings if h is not None else self.settings(site)).window_s
             self._reports[site] = (math.floor(self._clock() / window) + 1) * window
         return 202, {"recorded": True, "site": site, **{
             k: v for k, v in site_status(self.book, site).items() if k in ("score", "band", "reasons", "parser")}}

@@ -47,15 +47,15 @@ from etiquette_proxy.health.actions import (
     restraint_for,
     run_alert,
 )
+from etiquette_proxy.health.bands import BandChange, HealthSettings
 from etiquette_proxy.health.canary import Canaries, RobotsAllows, SideFetch
-from etiquette_proxy.health.keeping import MAX_REPORTED_SITES, HealthKeeping
+from etiquette_proxy.health.keeping import HealthKeeping
 from etiquette_proxy.health.signals import Signal
-from etiquette_proxy.health.site import NAMESPACE, BandChange, HealthBook, HealthSettings, SiteHealth
+from etiquette_proxy.health.site import NAMESPACE, HealthBook, SiteHealth
 from etiquette_proxy.health.status import live_fields, site_status
 from etiquette_proxy.pacing.rates import Rates
 from etiquette_proxy.pacing.restraints import Restraints
 from etiquette_proxy.site_key import SiteKeys
-from etiquette_proxy.sites import SiteRegistry
 from etiquette_proxy.state.interface import StateStore
 from etiquette_proxy.state.redis_store import SharedStateUnavailable
 
@@ -169,11 +169,9 @@ class HealthService(HealthKeeping):
         self.sleep = sleep
         self._spawn_process = spawn  # health.alert_command (None: asyncio's)
         self.canaries = Canaries(self, fetch, robots_allows)
-        # health.* settings per site (with `sites:` overrides) from the one per-site registry.
-        self._settings: SiteRegistry[HealthSettings] = SiteRegistry(HealthSettings.from_config)
         # Bounded by state.max_sites_in_memory: a healthy site with an empty open window leaves
         # memory for the state store and is read back on its next response (HealthBook).
-        self.book = HealthBook(lambda site: self._settings.get(self.rt.config, site), clock,
+        self.book = HealthBook(self.settings, clock,
                                state=lambda: self.rt.state, on_evict=self._evicted)
         self._loaded = False
         # The last origin seen per site in memory, for its alert line; not kept when it is the
@@ -190,6 +188,12 @@ class HealthService(HealthKeeping):
         self.ticker = WindowTicker(sleep)
         self._route_config: object = _UNREAD  # the config route_label was read from
         self._route_label = ""
+
+    def settings(self, site: str) -> HealthSettings:
+        """`health.*` for `site` under the config in force (sites.py site_settings: one value
+        shared by every site without a `sites:` override, one per overridden site; no
+        per-site table of its own)."""
+        return HealthSettings.from_config(self.rt.config, site)
 
     # -- lifecycle --------------------------------------------------------------------------
 

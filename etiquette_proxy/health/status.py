@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from etiquette_proxy.health.bands import Band
 from etiquette_proxy.health.parser import ParserSummary
-from etiquette_proxy.health.site import Band, HealthBook
+from etiquette_proxy.health.site import HealthBook
 
 HISTORY_POINTS = 96  # sparkline points in status()
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
+from mitmproxy.test import tflow
+
 from addons.controls import OperatorControls
 from addons.health import HealthWatch
 from addons.pacing import Pacing
-from mitmproxy.test import tflow
-
-from etiquette_proxy.health.site import WARMUP_WINDOWS
+from etiquette_proxy.health.judging import WARMUP_WINDOWS
 from etiquette_proxy.operate.controls import Action
 from tests.addons.test_health_addon import audit_lines, hostile_window, runtime, windows
 

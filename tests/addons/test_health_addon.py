@@ -10,6 +10,9 @@ import json
 from pathlib import Path
 
 import pytest
+from mitmproxy import http
+from mitmproxy.test import tflow, tutils
+
 from addons import health as health_addon
 from addons.chain import members
 from addons.dashboard import Dashboard
@@ -17,13 +20,10 @@ from addons.health import HealthWatch, body_head
 from addons.notes import notes_of
 from addons.runtime import Runtime
 from addons.side_fetch import SideFetchError
-from mitmproxy import http
-from mitmproxy.test import tflow, tutils
-
 from etiquette_proxy.audit.log import AuditLog
 from etiquette_proxy.config import load_config
+from etiquette_proxy.health.judging import WARMUP_WINDOWS
 from etiquette_proxy.health.parser import parse_report
-from etiquette_proxy.health.site import WARMUP_WINDOWS
 from etiquette_proxy.site_key import SiteKeys
 from etiquette_proxy.state.memory import MemoryState
 

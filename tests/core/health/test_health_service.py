@@ -7,18 +7,16 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
 from etiquette_proxy.audit.log import AuditLog, audit_record
-from etiquette_proxy.clock import FakeClock
 from etiquette_proxy.config import load_config
 from etiquette_proxy.health.actions import restraint_for, run_alert
+from etiquette_proxy.health.bands import Band, BandChange
 from etiquette_proxy.health.canary import FetchFailed, canaries_of
+from etiquette_proxy.health.judging import WARMUP_WINDOWS
 from etiquette_proxy.health.service import HealthService, route_label
-from etiquette_proxy.health.site import WARMUP_WINDOWS, Band, BandChange
 from tests.core.health.service_helpers import (
     ARTICLE,
     CHALLENGE,

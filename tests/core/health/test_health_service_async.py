@@ -12,8 +12,9 @@ from typing import Any
 
 from etiquette_proxy.clock import FakeClock
 from etiquette_proxy.health.actions import run_alert
+from etiquette_proxy.health.bands import Band, BandChange
 from etiquette_proxy.health.service import HealthService
-from etiquette_proxy.health.site import NAMESPACE, Band, BandChange
+from etiquette_proxy.health.site import NAMESPACE
 from etiquette_proxy.state.redis_store import SharedStateUnavailable
 from tests.core.health.service_helpers import ARTICLE, exchange, host_of
 

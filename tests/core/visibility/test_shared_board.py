@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from etiquette_proxy.clock import FakeClock
+from etiquette_proxy.visibility.board import SiteBoard
 from etiquette_proxy.visibility.shared_board import (
     RateOf,
     RemoteBoard,
@@ -14,7 +15,6 @@ from etiquette_proxy.visibility.shared_board import (
     merge_snapshot,
     read_board,
 )
-from etiquette_proxy.visibility.board import SiteBoard
 
 
 def _record(site: str, ts: str, outcome: str = "fetched", **kw: object) -> dict[str, object]:
