@@ -2,8 +2,8 @@
 
 - degrading halves the site's rate and concurrency, hostile pauses it: a pacing restraint of
   source "health" (`restraint_for`); healthy lifts it (None);
-- the change is written on the site's next audit line (`change_record`) and, entering hostile,
-  as an alert event line of its own (`alert_record`);
+- the change is written on the site's next audit line (line.py `change_record`) and, entering
+  hostile, as an alert event line of its own (`alert_record`);
 - entering hostile also runs `health.alert_command`, if any (`run_alert`): without a shell,
   never waited on in a hook, killed when it outlives ALERT_TIMEOUT_S.
 """
@@ -19,26 +19,13 @@ from typing import Any, Protocol
 
 from etiquette_proxy.audit.log import audit_record
 from etiquette_proxy.health.bands import Band, BandChange
-from etiquette_proxy.health.site import SiteHealth
+from etiquette_proxy.health.line import change_record
 from etiquette_proxy.pacing.restraints import Restraint
 
 log = logging.getLogger(__name__)
 
 SOURCE = "health"  # the restraint source pacing sees
 ALERT_TIMEOUT_S = 60.0  # an alert command still running after this is killed
-
-# Enum members read through their class cost a descriptor call each (Python 3.11): per
-# response, read once here.
-_HEALTHY = Band.HEALTHY
-
-
-def health_key(h: SiteHealth) -> dict[str, Any] | None:
-    """The audit log's `health` key: score and band, when there is something to say."""
-    score = h.score()  # not h.assessment(): its reasons are not on the line
-    if score is None and h.band is _HEALTHY:
-        return None
-    return {"score": score, "band": h.band.value}
-
 
 def restraint_for(change: BandChange) -> Restraint | None:
     """SPEC §8 actions, as pacing understands them; None means lift the restraint."""
@@ -48,12 +35,6 @@ def restraint_for(change: BandChange) -> Restraint | None:
         return Restraint(SOURCE, rate_factor=change.rate_factor,
                          concurrency_factor=change.rate_factor, reason=change.why)
     return None
-
-
-def change_record(change: BandChange) -> dict[str, Any]:
-    """The audit log's `band_change` key."""
-    return {"from": change.from_band.value, "to": change.to_band.value, "score": change.score,
-            "action": change.action, "why": change.why}
 
 
 def alert_record(change: BandChange, origin: str, rate: float, at: float) -> dict[str, Any]:

@@ -42,14 +42,13 @@ from etiquette_proxy.health.actions import (
     SOURCE,
     SpawnProcess,
     alert_record,
-    change_record,
-    health_key,
     restraint_for,
     run_alert,
 )
 from etiquette_proxy.health.bands import BandChange, HealthSettings
 from etiquette_proxy.health.canary import Canaries, RobotsAllows, SideFetch
 from etiquette_proxy.health.keeping import HealthKeeping
+from etiquette_proxy.health.line import change_record, health_key
 from etiquette_proxy.health.signals import Signal
 from etiquette_proxy.health.site import NAMESPACE, HealthBook, SiteHealth
 from etiquette_proxy.health.status import live_fields, site_status

@@ -19,10 +19,11 @@ import pytest
 from etiquette_proxy.audit.log import audit_record
 from etiquette_proxy.clock import FakeClock
 from etiquette_proxy.config import load_config
-from etiquette_proxy.health.actions import SOURCE, change_record
+from etiquette_proxy.health.actions import SOURCE
 from etiquette_proxy.health.bands import Band, BandChange
 from etiquette_proxy.health.canary import FetchFailed
 from etiquette_proxy.health.judging import WARMUP_WINDOWS
+from etiquette_proxy.health.line import change_record
 from etiquette_proxy.health.parser import parse_report
 from etiquette_proxy.health.service import HealthService, tick_s
 from etiquette_proxy.health.site import NAMESPACE

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from etiquette_proxy.clock import Clock, wall
+from etiquette_proxy.health.line import score_on_line as health_score
 from etiquette_proxy.visibility.board import RATE_WINDOW_S, RECENT_KEYS, epoch_of
-from etiquette_proxy.visibility.tally import SAVED_BY_STORE, byte_count, health_score, is_429
+from etiquette_proxy.visibility.tally import SAVED_BY_STORE, byte_count, is_429
 
 log = logging.getLogger(__name__)
 
