@@ -13,16 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from etiquette_proxy.health.bands import _RANK, ACTIONS, Band, BandChange, next_band
-from etiquette_proxy.health.history import (
-    DAY,
-    History,
-    appended,
-    history_span,
-    pack_window,
-    retired,
-    window_fields,
-    window_mark,
-)
+from etiquette_proxy.health.history import History, appended, history_span, retired
+from etiquette_proxy.health.records import DAY, pack_window, window_fields, window_mark
 from etiquette_proxy.health.score import Baseline, Tally, route_problem, score_window
 from etiquette_proxy.health.signals import SiteSizes
 from etiquette_proxy.health.window import _Kind, _Open, _WarmUp

@@ -50,9 +50,10 @@ from etiquette_proxy.health.bands import (
     HealthSettings,
     Observed,
 )
-from etiquette_proxy.health.history import History, history_daily, history_scores, verdict_head
+from etiquette_proxy.health.history import History, history_daily, history_scores
 from etiquette_proxy.health.judging import RESUME_SCORE, _Judged
 from etiquette_proxy.health.parser import ParserHealth
+from etiquette_proxy.health.records import verdict_head
 from etiquette_proxy.health.schedule import WindowSchedule, _idle, _window_end
 from etiquette_proxy.health.score import Baseline
 from etiquette_proxy.health.signals import _OK, Signal, classify_error, classify_response, media_type

@@ -7,16 +7,9 @@ from typing import Any, TypeVar
 
 from etiquette_proxy.clock import Clock, wall
 from etiquette_proxy.health.bands import _BAND_OF, Band, HealthSettings
-from etiquette_proxy.health.history import (
-    HealthHistory,
-    history_from_state,
-    history_state,
-    is_count,
-    is_number,
-    window_fields,
-    with_mark,
-)
+from etiquette_proxy.health.history import HealthHistory, history_from_state, history_state
 from etiquette_proxy.health.judging import WindowJudging, _Judged
+from etiquette_proxy.health.records import is_count, is_number, window_fields, with_mark
 from etiquette_proxy.health.score import Tally
 from etiquette_proxy.health.window import _open_from_state, _same, _warmup_from_state
 

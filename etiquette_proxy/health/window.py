@@ -10,7 +10,7 @@ from typing import Any
 
 from etiquette_proxy.clock import Clock
 from etiquette_proxy.health.bands import HealthSettings
-from etiquette_proxy.health.history import is_count, is_number, tally_parts
+from etiquette_proxy.health.records import is_count, is_number, tally_parts
 from etiquette_proxy.health.score import Tally
 from etiquette_proxy.health.signals import Markers
 
