@@ -96,7 +96,7 @@ def test_a_drifting_site_slides_is_halved_paused_and_recovers(start_proxy, site,
         assert change["from"] == "healthy" and change["action"] == "halve"
         assert 50 <= change["score"] < 80
         assert change["why"].startswith(f"health {change['score']}: ") and "challenge" in change["why"]
-        # (That the slow fifth shows as "p95" is asserted in tests/addons/test_health_addon.py:
+        # (That the slow fifth shows as "p95" is asserted in tests/core/health/test_health_service.py:
         # here the machine's own load moves the baseline latency the 150 ms are compared with.)
         t_degrading = time.monotonic()
         time.sleep(2.5)
