@@ -1,7 +1,7 @@
 """The dashboard across every proxy on one Redis (SPEC §10, §11): publish this board, read the others.
 
 With `state.backend: redis`, about once a second this proxy writes its board's tallies to Redis
-and reads the other proxies' (etiquette_proxy/state/shared_board.py says what and how much);
+and reads the other proxies' (etiquette_proxy/visibility/shared_board.py says what and how much);
 the Dashboard merges them into every snapshot, so `http://etiquette.proxy/`, `/api/sites` and
 `/metrics` through any worker of `run --workers N` show all workers' sites. Best effort: Redis
 unreachable means this proxy's own board only, said once in the log; pacing has its own
@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 from addons.runtime import Runtime
 from redis.exceptions import RedisError
 
-from etiquette_proxy.state.shared_board import (
+from etiquette_proxy.visibility.shared_board import (
     BOARD_TTL_S,
     KEY,
     READ_BOARDS,

@@ -47,7 +47,6 @@ from etiquette_proxy.clock import FakeClock  # noqa: E402
 CRAWL_S = 3600.0  # as benchmarks/scale.py
 PAGE = b"<!doctype html><title>a page</title>" + b"x" * 200
 HEADERS = {"content-type": "text/html"}
-MODULES = ("history", "score", "signals", "parser", "site")
 
 
 def load_before(tree: Path, tmp: Path) -> ModuleType:
@@ -56,10 +55,12 @@ def load_before(tree: Path, tmp: Path) -> ModuleType:
     folder = tmp / "health_before"
     folder.mkdir()
     (folder / "__init__.py").touch()
-    for name in MODULES:
-        text = (tree / "etiquette_proxy" / "health" / f"{name}.py").read_text(encoding="utf-8")
+    for path in (tree / "etiquette_proxy" / "health").glob("*.py"):  # every module: DIR's layout
+        if path.name == "__init__.py":
+            continue
+        text = path.read_text(encoding="utf-8")
         text = re.sub(r"\betiquette_proxy\.health\b", "health_before", text)
-        (folder / f"{name}.py").write_text(text, encoding="utf-8")
+        (folder / path.name).write_text(text, encoding="utf-8")
     sys.path.insert(0, str(tmp))
     return import_module("health_before.site")
 

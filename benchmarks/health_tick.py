@@ -33,7 +33,8 @@ from typing import Any
 sys.path.insert(0, ".")
 
 from etiquette_proxy.clock import FakeClock  # noqa: E402
-from etiquette_proxy.health.site import HealthBook, HealthSettings  # noqa: E402
+from etiquette_proxy.health.bands import HealthSettings  # noqa: E402
+from etiquette_proxy.health.site import HealthBook  # noqa: E402
 
 W = 900.0
 T0 = 1_800_000_000.0 - 1_800_000_000.0 % W  # a window boundary
@@ -183,17 +184,17 @@ def counted(sizes: list[int]) -> None:
 
 
 def addon(n: int) -> None:
-    """HealthWatch (addons/health.py) after `n` sites (https on 443) answered once each: the bytes
+    """HealthWatch (addons/health.py, over etiquette_proxy/health/service.py) after `n` sites (https on 443) answered once each: the bytes
     per site its per-site dicts hold (with what only they hold: ints, origin strings), and the
     rows the ticks write over four windows without traffic after it. Runs against whichever
     checkout is imported (a `git worktree` of an older commit, with its own venv, for before)."""
     import gc
 
+    from mitmproxy.test import tflow, tutils
+
     from addons.health import HealthWatch
     from addons.notes import notes_of
     from addons.runtime import Runtime
-    from mitmproxy.test import tflow, tutils
-
     from etiquette_proxy.config import load_config
     from etiquette_proxy.state.memory import MemoryState
 
@@ -225,17 +226,18 @@ def addon(n: int) -> None:
                     total += sys.getsizeof(v)
         return total
 
-    held = {name: getattr(watch, name) for name in ("_saved_window", "_origins", "_unseen", "_reports")
-            if hasattr(watch, name)}
-    if hasattr(watch.book, "_due"):
-        held["book._due"] = watch.book._due
+    service = getattr(watch, "service", watch)  # the core's HealthService, where the addon has one
+    held = {name: getattr(service, name) for name in ("_saved_window", "_origins", "_unseen", "_reports")
+            if hasattr(service, name)}
+    if hasattr(service.book, "_due"):
+        held["book._due"] = service.book._due
     row: dict[str, Any] = {"sites": n, "bytes per site": {k: round(size(v) / n, 1) for k, v in held.items()}}
     writes.clear()
     for k in range(4):
         clock.advance(W)
-        watch.tick()
+        service.tick()
         clock.advance(30)
-        watch.tick()
+        service.tick()
         row[f"rows written by window {k + 1}"] = len(writes)
     print(json.dumps(row), flush=True)
 

@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _harness import check, header  # noqa: E402
 
 from etiquette_proxy.clock import FakeClock  # noqa: E402
-from etiquette_proxy.health.site import HealthSettings, SiteHealth  # noqa: E402
+from etiquette_proxy.health.bands import HealthSettings  # noqa: E402
+from etiquette_proxy.health.site import SiteHealth  # noqa: E402
 from etiquette_proxy.pacing.budget import SiteBudget  # noqa: E402
 from etiquette_proxy.pacing.settings import PacingSettings  # noqa: E402
 

@@ -145,7 +145,8 @@ def sites_child(n: int, decisions: int, requests: int, marked: bool = False,
     # HealthBook), so the sites are visited over a simulated hour of crawling (a fake clock:
     # 100,000 sites x 3 requests in an hour is ~83 requests/s), as a crawl spreads them.
     from etiquette_proxy.clock import FakeClock
-    from etiquette_proxy.health.site import HealthBook, HealthSettings
+    from etiquette_proxy.health.bands import HealthSettings
+    from etiquette_proxy.health.site import HealthBook
     before = rss_mb()
     fake = FakeClock()
     book = HealthBook(lambda site: HealthSettings.from_config(config, site), fake, state=lambda: state)

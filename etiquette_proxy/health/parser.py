@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from etiquette_proxy.clock import Clock, wall
-from etiquette_proxy.health.history import is_count, is_number
+from etiquette_proxy.health.records import is_count, is_number
 from etiquette_proxy.site_key import url_authority
 
 DAY = 86400.0

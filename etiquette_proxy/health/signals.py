@@ -12,12 +12,13 @@ from __future__ import annotations
 import struct
 import sys
 from array import array
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from statistics import median_low
 from typing import Any
 
+from etiquette_proxy.bodies import ZLIB_CODINGS, BodyCopy, decode_head
 from etiquette_proxy.headers import field_text
 
 # SPEC §8: inspect only the first ~64 KiB; challenge and block pages put their markers early.
@@ -251,6 +252,40 @@ def classify_error(message: str) -> Classification:
     if any(w in text for w in _RESET_WORDS):
         return Classification(Signal.HARD_BLOCK, "connection reset")
     return Classification(Signal.ERROR, f"network error: {text[:60] or 'unknown'}")
+
+
+def body_head_of(raw: bytes | None, headers: Mapping[str, str], copy: BodyCopy | None,
+                 decode_whole: Callable[[], bytes]) -> tuple[bytes, int]:
+    """The first HEAD_BYTES of a response's decoded body (markers are searched there) and the
+    body size as it came over the wire.
+
+    `raw`: the body as it came, None when it streamed past what the proxy holds; then `copy`
+    is what was kept of it (SPEC §12: its head and size), or None (nothing kept: the size
+    from the header). `headers`: lower-case names. Only the head is decoded, so a large gzip
+    page costs a bounded inflate, not a full one; br and zstd decoders want the whole body
+    (`decode_whole`), so a streamed one is searched as it came."""
+    whole = raw is not None
+    if raw is None:
+        if copy is None:  # streamed, nothing kept: nothing to look at, the size from the header
+            try:
+                return b"", int(headers.get("content-length", "0"))
+            except ValueError:
+                return b"", 0
+        raw, size = copy.head, copy.size
+    else:
+        size = len(raw)
+    encoding = headers.get("content-encoding", "").strip().lower()
+    if encoding in ("", "identity"):
+        return raw[:HEAD_BYTES], size
+    if encoding in ZLIB_CODINGS:
+        decoded = decode_head(raw, encoding, HEAD_BYTES)  # a head alone decodes as far as it goes
+        return (decoded[0] if decoded is not None else raw[:HEAD_BYTES]), size
+    if not whole:  # br, zstd: their decoders want the whole body; the head as it came
+        return raw[:HEAD_BYTES], size
+    try:
+        return decode_whole()[:HEAD_BYTES], size
+    except Exception:  # noqa: BLE001 - an undecodable body is classified by status and size
+        return raw[:HEAD_BYTES], size
 
 
 class _TypeSizes:

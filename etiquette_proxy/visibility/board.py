@@ -35,7 +35,8 @@ from math import copysign
 from typing import Any
 
 from etiquette_proxy.clock import Clock, wall
-from etiquette_proxy.visibility.tally import Counting, health_score
+from etiquette_proxy.health.line import score_on_line
+from etiquette_proxy.visibility.tally import Counting
 
 log = logging.getLogger(__name__)
 
@@ -551,7 +552,7 @@ class SiteBoard:
         if not tally.count(record, outcome, str(would) if would else None):
             return  # the proxy's own robots.txt fetch
         health = record.get("health")
-        score = None if health is None else health_score(health)
+        score = None if health is None else score_on_line(health)
         if score is not None:
             # The point as the snapshot shows it: the line's time, or the board's when the
             # line has none it can read, to the millisecond (a ts_millis value is already:

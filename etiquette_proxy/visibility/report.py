@@ -46,8 +46,9 @@ from urllib.parse import urlsplit
 
 from etiquette_proxy.audit.chain import ChainCheck, ChainVerdict
 from etiquette_proxy.audit.log import OUTCOMES, REQUIRED_KEYS, rfc3339_ms
-from etiquette_proxy.visibility.tally import SiteCounts, byte_count, health_score, is_429
+from etiquette_proxy.health.line import score_on_line
 from etiquette_proxy.visibility.spend import Spend
+from etiquette_proxy.visibility.tally import SiteCounts, byte_count, is_429
 
 # Keys the proxy writes (every addon's notes.extra and audit_record call) or the SPEC documents;
 # anything else is counted as unknown.
@@ -411,7 +412,7 @@ class Report:
                 c.wasted_bytes += byte_count(record.get("bytes"))
             else:
                 c.changed += 1
-        h = health_score(record.get("health"))
+        h = score_on_line(record.get("health"))
         if h is not None:
             c.health_min = h if c.health_min is None else min(c.health_min, h)
             c.health_max = h if c.health_max is None else max(c.health_max, h)

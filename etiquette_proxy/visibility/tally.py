@@ -30,15 +30,6 @@ def byte_count(value: Any) -> int:
     return value if type(value) is int and value > 0 else 0
 
 
-def health_score(value: Any) -> float | None:
-    """The score from an audit line's `health` key: a number, or a dict with `score`."""
-    if isinstance(value, Mapping):
-        value = value.get("score")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return None
-
-
 def is_429(upstream: Any, outcome: str) -> bool:
     """The site said "too many requests": a 429, or a throttling answer that reached it."""
     return upstream == 429 or (outcome == "throttled" and upstream is not None)

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from etiquette_proxy.visibility.tally import health_score, is_429
+from etiquette_proxy.health.line import score_on_line
+from etiquette_proxy.visibility.tally import is_429
 
 NEEDS = ("paused", "hostile", "degrading", "throttled", "refusals", "ok")
 
@@ -63,7 +64,7 @@ class SiteTimeline:
             self.paused_answers.append((t, str(record.get("reason", ""))))
         _changed(self.rate, t, _number(record.get("rate")))
         _changed(self.ceiling, t, _number(record.get("ceiling")))
-        _changed(self.health, t, health_score(record.get("health")))
+        _changed(self.health, t, score_on_line(record.get("health")))
 
     def _operator(self, record: Mapping[str, Any], t: float, pause: float | None) -> None:
         action = record.get("action")

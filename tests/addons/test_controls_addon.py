@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
+from mitmproxy.test import tflow
+
 from addons.controls import OperatorControls
 from addons.health import HealthWatch
 from addons.pacing import Pacing
-from mitmproxy.test import tflow
-
-from etiquette_proxy.health.site import WARMUP_WINDOWS
+from etiquette_proxy.health.judging import WARMUP_WINDOWS
 from etiquette_proxy.operate.controls import Action
 from tests.addons.test_health_addon import audit_lines, hostile_window, runtime, windows
 
@@ -23,7 +23,7 @@ def hostile(tmp_path, clock):
     windows(watch, clock, WARMUP_WINDOWS + 1)
     for _ in range(4):
         hostile_window(watch, clock)
-        watch.tick()
+        watch.service.tick()
     assert watch.restraints.get(SITE, "health").paused
     return rt, watch
 

@@ -48,7 +48,7 @@ def rate_of(results, t0, t1):
 def test_a_drifting_site_slides_is_halved_paused_and_recovers(start_proxy, site, make_site, tmp_path):
     # One health e2e: what only the real proxy shows (pacing at the site, canaries, the alert
     # command) with real 1 s windows; the rules of each transition are covered with a fake clock
-    # in tests/addons/test_health_addon.py and tests/core/health.
+    # in tests/core/health (the service and the score) and tests/addons/test_health_addon.py.
     drift = DriftSite(site)
     few = make_site()  # five requests: too few to judge
     few.route("/robots.txt", Answer(404))
@@ -96,7 +96,7 @@ def test_a_drifting_site_slides_is_halved_paused_and_recovers(start_proxy, site,
         assert change["from"] == "healthy" and change["action"] == "halve"
         assert 50 <= change["score"] < 80
         assert change["why"].startswith(f"health {change['score']}: ") and "challenge" in change["why"]
-        # (That the slow fifth shows as "p95" is asserted in tests/addons/test_health_addon.py:
+        # (That the slow fifth shows as "p95" is asserted in tests/core/health/test_health_service.py:
         # here the machine's own load moves the baseline latency the 150 ms are compared with.)
         t_degrading = time.monotonic()
         time.sleep(2.5)
@@ -133,7 +133,7 @@ def test_a_drifting_site_slides_is_halved_paused_and_recovers(start_proxy, site,
 
         # 4. The site recovers: canaries healthy for 4 windows (pacing: nothing else reaches it),
         # then half rate. (From there real windows bring it back to healthy: with the drift
-        # site's pages and a fake clock in tests/addons/test_health_addon.py.)
+        # site's pages and a fake clock in tests/core/health/test_health_service.py.)
         drift.set_phase("recovered")
         mark = len(tail.lines)
         line = tail.wait(lambda ln: any(c["from"] == "hostile" for c in band_changes([ln])), 12, mark)

@@ -9,19 +9,10 @@ import pytest
 
 from etiquette_proxy.clock import FakeClock
 from etiquette_proxy.config import load_config
+from etiquette_proxy.health.bands import Band, BandChange, HealthSettings, band_of, next_band
+from etiquette_proxy.health.judging import ALPHA, PROBATION_WINDOWS, WARMUP_WINDOWS
 from etiquette_proxy.health.signals import Signal
-from etiquette_proxy.health.site import (
-    ALPHA,
-    PROBATION_WINDOWS,
-    WARMUP_WINDOWS,
-    Band,
-    BandChange,
-    HealthBook,
-    HealthSettings,
-    SiteHealth,
-    band_of,
-    next_band,
-)
+from etiquette_proxy.health.site import HealthBook, SiteHealth
 
 W = 900.0
 HOUR = 3600.0
@@ -644,7 +635,7 @@ def test_two_instances_judge_a_window_on_their_summed_counts_as_one_would(clock)
 
 
 def test_counters_from_another_instance_are_bounded_and_checked():
-    from etiquette_proxy.health.site import window_from_counts
+    from etiquette_proxy.health.window import window_from_counts
     w = window_from_counts(0.0, {"r|direct|n": 5, "r|direct|hard": 9, "r|x|n": 3, "r|x|l12": 3,
                                  "r|x|lnope": 1, "canaries": 1, "canaries_good": 4, "bogus": -1}, "u")
     assert "direct" not in w.routes  # more blocks than requests: dropped, never trusted

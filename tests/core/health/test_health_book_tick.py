@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from etiquette_proxy.clock import FakeClock
-from etiquette_proxy.health.site import NAMESPACE, Band, BandChange, HealthBook, HealthSettings, SiteHealth
+from etiquette_proxy.health.bands import Band, BandChange, HealthSettings
+from etiquette_proxy.health.site import NAMESPACE, HealthBook, SiteHealth
 from etiquette_proxy.state.memory import MemoryState
 
 DAY = 86400.0

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from etiquette_proxy.health.site import NAMESPACE, Band, HealthBook, HealthSettings
+from etiquette_proxy.health.bands import Band, HealthSettings
+from etiquette_proxy.health.site import NAMESPACE, HealthBook
 from etiquette_proxy.state.memory import MemoryState
 from tests.core.health.test_health import run_window, warm
 

@@ -6,9 +6,10 @@ import json
 
 import pytest
 
+from etiquette_proxy.health.bands import HealthSettings
 from etiquette_proxy.health.parser import MAX_EXAMPLES, MAX_REASONS, ParserHealth
 from etiquette_proxy.health.signals import Signal
-from etiquette_proxy.health.site import HealthBook, HealthSettings
+from etiquette_proxy.health.site import HealthBook
 
 W = 900.0
 

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from etiquette_proxy.clock import Clock, wall
+from etiquette_proxy.health.line import score_on_line as health_score
 from etiquette_proxy.visibility.board import RATE_WINDOW_S, RECENT_KEYS, epoch_of
-from etiquette_proxy.visibility.tally import SAVED_BY_STORE, byte_count, health_score, is_429
+from etiquette_proxy.visibility.tally import SAVED_BY_STORE, byte_count, is_429
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +214,7 @@ class OldSiteBoard:
 
 
 def old_board_json(board: OldSiteBoard, at: float, limit: int = 1000) -> str:
-    """state/shared_board.py board_json as it was."""
+    """visibility/shared_board.py board_json as it was."""
     recent = sorted(board.sites.items(), key=lambda item: item[1].last_ts, reverse=True)[:limit]
     sites = {site: tally.as_dict() for site, tally in recent if tally.requests or tally.robots_fetches}
     return json.dumps({"at": at, "records": board.records, "sites": sites}, separators=(",", ":"))

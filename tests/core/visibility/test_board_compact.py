@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from etiquette_proxy.audit.log import OUTCOMES, rfc3339_ms
 from etiquette_proxy.clock import FakeClock
-from etiquette_proxy.state.shared_board import board_json
 from etiquette_proxy.visibility.board import HEALTH_POINTS, SiteBoard, SiteTally, epoch_of, ts_millis, ts_text
 from etiquette_proxy.visibility.metrics import render_metrics
+from etiquette_proxy.visibility.shared_board import board_json
 from etiquette_proxy.visibility.tally import SiteCounts
 from tests.core.visibility.reference_board import OldSiteBoard, OldSiteCounts, old_board_json
 

@@ -11,7 +11,7 @@ from etiquette_proxy.audit.log import audit_record
 from etiquette_proxy.clock import FakeClock
 from etiquette_proxy.visibility.board import SiteBoard
 from etiquette_proxy.visibility.report import Report, read_log
-from etiquette_proxy.visibility.tally import SiteCounts, byte_count, health_score, is_429
+from etiquette_proxy.visibility.tally import SiteCounts, byte_count, is_429
 
 T0 = 1_800_000_000.0
 SHOP, NEWS = "shop.test:80", "news.test:443"
@@ -82,12 +82,6 @@ def test_the_board_and_the_report_count_the_same_lines_the_same_way():
 @pytest.mark.parametrize(("value", "expected"), [(10, 10), (0, 0), (-5, 0), (True, 0), ("7", 0), (3.5, 0), (None, 0)])
 def test_byte_count_takes_only_positive_ints(value, expected):
     assert byte_count(value) == expected
-
-
-@pytest.mark.parametrize(("value", "expected"), [(64, 64.0), ({"score": 70}, 70.0), (True, None), ("x", None),
-                                                 ({"score": None}, None), (None, None)])
-def test_health_score_reads_a_number_or_a_dict_with_score(value, expected):
-    assert health_score(value) == expected
 
 
 def test_a_429_is_the_sites_own_answer():

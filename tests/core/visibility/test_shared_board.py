@@ -1,4 +1,4 @@
-"""etiquette_proxy/state/shared_board.py: boards published by several proxies, merged into one
+"""etiquette_proxy/visibility/shared_board.py: boards published by several proxies, merged into one
 dashboard (SPEC §10, §11)."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 from etiquette_proxy.clock import FakeClock
-from etiquette_proxy.state.shared_board import (
+from etiquette_proxy.visibility.board import SiteBoard
+from etiquette_proxy.visibility.shared_board import (
     RateOf,
     RemoteBoard,
     add_tallies,
@@ -14,7 +15,6 @@ from etiquette_proxy.state.shared_board import (
     merge_snapshot,
     read_board,
 )
-from etiquette_proxy.visibility.board import SiteBoard
 
 
 def _record(site: str, ts: str, outcome: str = "fetched", **kw: object) -> dict[str, object]:
