@@ -29,6 +29,7 @@ from addons.target_check import TargetCheck
 from etiquette_proxy.events import Broadcast
 from etiquette_proxy.operate.controls import ROUTE as OPERATOR_ROUTE
 from etiquette_proxy.pacing.restraints import Restraints
+from etiquette_proxy.revalidation.sitemaps import sitemaps_in_robots
 
 _GATED_AT_HEADERS = "etiquette_gated_at_headers"  # flow.metadata: the request hooks ran in requestheaders
 
@@ -174,8 +175,16 @@ def members(rt: Runtime) -> list[Any]:
     target = TargetCheck(rt)
     listening.connect(target.listening)  # SPEC §12: a request to the proxy's own address is a loop
     runaway = RunawayWatch(rt, restraints)
+
+    async def robots_sitemaps(origin: str, site: str) -> tuple[str, ...]:
+        entry = await robots.entry_for(origin, site, None, robots.settings_for(site))
+        return sitemaps_in_robots(entry.text) if entry.kind == "rules" else ()
+
+    # SPEC §6 `revisit.sitemaps: fetch`: the proxy's own sitemap requests take the site's budget
+    # as robots.txt fetches do, and find the sitemaps in robots.txt's `Sitemap:` lines.
+    revalidation = Revalidation(rt, take_turn=pacing.before_robots_fetch, robots_sitemaps=robots_sitemaps)
     dashboard = Dashboard(rt, providers=(pacing.status, robots.status, health.live_fields, controls.status,
-                                         runaway.status),
+                                         runaway.status, revalidation.status),
                           routes={REPORT_PATH: health.post_report, OPERATOR_ROUTE: controls.post},
                           rates=rates, restraints=restraints)
     return [
@@ -188,7 +197,7 @@ def members(rt: Runtime) -> list[Any]:
         controls,  # SPEC §3 `sites pause`: before robots, nothing goes out
         robots,  # RFC 9309: refuse before anything else spends the site's budget
         GoneMemory(rt),  # 404/410 remembered: answered locally before any validator work
-        Revalidation(rt),  # served-stored, validator injection; 304 -> stored 200 in response
+        revalidation,  # served-stored, validator injection; 304 -> stored 200 in response; sitemaps
         runaway,  # SPEC §7: URL-space traps (requests going upstream), retired sites
         pacing,  # SPEC §5: hold for the site's turn (request), learn from its answer (responseheaders)
         PaymentWatch(rt),  # SPEC §9: what a 402 asks, on the line, before the trimmer strips headers

@@ -321,3 +321,23 @@ def looks_like_sitemap(head: bytes) -> bool:
             return False
     start = head[:1024].lstrip(b"\xef\xbb\xbf \t\r\n")
     return start[:1] == b"<" and (b"urlset" in start or b"sitemapindex" in start)
+
+
+def sitemaps_in_robots(text: str) -> tuple[str, ...]:
+    """The `Sitemap:` URLs of a robots.txt (RFC 9309 §2.2.4: records other than the rules;
+    sitemaps.org: "Sitemap: <sitemap_location>", anywhere in the file), in order, once each."""
+    found: dict[str, None] = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        if sep and name.strip().lower() == "sitemap":
+            url = value.split("#", 1)[0].strip()
+            if url.startswith(("http://", "https://")) and len(url) < _LOC_MAX:
+                found[url] = None
+    return tuple(found)
+
+
+def named_like_text_sitemap(url: str) -> bool:
+    """A URL whose name says it is a text sitemap (`.../sitemap.txt`, `sitemap-1.txt`): read as
+    one when it passes (a sitemap robots.txt names is known without its name)."""
+    path = url.split("?", 1)[0].rsplit("/", 1)[-1].lower()
+    return "sitemap" in path and path.endswith(".txt")

@@ -60,7 +60,7 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -362,6 +362,23 @@ class ValidatorStore:
         else:
             self._cache.set(cache_key, data, expire=ttl_s)
         self._wrote(1, len(data))
+
+    @guarded_write(None)
+    def put_records(self, namespace: str, records: Iterable[tuple[str, dict[str, Any]]]) -> None:
+        """put_record for many URL keys in one transaction (a sitemap's 50,000 lastmods: one
+        commit, not 50,000). Not for ENTRY_RECORDS namespaces, which ride in entry rows."""
+        if _checked(namespace) in ENTRY_RECORDS:
+            raise ValueError(f"put_records: {namespace!r} records live in entry rows; use put_record")
+        rows = nbytes = 0
+        with self._cache.transact():
+            for key, record in records:
+                data = _json(record)
+                self._hot.pop(key, None)
+                self._known.drop(key)
+                self._cache.set(f"{namespace}|{key}", data)
+                rows += 1
+                nbytes += len(data)
+        self._wrote(rows, nbytes)
 
     @guarded_write(None)
     def forget_record(self, namespace: str, key: str) -> None:

@@ -1,0 +1,147 @@
+"""Sitemaps steer the recrawl, end to end (SPEC §6 change signals, seed 004): the real proxy,
+a local site of a few hundred pages with a sitemap, a crawler that reads the sitemap and then
+the pages, twice. The site's own request log is the truth."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import requests
+
+from tests.e2e.proxy import FAST_PACING, Proxy
+from tests.e2e.sitemap_site import SitemapSite
+
+PAGES = 240
+
+
+def crawl(proxy: Proxy, site: SitemapSite) -> dict[str, bytes]:
+    """One pass of a plain crawler: the sitemap, then every page it lists."""
+    bodies: dict[str, bytes] = {}
+    with proxy.session() as s:
+        assert s.get(site.sitemap_url, timeout=30).status_code == 200
+        for path in site.paths:
+            r = s.get(site.url(path), timeout=30)
+            assert r.status_code == 200, (path, r.status_code, r.text[:200])
+            bodies[path] = r.content
+    return bodies
+
+
+def lines_for(proxy: Proxy, url: str) -> list[dict]:
+    return [r for r in proxy.audit() if r["url"] == url and not r.get("robots_fetch")]
+
+
+@pytest.fixture
+def site() -> Iterator[SitemapSite]:
+    s = SitemapSite(PAGES)
+    yield s
+    s.close()
+
+
+def test_second_pass_asks_only_what_the_sitemap_moved(tmp_path, site: SitemapSite) -> None:
+    proxy = Proxy(tmp_path / "state", sets=[*FAST_PACING, "revisit.enforce=true"])
+    try:
+        first = crawl(proxy, site)
+        first_bytes = site.pages.body_bytes
+        assert site.pages.sent_200 == PAGES  # every page once
+        # Between the passes: (a) changed with lastmod moved, (b) changed without a move,
+        # (c) lastmod moved without a change. Each group mixes pages with validators and without.
+        moved_changed = site.paths[0:6]
+        changed_only = site.paths[6:9]
+        moved_only = site.paths[9:15]
+        for path in moved_changed:
+            site.change(path)
+            site.touch(path)
+        for path in changed_only:
+            site.change(path)
+        for path in moved_only:
+            site.touch(path)
+        mark = len(site.site.arrivals)
+        bytes_before = site.pages.body_bytes
+        second = crawl(proxy, site)
+        hits = site.page_hits(mark)
+
+        # Every changed page whose lastmod moved reached the site and the client got it fresh.
+        for path in moved_changed:
+            assert hits.get(path) == 1, path
+            assert b"(revised)" in second[path] and second[path] != first[path]
+            line = lines_for(proxy, site.url(path))[-1]
+            assert line["due"] == "sitemap lastmod" and line["outcome"] == "fetched" and line["changed"] is True
+        # A moved lastmod without a change is asked of the site too: a 304 where the page has
+        # validators, the whole body where it has none (then an unchanged re-download).
+        for path in moved_only:
+            assert hits.get(path) == 1, path
+            line = lines_for(proxy, site.url(path))[-1]
+            assert line["due"] == "sitemap lastmod"
+            has_validators = site.pages.pages[path].etag
+            assert line["outcome"] == ("revalidated" if has_validators else "fetched")
+            assert line["changed"] is False
+            assert second[path] == first[path]
+        # Unchanged by every signal (and the changes the sitemap did not announce, which wait
+        # for their own interval): not one request reached the site.
+        asked = set(moved_changed) | set(moved_only)
+        assert set(hits) == asked, sorted(set(hits) - asked)
+        for path in site.paths[20:25]:
+            assert lines_for(proxy, site.url(path))[-1]["outcome"] == "served-stored"
+        # The sitemap itself is never answered from the store: the site saw it twice.
+        assert len(site.site.hits("/sitemap.xml")) == 2
+
+        second_bytes = site.pages.body_bytes - bytes_before
+        plain_moved = [p for p in moved_only if not site.pages.pages[p].etag]
+        expected = sum(len(site.pages.pages[p].body) for p in moved_changed + plain_moved)
+        assert second_bytes == expected
+        assert second_bytes < first_bytes * 0.1
+    finally:
+        proxy.stop()
+
+
+def test_a_lastmod_that_never_moves_does_not_skip_the_own_interval(tmp_path) -> None:
+    site = SitemapSite(3)
+    # Intervals of one second: the URL's own schedule comes due within the test.
+    proxy = Proxy(tmp_path / "state", sets=[*FAST_PACING, "revisit.enforce=true",
+                                            "revisit.min_interval=1s", "revisit.max_interval=1s"])
+    try:
+        url = site.url("/p/0")
+        with proxy.session() as s:
+            s.get(site.sitemap_url, timeout=30)
+            assert s.get(url, timeout=30).status_code == 200
+            assert s.get(url, timeout=30).headers["X-Etiquette-Decision"] == "served-stored"
+            assert len(site.site.hits("/p/0")) == 1
+            time.sleep(1.3)
+            s.get(site.sitemap_url, timeout=30)  # the same lastmod again: no reason to wait longer
+            r = s.get(url, timeout=30)
+        assert r.headers["X-Etiquette-Decision"] == "revalidated"
+        assert len(site.site.hits("/p/0")) == 2
+    finally:
+        proxy.stop()
+        site.close()
+
+
+def test_fetch_mode_finds_the_sitemap_in_robots_and_stays_within_the_rate(tmp_path) -> None:
+    site = SitemapSite(30, index=True)
+    rate = 5.0
+    proxy = Proxy(tmp_path / "state", sets=[f"pacing.rate={rate:g}", "pacing.burst=1", "revisit.enforce=true",
+                                            "revisit.sitemaps=fetch"])
+    try:
+        first = site.url("/p/0")
+        with proxy.session() as s:
+            assert s.get(first, timeout=30).status_code == 200
+            own = proxy.wait_audit(lambda r: r.get("sitemap_fetch") and r["url"] == site.sitemap_url, timeout=15)
+            assert own, proxy.audit()
+            # The index from robots.txt, then the sitemap it lists (one level), fetched by the proxy.
+            assert [a.path for a in site.site.arrivals if "sitemap" in a.path] == ["/sitemap_index.xml",
+                                                                                 "/sitemap.xml"]
+            assert own[0]["outcome"] == "fetched" and own[0]["upstream_status"] == 200
+        # Every request the site saw, the proxy's own included, kept the site's rate.
+        times = [a.at for a in site.site.arrivals]
+        gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+        assert min(gaps) >= (1 / rate) * 0.8, gaps
+        api = requests.Session()
+        api.trust_env = False
+        board = api.get("http://etiquette.proxy/api/sites", proxies=proxy.proxies, timeout=10).json()
+        entry = next(e for e in board["sites"] if e["site"] == f"127.0.0.1:{site.site.port}")
+        assert entry["live"]["efficiency"]["requests"] >= 1
+    finally:
+        proxy.stop()
+        site.close()
