@@ -25,9 +25,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from addons.answers import FAULTS, answer_locally, fail_closed
 from addons.audit_log import DECISION_HEADER
@@ -38,28 +37,30 @@ from addons.streaming import body_of
 from mitmproxy import http
 
 from etiquette_proxy.audit.log import audit_record
-from etiquette_proxy.bodies import decode_head
 from etiquette_proxy.clock import wall
-from etiquette_proxy.headers import first_value
-from etiquette_proxy.revalidation.fingerprint import Fingerprinter
+from etiquette_proxy.revalidation.fingerprint import Fingerprinter, decoded_for_fingerprint
+from etiquette_proxy.revalidation.recent import Recent
 from etiquette_proxy.revalidation.revisit import NAMESPACE as REVISIT
 from etiquette_proxy.revalidation.revisit import RevisitPolicy, RevisitState
 from etiquette_proxy.revalidation.service import Fetched, SitemapService, SitemapSettings
 from etiquette_proxy.revalidation.sitemaps import looks_like_sitemap
-from etiquette_proxy.revalidation.urlkey import normalise
 from etiquette_proxy.revalidation.store import HOT_ENTRIES
+from etiquette_proxy.revalidation.urlkey import normalise
 from etiquette_proxy.revalidation.validators import (
     Answer304,
     HeaderPairs,
     Injection,
     StoredEntry,
     answer_304,
-    credentials_digest,
     inject_headers,
     may_serve_unvalidated,
     should_store_pairs,
     stored_response_headers,
 )
+from etiquette_proxy.revalidation.variants import first_field
+from etiquette_proxy.revalidation.variants import same_validators as _same_validators
+from etiquette_proxy.revalidation.variants import same_variant as _same_variant
+from etiquette_proxy.revalidation.variants import same_variant_as as _same_variant_as
 
 log = logging.getLogger(__name__)
 
@@ -116,15 +117,6 @@ class Injected(NamedTuple):
     names: tuple[str, ...]
 
 
-def first_field(headers: HeaderPairs, name: str) -> str | None:
-    """`first_value(headers, name)` for a lower-case `name`, stopping at the first match (no
-    list of every value): read twice on every 200."""
-    for k, v in headers:
-        if k.lower() == name:
-            return v
-    return None
-
-
 def encoded(headers: HeaderPairs) -> tuple[tuple[bytes, bytes], ...]:
     """Header pairs as the bytes mitmproxy keeps (`Headers.fields`)."""
     return tuple((k.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape")) for k, v in headers)
@@ -151,51 +143,6 @@ def set_stored_fields(response: http.Response, body: bytes, fields: tuple[tuple[
     response.headers.fields = fields
     # raw_content, not content: the content setter would encode the body a second time.
     response.raw_content = body
-
-
-K = TypeVar("K")
-
-
-class Recent(Generic[K, T]):
-    """The last few results of a pure computation, by its (hashable, immutable) arguments.
-
-    Revalidating the same URLs again and again, the stored entry (the same object while its
-    row is unchanged, store.py), the request's headers and the site's 304 headers repeat: the
-    injected validators and the 304's merged 200 are then taken from here, already encoded,
-    instead of being worked out and encoded again for every request (issue 17).
-    """
-
-    def __init__(self, limit: int = 1024):
-        self.limit = limit
-        # An OrderedDict, not a dict: a dict's oldest key is found by walking past the slots
-        # its deletions left at the front, which grow with the limit until it compacts
-        # (benchmarks/recent_cache.py: 0.39 µs per evicting put at 1,024, 1.24 µs at 4,096);
-        # popitem(last=False) unlinks the oldest at once (0.18 µs at either).
-        self._items: OrderedDict[K, T] = OrderedDict()
-
-    def get(self, key: K) -> T | None:
-        return self._items.get(key)
-
-    def put(self, key: K, value: T) -> T:
-        """Keep `value` for `key`, after get() gave none usable for it; when full, the oldest
-        kept goes first (a key put again keeps its place: at most one slot stays empty)."""
-        if len(self._items) >= self.limit:
-            self._items.popitem(last=False)  # oldest first
-        self._items[key] = value
-        return value
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
-def decoded_for_fingerprint(raw: bytes, encoding: str | None, limit: int) -> bytes | None:
-    """The body as the site meant it (gzip/deflate undone, at most `limit` bytes), or None
-    when it cannot be decoded within the limit (then the raw bytes are hashed instead)."""
-    coding = (encoding or "identity").strip().lower()
-    if coding in ("", "identity"):
-        return raw
-    decoded = decode_head(raw, coding, limit)  # br, zstd, stacked codings: None, hashed raw (README)
-    return decoded[0] if decoded is not None and decoded[1] else None
 
 
 class Revalidation:
@@ -591,45 +538,9 @@ class Revalidation:
         return revisit.state.to_state()
 
 
-def _same_variant(stored: StoredEntry, new: StoredEntry) -> bool:
-    """Would `new` answer and revalidate exactly the requests `stored` does? (the body is
-    compared by the caller): validators, Vary values (RFC 9111 §4.1) and credentials."""
-    return ((stored.etag, stored.last_modified, stored.vary, stored.credentials)
-            == (new.etag, new.last_modified, new.vary, new.credentials))
-
-
-def _same_variant_as(stored: StoredEntry, request_headers: HeaderPairs,
-                     response_headers: HeaderPairs) -> bool | None:
-    """`_same_variant(stored, <the entry these headers would build>)` without building it (issue
-    17: most of a repeated 200's cost), or None when the response names a Vary (then build)."""
-    etag = last_modified = None  # the first values, as StoredEntry.build reads them
-    seen_etag = seen_modified = False
-    for name, value in response_headers:
-        lname = name.lower()
-        if lname == "vary":
-            return None
-        if lname == "etag":
-            if not seen_etag:
-                etag, seen_etag = value, True
-        elif lname == "last-modified" and not seen_modified:
-            last_modified, seen_modified = value, True
-    # StoredEntry.build: validators are the first values; no Vary, no Vary values.
-    return (stored.vary == () and stored.etag == etag and stored.last_modified == last_modified
-            and stored.credentials == credentials_digest(request_headers))
-
-
 def _note_would_revalidate(flow: http.HTTPFlow, notes: FlowNotes, response_headers: HeaderPairs) -> None:
     """Observe mode: the site's 200 carried the validators we would have sent."""
     would: StoredEntry | None = flow.metadata.get(_WOULD_INJECT)
     if would is not None and _same_validators(would, response_headers):
         notes.would_do("revalidated", "the site's 200 carries the stored validators: "
                                       "with them injected it would have answered 304")
-
-
-def _same_validators(entry: StoredEntry, response_headers: HeaderPairs) -> bool:
-    """Would the site have answered 304 to the validators we would have sent? (observe mode)"""
-    etag = first_value(response_headers, "etag")
-    if entry.etag is not None:
-        return etag is not None and etag.removeprefix("W/") == entry.etag.removeprefix("W/")
-    modified = first_value(response_headers, "last-modified")
-    return entry.last_modified is not None and modified == entry.last_modified

@@ -56,6 +56,13 @@ class SiteEfficiency:
     def as_dict(self) -> dict[str, Any]:
         return {"requests": self.requests, **self.counts, "bytes": dict(self.bytes)}
 
+    def words(self) -> str:
+        """The dashboard's short form: `2 % unchanged re-downloads (20 of 1,000), 300 local, 400 × 304`."""
+        c = self.counts
+        return (f"{percent(c['unchanged_redownloads'], self.requests)} % unchanged re-downloads "
+                f"({_n(c['unchanged_redownloads'])} of {_n(self.requests)}), {_n(c['local'])} local, "
+                f"{_n(c['not_modified'])} × 304")
+
 
 def kind_of(outcome: Any, upstream_status: Any, changed: Any) -> str | None:
     """Which cost a decision line was, or None (refusals, throttling, failures)."""
@@ -74,10 +81,14 @@ def _n(x: int) -> str:
     return f"{x:,}"
 
 
+def percent(part: int, whole: int) -> str:
+    """A share in whole percent, one decimal below 1 % (0.4 %, never a misleading 0 %)."""
+    share = 100 * part / whole if whole else 0.0
+    return f"{share:.0f}" if share >= 1 or share == 0 else f"{share:.1f}"
+
+
 def sentence(site: str, requests: int, unchanged_redownloads: int) -> str:
     """SPEC §6 in plain words: "of 1,000 requests to example.org, 20 re-downloaded an
     unchanged page: 2 %"."""
-    share = unchanged_redownloads / requests if requests else 0.0
-    pct = f"{share * 100:.0f}" if share * 100 >= 1 or share == 0 else f"{share * 100:.1f}"
     return (f"of {_n(requests)} request{'s' if requests != 1 else ''} to {site}, {_n(unchanged_redownloads)} "
-            f"re-downloaded an unchanged page: {pct} %")
+            f"re-downloaded an unchanged page: {percent(unchanged_redownloads, requests)} %")

@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from etiquette_proxy.bodies import decode_head
 from etiquette_proxy.sites import site_settings
 
 _MONTH = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
@@ -181,3 +182,13 @@ class Fingerprinter:
 
 def _drop_token_tag(match: re.Match[bytes]) -> bytes:
     return b" " if _TOKEN_WORD.search(match.group(0)) else match.group(0)
+
+
+def decoded_for_fingerprint(raw: bytes, encoding: str | None, limit: int) -> bytes | None:
+    """The body as the site meant it (gzip/deflate undone, at most `limit` bytes), or None
+    when it cannot be decoded within the limit (then the raw bytes are hashed instead)."""
+    coding = (encoding or "identity").strip().lower()
+    if coding in ("", "identity"):
+        return raw
+    decoded = decode_head(raw, coding, limit)  # br, zstd, stacked codings: None, hashed raw (README)
+    return decoded[0] if decoded is not None and decoded[1] else None

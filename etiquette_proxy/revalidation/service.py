@@ -238,6 +238,7 @@ class SitemapService:
         tally = self.efficiency.peek(site)
         if tally is not None and tally.requests:
             out["efficiency"] = tally.as_dict()
+            out["recrawl"] = tally.words()
         return out
 
     # -- fetching (revisit.sitemaps: fetch) ------------------------------------------------------
@@ -307,7 +308,9 @@ class SitemapService:
         self._line(url, site, ua, outcome, answer.status, reason, len(answer.body))
         if answer.status != 200:
             return None
-        sitemap = self.read(url, site, (answer.body,), text_ok=True)
+        # Reading and keeping 50,000 lastmods takes seconds of parsing and store writes: in a
+        # worker thread, so the event loop serves every other flow meanwhile.
+        sitemap = await asyncio.to_thread(self.read, url, site, (answer.body,), True)
         headers = {k.lower(): v for k, v in answer.headers.items()}
         return sitemap, freshness_left(headers, self.clock())
 

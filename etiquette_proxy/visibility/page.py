@@ -131,7 +131,8 @@ _REFUSALS = frozenset(REFUSAL_KINDS)
 _OUTCOME_SHORT = {"revalidated": "reval", "served-stored": "stored", "disallowed": "disallowed"}
 
 _KNOWN_LIVE = {"rate", "ceiling", "paused_s", "pause_reason", "breaker_open", "breaker_s", "held",
-               "in_flight", "health", "robots", "traps", "retired", "restraints", "operator_pause_s"}
+               "in_flight", "health", "robots", "traps", "retired", "restraints", "operator_pause_s",
+               "efficiency"}  # efficiency: its words are the `recrawl` field (SPEC §6)
 
 NEEDS = ("paused", "hostile", "degrading", "throttled", "refusals", "ok")
 
