@@ -23,6 +23,7 @@ from addons.runaway import RunawayWatch
 from addons.runtime import Runtime
 from addons.settings import Settings
 from addons.site_grouping import SiteGrouping
+from addons.sitemaps import SitemapHooks
 from addons.streaming import BodyStreams, discard_request_body
 from addons.target_check import TargetCheck
 
@@ -182,9 +183,10 @@ def members(rt: Runtime) -> list[Any]:
 
     # SPEC §6 `revisit.sitemaps: fetch`: the proxy's own sitemap requests take the site's budget
     # as robots.txt fetches do, and find the sitemaps in robots.txt's `Sitemap:` lines.
-    revalidation = Revalidation(rt, take_turn=pacing.before_robots_fetch, robots_sitemaps=robots_sitemaps)
+    sitemaps = SitemapHooks(rt, take_turn=pacing.before_robots_fetch, robots_sitemaps=robots_sitemaps)
+    revalidation = Revalidation(rt, sitemaps)  # asks the sitemaps' lastmod rules
     dashboard = Dashboard(rt, providers=(pacing.status, robots.status, health.live_fields, controls.status,
-                                         runaway.status, revalidation.status),
+                                         runaway.status, sitemaps.status),
                           routes={REPORT_PATH: health.post_report, OPERATOR_ROUTE: controls.post},
                           rates=rates, restraints=restraints)
     return [
@@ -197,7 +199,8 @@ def members(rt: Runtime) -> list[Any]:
         controls,  # SPEC §3 `sites pause`: before robots, nothing goes out
         robots,  # RFC 9309: refuse before anything else spends the site's budget
         GoneMemory(rt),  # 404/410 remembered: answered locally before any validator work
-        revalidation,  # served-stored, validator injection; 304 -> stored 200 in response; sitemaps
+        sitemaps,  # SPEC §6: sitemaps fetched (request) and read (response); efficiency counted
+        revalidation,  # served-stored, validator injection; 304 -> stored 200 in response
         runaway,  # SPEC §7: URL-space traps (requests going upstream), retired sites
         pacing,  # SPEC §5: hold for the site's turn (request), learn from its answer (responseheaders)
         PaymentWatch(rt),  # SPEC §9: what a 402 asks, on the line, before the trimmer strips headers

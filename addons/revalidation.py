@@ -25,27 +25,23 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple, TypeVar
 
 from addons.answers import FAULTS, answer_locally, fail_closed
 from addons.audit_log import DECISION_HEADER
 from addons.notes import FlowNotes, notes_of, skip, url_key
 from addons.runtime import PerSite, Runtime
+from addons.sitemaps import SitemapHooks
 from addons.side_fetch import SideFetchError, fetch
 from addons.streaming import body_of
 from mitmproxy import http
 
-from etiquette_proxy.audit.log import audit_record
 from etiquette_proxy.clock import wall
-from etiquette_proxy.revalidation.fingerprint import Fingerprinter, decoded_for_fingerprint
+from etiquette_proxy.revalidation.fingerprint import Fingerprinter, decoded_for_fingerprint  # noqa: F401 - tests
 from etiquette_proxy.revalidation.recent import Recent
 from etiquette_proxy.revalidation.revisit import NAMESPACE as REVISIT
 from etiquette_proxy.revalidation.revisit import RevisitPolicy, RevisitState
-from etiquette_proxy.revalidation.service import Fetched, SitemapService, SitemapSettings
-from etiquette_proxy.revalidation.sitemaps import looks_like_sitemap
 from etiquette_proxy.revalidation.store import HOT_ENTRIES
-from etiquette_proxy.revalidation.urlkey import normalise
 from etiquette_proxy.revalidation.validators import (
     Answer304,
     HeaderPairs,
@@ -146,15 +142,11 @@ def set_stored_fields(response: http.Response, body: bytes, fields: tuple[tuple[
 
 
 class Revalidation:
-    def __init__(self, runtime: Runtime, take_turn: Callable[[str], Awaitable[None]] | None = None,
-                 robots_sitemaps: Callable[[str, str], Awaitable[tuple[str, ...]]] | None = None):
+    def __init__(self, runtime: Runtime, sitemaps: SitemapHooks | None = None):
         self.rt = runtime
-        # SPEC §6 change signals: sitemaps (the core's SitemapService, built over the store);
-        # chain.py hands in the site's budget and robots.txt's Sitemap: lines.
-        self.sitemap_settings: PerSite[SitemapSettings] = PerSite(runtime, SitemapSettings.from_config)
-        self._take_turn, self._robots_sitemaps = take_turn, robots_sitemaps
-        self._sitemaps: SitemapService | None = None
-        runtime.recorded.connect(self._count)
+        # SPEC §6 change signals: a sitemap's lastmod makes a URL due (request) and is scored
+        # against what its fetch found (response); chain.py hands in the sitemap hooks.
+        self.sitemaps = sitemaps
         self.revisits: PerSite[RevisitPolicy] = PerSite(runtime, RevisitPolicy.from_config)
         self.fingerprinters: PerSite[Fingerprinter] = PerSite(runtime, Fingerprinter.from_config)
         # (id(entry), header fields) -> (entry, result, encoded fields); the entry is kept, so
@@ -182,9 +174,7 @@ class Revalidation:
         key = url_key(flow, self.rt)
         if key is None:
             return
-        sitemaps = self._service(notes.site)
-        if sitemaps is not None and self.sitemap_settings.get(notes.site).fetches and not self.rt.observe:
-            self._refresh_sitemaps(sitemaps, flow, notes)
+        sitemaps = self.sitemaps.service(notes.site) if self.sitemaps is not None else None
         policy = self.revisits.get(notes.site)
         state: RevisitState | None = None
         if policy.enforce:  # the schedule rides in the entry's row: one read for both
@@ -254,79 +244,6 @@ class Revalidation:
             return await asyncio.to_thread(store.body, entry)
         return store.body(entry)
 
-    # -- sitemaps (SPEC §6 change signals): thin hooks over SitemapService --------------------
-
-    def _service(self, site: str) -> SitemapService | None:
-        """The sitemap service over the current store; None when sitemaps are off for `site`."""
-        store = self.rt.store
-        if store is None or not self.sitemap_settings.get(site).reads:
-            return None
-        if self._sitemaps is None or self._sitemaps.store is not store:
-            self._sitemaps = SitemapService(
-                store, self._key_of, clock=wall, fetch=self._side_fetch, take_turn=self._take_turn,
-                robots_sitemaps=self._robots_sitemaps, record=self._own_line)
-        return self._sitemaps
-
-    def _key_of(self, url: str, site: str) -> str | None:
-        try:
-            return normalise(url, self.rt.config.get("store.tracking_params", site))
-        except ValueError:
-            return None
-
-    def _refresh_sitemaps(self, sitemaps: SitemapService, flow: http.HTTPFlow, notes: FlowNotes) -> None:
-        settings = self.sitemap_settings.get(notes.site)
-        ua = self.rt.config.identity.user_agent or "etiquette-proxy"
-        sitemaps.start_refresh(notes.origin, notes.site, settings.interval_s, ua)
-
-    async def _side_fetch(self, url: str, max_bytes: int) -> Fetched:
-        ua = self.rt.config.identity.user_agent or "etiquette-proxy"
-        got = await fetch(url, path=self.rt.upstream, headers={"User-Agent": ua},
-                          timeout=REFETCH_TIMEOUT_S, max_bytes=max_bytes)
-        return Fetched(got.status, dict(got.headers), got.body, got.truncated)
-
-    def _own_line(self, fields: dict[str, Any]) -> None:
-        """The audit line of a sitemap the proxy fetched itself (signed like a canary)."""
-        if self.rt.audit is None:
-            return
-        signed = self.rt.signed_keyid() if fields.get("upstream_status") is not None else None
-        self.rt.record(audit_record(ts=wall(), method="GET", waited_s=0.0,
-                                    rate=self.rt.configured_rate(fields["site"]), signed=signed, **fields))
-
-    def _count(self, record: Any) -> None:
-        if self._sitemaps is not None:
-            self._sitemaps.count(record)
-
-    def status(self, site: str) -> dict[str, Any]:
-        """The dashboard's live fields: lastmod trust and efficiency (SPEC §6)."""
-        return self._sitemaps.status(site) if self._sitemaps is not None else {}
-
-    async def _read_sitemap(self, flow: http.HTTPFlow, notes: FlowNotes) -> None:
-        """A 200 whose body is a sitemap (or a URL robots.txt lists under Sitemap:) is read."""
-        sitemaps = self._service(notes.site)
-        response = flow.response
-        if sitemaps is None or response is None or response.raw_content is None or self.rt.observe:
-            return
-        raw = response.raw_content
-        encoding = (response.headers.get("content-encoding") or "identity").strip().lower()
-        if encoding not in ("identity", "", "gzip"):
-            assert self.rt.store is not None
-            plain = decoded_for_fingerprint(raw, encoding, DECODE_FACTOR * max(self.rt.store.max_body, 1024**2))
-            if plain is None:
-                return
-            raw = plain
-        listed = sitemaps.known_sitemap(flow.request.url)
-        if not listed and not looks_like_sitemap(raw[:64 * 1024]):
-            return
-        url, site = flow.request.url, notes.site
-        if len(raw) > THREAD_ABOVE:
-            await asyncio.to_thread(sitemaps.read, url, site, (raw,), listed)
-        else:
-            sitemaps.read(url, site, (raw,), listed)
-
-    async def done(self) -> None:
-        if self._sitemaps is not None:
-            await self._sitemaps.stop()
-
     # -- response: 304 -> 200, unchanged, store and fingerprint ------------------------------
 
     async def response(self, flow: http.HTTPFlow) -> None:
@@ -345,7 +262,6 @@ class Revalidation:
                 notes.reason = "site answered 304 to the client's own conditional request"
             elif status == 200:
                 await self._fetched(flow, notes)
-                await self._read_sitemap(flow, notes)
             elif status in (404, 410) and flow.metadata.get(_HAD_ENTRY):
                 key = url_key(flow, self.rt)
                 if key is not None:
@@ -532,7 +448,7 @@ class Revalidation:
             revisit = policy.after_fetch(state, digest, now)
         if revisit.changed is not None:
             notes.extra["changed"] = revisit.changed
-        sitemaps = self._service(notes.site)
+        sitemaps = self.sitemaps.service(notes.site) if self.sitemaps is not None else None
         if sitemaps is not None:
             sitemaps.fetched(notes.site, key, state, revisit.changed)
         return revisit.state.to_state()

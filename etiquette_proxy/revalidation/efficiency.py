@@ -13,6 +13,7 @@ Counted from the audit lines, one way for the dashboard, `/api/sites`, `/metrics
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -62,6 +63,35 @@ class SiteEfficiency:
         return (f"{percent(c['unchanged_redownloads'], self.requests)} % unchanged re-downloads "
                 f"({_n(c['unchanged_redownloads'])} of {_n(self.requests)}), {_n(c['local'])} local, "
                 f"{_n(c['not_modified'])} × 304")
+
+
+class Efficiencies:
+    """Every site's tally, the least recently counted dropped past `limit` sites."""
+
+    def __init__(self, limit: int = 10_000):
+        self.limit = limit
+        self._sites: OrderedDict[str, SiteEfficiency] = OrderedDict()
+
+    def count(self, record: Mapping[str, Any]) -> None:
+        """One audit line into its site's tally."""
+        site = record.get("site")
+        if not isinstance(site, str) or not site:
+            return
+        tally = self._sites.get(site)
+        if tally is None:
+            tally = self._sites[site] = SiteEfficiency()
+            if len(self._sites) > self.limit:
+                self._sites.popitem(last=False)
+        else:
+            self._sites.move_to_end(site)
+        tally.add(record)
+
+    def status(self, site: str) -> dict[str, Any]:
+        """The dashboard's live fields: `efficiency` (counts, bytes) and `recrawl` (in words)."""
+        tally = self._sites.get(site)
+        if tally is None or not tally.requests:
+            return {}
+        return {"efficiency": tally.as_dict(), "recrawl": tally.words()}
 
 
 def kind_of(outcome: Any, upstream_status: Any, changed: Any) -> str | None:

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from etiquette_proxy.revalidation.efficiency import SiteEfficiency
+from etiquette_proxy.revalidation.fingerprint import decoded_for_fingerprint
 from etiquette_proxy.revalidation.gone import freshness_left
 from etiquette_proxy.revalidation.lastmod import (
     NAMESPACE,
@@ -36,7 +36,13 @@ from etiquette_proxy.revalidation.lastmod import (
     listed,
 )
 from etiquette_proxy.revalidation.revisit import RevisitState
-from etiquette_proxy.revalidation.sitemaps import MAX_BYTES, Sitemap, SitemapReader, named_like_text_sitemap
+from etiquette_proxy.revalidation.sitemaps import (
+    MAX_BYTES,
+    Sitemap,
+    SitemapReader,
+    looks_like_sitemap,
+    named_like_text_sitemap,
+)
 from etiquette_proxy.revalidation.store import ValidatorStore
 from etiquette_proxy.sites import site_settings
 
@@ -132,7 +138,6 @@ class SitemapService:
         self.sleep = sleep
         self._fetch, self._take_turn, self._robots, self._record = fetch, take_turn, robots_sitemaps, record
         self.trust: Bounded[LastmodTrust] = Bounded(LastmodTrust)
-        self.efficiency: Bounded[SiteEfficiency] = Bounded(SiteEfficiency)
         self._logged: OrderedDict[str, None] = OrderedDict()
         self._next_refresh: Bounded[list[float]] = Bounded(lambda: [0.0])
         self._refreshing: dict[str, asyncio.Task[int]] = {}
@@ -181,6 +186,22 @@ class SitemapService:
             self.store.put_records(NAMESPACE, writes)
         return len(writes)
 
+    def sitemap_body(self, url: str, raw: bytes, content_encoding: str | None,
+                     limit: int) -> tuple[bytes, bool] | None:
+        """A response body worth reading as a sitemap, and whether it may be a text sitemap; None
+        for any other body (asked of every 200: only its first bytes are looked at). The reader
+        undoes gzip itself; another content coding is undone here, up to `limit` bytes."""
+        coding = (content_encoding or "identity").strip().lower()
+        if coding not in ("identity", "", "gzip"):
+            plain = decoded_for_fingerprint(raw, coding, limit)
+            if plain is None:
+                return None
+            raw = plain
+        text_ok = self.known_sitemap(url)
+        if not text_ok and not looks_like_sitemap(raw[:64 * 1024]):
+            return None
+        return raw, text_ok
+
     def is_sitemap(self, key: str) -> bool:
         """Whether `key` was read as a sitemap: never answered from the store unasked (SPEC §6)."""
         return self.store.get_record(SITEMAP_FILES, key) is not None
@@ -223,23 +244,10 @@ class SitemapService:
         if record is not None:
             self.store.put_record(NAMESPACE, key, record.to_state())
 
-    def count(self, record: Mapping[str, Any]) -> None:
-        """One audit line into its site's efficiency tally."""
-        site = record.get("site")
-        if isinstance(site, str) and site:
-            self.efficiency(site).add(record)
-
     def status(self, site: str) -> dict[str, Any]:
-        """The dashboard's live fields for `site`: lastmod trust and efficiency."""
-        out: dict[str, Any] = {}
+        """The dashboard's live field for `site`: how far its lastmod is trusted."""
         trust = self.trust.peek(site)
-        if trust is not None and trust.samples:
-            out["lastmod"] = trust.words()
-        tally = self.efficiency.peek(site)
-        if tally is not None and tally.requests:
-            out["efficiency"] = tally.as_dict()
-            out["recrawl"] = tally.words()
-        return out
+        return {"lastmod": trust.words()} if trust is not None and trust.samples else {}
 
     # -- fetching (revisit.sitemaps: fetch) ------------------------------------------------------
 

@@ -64,9 +64,9 @@ def test_the_text_parses_and_holds_the_counts():
                        "saved": {"revalidation": 5, "trimming": 0},
                        "live": {"rate": 0.25, "breaker_open": True, "health": {"score": 64.5, "band": "degrading"},
                                 "robots": [{"origin": "https://x", "status": "rules", "age_s": math.inf}],
-                                "efficiency": {"requests": 10, "local": 3, "not_modified": 4, "unchanged_redownloads": 1,
-                                               "changed": 1, "new": 1, "bytes": {"unchanged_redownloads": 900,
-                                                                                  "saved": 2700}}}}]}
+                                "efficiency": {"requests": 10, "local": 3, "not_modified": 4,
+                                               "unchanged_redownloads": 1, "changed": 1, "new": 1,
+                                               "bytes": {"unchanged_redownloads": 900, "saved": 2700}}}}]}
     text = render_metrics(lambda: snap).decode()
     assert text == old_render_metrics(lambda: snap).decode()
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
