@@ -302,6 +302,11 @@ class Revalidation:
         notes.reason = f"site answered 304 to {' and '.join(injected.names)}; stored body served"
         notes.extra["changed"] = False
         if not write or answer.entry is None:
+            # The schedule is not rewritten, but the sitemap learns this check happened (a
+            # moved lastmod is answered: the URL is not due again for it).
+            key = url_key(flow, self.rt)
+            if self.sitemaps is not None and key is not None:
+                self.sitemaps.checked(notes.site, key, None, False, read_before=True)
             return
         # Written back only while the store still holds this body (RFC 9111 §4.3.4 updates the
         # stored response; one that was replaced or evicted meanwhile is not ours to touch).
@@ -448,9 +453,8 @@ class Revalidation:
             revisit = policy.after_fetch(state, digest, now)
         if revisit.changed is not None:
             notes.extra["changed"] = revisit.changed
-        sitemaps = self.sitemaps.service(notes.site) if self.sitemaps is not None else None
-        if sitemaps is not None:
-            sitemaps.fetched(notes.site, key, state, revisit.changed)
+        if self.sitemaps is not None:
+            self.sitemaps.checked(notes.site, key, state, revisit.changed)
         return revisit.state.to_state()
 
 

@@ -24,6 +24,8 @@ from mitmproxy import http
 from etiquette_proxy.audit.log import audit_record
 from etiquette_proxy.clock import wall
 from etiquette_proxy.revalidation.efficiency import Efficiencies
+from etiquette_proxy.revalidation.revisit import NAMESPACE as REVISIT
+from etiquette_proxy.revalidation.revisit import RevisitState
 from etiquette_proxy.revalidation.service import Fetched, SitemapService, SitemapSettings
 from etiquette_proxy.revalidation.urlkey import normalise
 
@@ -53,6 +55,18 @@ class SitemapHooks:
                 store, self._key_of, clock=wall, fetch=self._side_fetch, take_turn=self._take_turn,
                 robots_sitemaps=self._robots_sitemaps, record=self._own_line)
         return self._service
+
+    def checked(self, site: str, key: str, before: RevisitState | None, changed: bool | None,
+                read_before: bool = False) -> None:
+        """The revalidation addon fetched `key` (a 200, or a 304 to its validators): the lastmod is
+        scored and the one answered remembered. `before`: the URL's schedule before this check;
+        `read_before`: read it from the store (a 304 whose schedule is not rewritten)."""
+        service = self.service(site)
+        if service is None:
+            return
+        if read_before and self.rt.store is not None:
+            before = self.rt.store.get_record(REVISIT, key, parse=RevisitState.from_state)
+        service.fetched(site, key, before, changed)
 
     # -- hooks ---------------------------------------------------------------------------------
 

@@ -4,13 +4,14 @@ the pages, twice. The site's own request log is the truth."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Iterator
 
 import pytest
 import requests
 
-from tests.e2e.proxy import FAST_PACING, Proxy
+from tests.e2e.proxy import ETIQUETTE, FAST_PACING, Proxy, clean_env
 from tests.e2e.sitemap_site import SitemapSite
 
 PAGES = 240
@@ -92,8 +93,37 @@ def test_second_pass_asks_only_what_the_sitemap_moved(tmp_path, site: SitemapSit
         expected = sum(len(site.pages.pages[p].body) for p in moved_changed + plain_moved)
         assert second_bytes == expected
         assert second_bytes < first_bytes * 0.1
+
+        # Shown per site: the lastmod scored against what the fetches found (6 moved and
+        # changed, 6 moved without a change), and what each kind of request cost the site.
+        site_key = f"127.0.0.1:{site.site.port}"
+        with proxy.session() as s:
+            board = s.get("http://etiquette.proxy/api/sites", timeout=10).json()
+            metrics = s.get("http://etiquette.proxy/metrics", timeout=10).text
+        live = next(e for e in board["sites"] if e["site"] == site_key)["live"]
+        assert live["lastmod"] == "trusted 50 %"
+        requests_made = 2 * (PAGES + 1)  # two passes: the sitemap and every page
+        efficiency = live["efficiency"]
+        assert efficiency["requests"] == requests_made
+        # The second sitemap differs from the first only in lastmod timestamps, which the
+        # fingerprint strips as volatile (SPEC §6): one more unchanged re-download.
+        sitemap_line = lines_for(proxy, site.sitemap_url)[-1]
+        assert sitemap_line["changed"] is False
+        unchanged = len(plain_moved) + 1
+        assert efficiency["unchanged_redownloads"] == unchanged
+        assert efficiency["local"] == PAGES - len(asked)
+        assert efficiency["not_modified"] == len(moved_only) - len(plain_moved)
+        assert efficiency["bytes"]["unchanged_redownloads"] == (
+            sum(len(site.pages.pages[p].body) for p in plain_moved) + sitemap_line["bytes"])
+        assert (f'etiquette_efficiency_requests_total{{kind="unchanged_redownloads",site="{site_key}"}} '
+                f"{float(unchanged)}") in metrics
     finally:
         proxy.stop()
+    report = subprocess.run([ETIQUETTE, "report", str(proxy.audit_path)], env=clean_env(), capture_output=True,
+                            text=True, timeout=60)
+    share = f"{100 * unchanged / requests_made:.1f}"
+    assert (f"of {requests_made} requests to {site_key}, {unchanged} re-downloaded an unchanged page: "
+            f"{share} %") in " ".join(report.stdout.split()), report.stdout
 
 
 def test_a_lastmod_that_never_moves_does_not_skip_the_own_interval(tmp_path) -> None:
