@@ -63,6 +63,7 @@ KNOWN_KEYS = frozenset(REQUIRED_KEYS) | {
     "pause_until", "breaker_until", "moved_to",  # SPEC §12 state checked and rebuilt at start
     "gap",  # SPEC §11: the audit_gap event's what and when (etiquette_proxy/audit/log.py Gap)
     "learned",  # SPEC §5: how a throttling answer taught the site's limit
+    "due", "sitemap_fetch",  # SPEC §6 change signals: why a URL was asked; the proxy's own sitemap fetch
 }
 # A robots.txt that could not be fetched disallows everything (RFC 9309 §2.3.1.4): those 503s
 # are the proxy waiting for robots.txt, not a crawler trying a disallowed path.
