@@ -182,8 +182,10 @@ def members(rt: Runtime) -> list[Any]:
         return sitemaps_in_robots(entry.text) if entry.kind == "rules" else ()
 
     # SPEC §6 `revisit.sitemaps: fetch`: the proxy's own sitemap requests take the site's budget
-    # as robots.txt fetches do, and find the sitemaps in robots.txt's `Sitemap:` lines.
-    sitemaps = SitemapHooks(rt, take_turn=pacing.before_robots_fetch, robots_sitemaps=robots_sitemaps)
+    # as robots.txt fetches do, find the sitemaps in robots.txt's `Sitemap:` lines, and ask
+    # robots.txt like canaries do.
+    sitemaps = SitemapHooks(rt, take_turn=pacing.before_robots_fetch, robots_sitemaps=robots_sitemaps,
+                            robots_allows=robots.allows)
     revalidation = Revalidation(rt, sitemaps)  # asks the sitemaps' lastmod rules
     dashboard = Dashboard(rt, providers=(pacing.status, robots.status, health.live_fields, controls.status,
                                          runaway.status, sitemaps.status),

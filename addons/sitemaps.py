@@ -36,10 +36,11 @@ DECODE_LIMIT = 64 * 1024**2  # a content-coded sitemap is decoded up to this muc
 
 class SitemapHooks:
     def __init__(self, runtime: Runtime, take_turn: Callable[[str], Awaitable[None]] | None = None,
-                 robots_sitemaps: Callable[[str, str], Awaitable[tuple[str, ...]]] | None = None):
+                 robots_sitemaps: Callable[[str, str], Awaitable[tuple[str, ...]]] | None = None,
+                 robots_allows: Callable[[str, str, str], Awaitable[bool]] | None = None):
         self.rt = runtime
         self.settings: PerSite[SitemapSettings] = PerSite(runtime, SitemapSettings.from_config)
-        self._take_turn, self._robots_sitemaps = take_turn, robots_sitemaps
+        self._take_turn, self._robots_sitemaps, self._robots_allows = take_turn, robots_sitemaps, robots_allows
         self._service: SitemapService | None = None
         # Efficiency is counted whatever revisit.sitemaps says: every site's audit lines.
         self.efficiency = Efficiencies()
@@ -53,7 +54,7 @@ class SitemapHooks:
         if self._service is None or self._service.store is not store:
             self._service = SitemapService(
                 store, self._key_of, clock=wall, fetch=self._side_fetch, take_turn=self._take_turn,
-                robots_sitemaps=self._robots_sitemaps, record=self._own_line)
+                robots_sitemaps=self._robots_sitemaps, allows=self._robots_allows, record=self._own_line)
         return self._service
 
     def checked(self, site: str, key: str, before: RevisitState | None, changed: bool | None,

@@ -93,6 +93,7 @@ class Fetched:
 SideFetch = Callable[[str, int], Awaitable[Fetched]]  # (url, max_bytes) -> Fetched; raises OSError-like on no answer
 TakeTurn = Callable[[str], Awaitable[None]]  # the site's budget: returns when sent may go, raises when it must not
 RobotsSitemaps = Callable[[str, str], Awaitable[tuple[str, ...]]]  # (origin, site) -> robots.txt's Sitemap: URLs
+Allows = Callable[[str, str, str], Awaitable[bool]]  # (url, site, user agent) -> robots.txt allows it
 KeyOf = Callable[[str, str], "str | None"]  # (url, site) -> store key, None for a URL without one
 Record = Callable[[dict[str, Any]], None]  # one audit line of the proxy's own request
 
@@ -131,12 +132,14 @@ class SitemapService:
     def __init__(self, store: ValidatorStore, key_of: KeyOf, *, clock: Callable[[], float],
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                  fetch: SideFetch | None = None, take_turn: TakeTurn | None = None,
-                 robots_sitemaps: RobotsSitemaps | None = None, record: Record | None = None):
+                 robots_sitemaps: RobotsSitemaps | None = None, allows: Allows | None = None,
+                 record: Record | None = None):
         self.store = store
         self.key_of = key_of
         self.clock = clock
         self.sleep = sleep
         self._fetch, self._take_turn, self._robots, self._record = fetch, take_turn, robots_sitemaps, record
+        self._allows = allows
         self.trust: Bounded[LastmodTrust] = Bounded(LastmodTrust)
         self._logged: OrderedDict[str, None] = OrderedDict()
         self._next_refresh: Bounded[list[float]] = Bounded(lambda: [0.0])
@@ -300,6 +303,17 @@ class SitemapService:
 
     async def _one(self, url: str, site: str, ua: str) -> tuple[Sitemap, float | None] | None:
         assert self._fetch is not None
+        if self._allows is not None:
+            # SPEC §1: the proxy's own requests obey robots.txt like its clients' (a sitemap
+            # robots.txt names under a path it disallows is not fetched).
+            try:
+                allowed = await self._allows(url, site, ua)
+            except Exception as e:  # noqa: BLE001 - robots.txt not known: not sent (fail closed)
+                log.info("sitemap %s not fetched: robots.txt not known (%s)", url, e)
+                return None
+            if not allowed:
+                self._line(url, site, ua, "disallowed", None, "sitemap fetch disallowed by robots.txt", 0)
+                return None
         if self._take_turn is not None:
             try:
                 await self._take_turn(site)

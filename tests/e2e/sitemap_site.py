@@ -5,6 +5,7 @@ Last-Modified: only the fingerprint can tell it did not change), robots.txt nami
 /sitemap.xml, and the sitemap listing every page with its lastmod. Between passes a test
 `change()`s a page (its body), `touch()`es its lastmod, or both. What the site sent is in
 `pages` (200s, 304s, body bytes) and `site.arrivals` (every request, the site's own log).
+With `index=N`, robots.txt names /sitemap_index.xml, which lists the sitemap N times.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def w3c(moment: datetime.datetime) -> str:
 
 
 class SitemapSite:
-    def __init__(self, n: int, index: bool = False, sitemap_headers: dict[str, str] | None = None):
+    def __init__(self, n: int, index: int = 0, sitemap_headers: dict[str, str] | None = None):
         self.site = Site()
         self.pages = Pages()
         self.paths = [f"/p/{i}" for i in range(n)]
@@ -39,10 +40,11 @@ class SitemapSite:
                                                    .encode(), {"Content-Type": "text/plain"}))
         headers = {"Content-Type": "application/xml", **(sitemap_headers or {})}
         self.site.route("/sitemap.xml", lambda arrival: self._sitemap(arrival, headers))
-        if index:
-            index_body = (b'<?xml version="1.0" encoding="UTF-8"?>\n<sitemapindex xmlns="http://www.sitemaps.org/'
-                          b'schemas/sitemap/0.9"><sitemap><loc>' + self.site.url("/sitemap.xml").encode()
-                          + b"</loc></sitemap></sitemapindex>")
+        if index:  # an index listing the sitemap `index` times (/sitemap.xml?part=N)
+            parts = "".join(f"<sitemap><loc>{self.site.url(f'/sitemap.xml?part={i}')}</loc></sitemap>"
+                            for i in range(index))
+            index_body = ('<?xml version="1.0" encoding="UTF-8"?>\n<sitemapindex xmlns="http://www.sitemaps.org/'
+                          f'schemas/sitemap/0.9">{parts}</sitemapindex>').encode()
             self.site.route("/sitemap_index.xml", Answer(200, index_body, headers))
 
     def url(self, path: str) -> str:

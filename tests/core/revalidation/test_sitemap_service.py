@@ -205,3 +205,20 @@ def test_start_refresh_once_per_interval(store: ValidatorStore) -> None:
 def test_settings() -> None:
     assert SitemapSettings("off").reads is False and SitemapSettings("read").reads
     assert SitemapSettings("fetch").fetches and not SitemapSettings("read").fetches
+
+
+def test_fetch_mode_obeys_robots_txt(store: ValidatorStore) -> None:
+    fake = FakeSite({"https://example.org/index.xml": (200, index("https://example.org/private/s.xml"), {}),
+                     "https://example.org/private/s.xml": (200, urlset(("https://example.org/a", None)), {})})
+
+    async def allows(url: str, site: str, ua: str) -> bool:
+        return "/private/" not in url
+
+    lines: list[dict] = []
+    s = service(store, FakeClock(), fetch=fake.fetch, take_turn=fake.take_turn, robots_sitemaps=fake.robots,
+                allows=allows, record=lines.append)
+    assert asyncio.run(s.refresh("https://example.org", SITE, 60.0, "bot/1")) == 1
+    assert fake.log == ["https://example.org/index.xml"]  # the disallowed child never left
+    assert [(line["outcome"], line["url"]) for line in lines] == [
+        ("fetched", "https://example.org/index.xml"), ("disallowed", "https://example.org/private/s.xml")]
+    assert fake.turns == [SITE]  # and took no turn of the budget
