@@ -37,7 +37,12 @@ from addons.streaming import body_of
 from mitmproxy import http
 
 from etiquette_proxy.clock import wall
-from etiquette_proxy.revalidation.fingerprint import Fingerprinter, decoded_for_fingerprint  # noqa: F401 - tests
+from etiquette_proxy.revalidation.fingerprint import (  # noqa: F401 - decoded_for_fingerprint: tests
+    DECODE_FACTOR,
+    Fingerprinter,
+    body_digest,
+    decoded_for_fingerprint,
+)
 from etiquette_proxy.revalidation.recent import Recent
 from etiquette_proxy.revalidation.revisit import NAMESPACE as REVISIT
 from etiquette_proxy.revalidation.revisit import RevisitPolicy, RevisitState
@@ -53,7 +58,7 @@ from etiquette_proxy.revalidation.validators import (
     should_store_pairs,
     stored_response_headers,
 )
-from etiquette_proxy.revalidation.variants import first_field
+from etiquette_proxy.revalidation.variants import first_field, rewrite_after_304, written_lately
 from etiquette_proxy.revalidation.variants import same_validators as _same_validators
 from etiquette_proxy.revalidation.variants import same_variant as _same_variant
 from etiquette_proxy.revalidation.variants import same_variant_as as _same_variant_as
@@ -73,10 +78,7 @@ INJECTIONS_KEPT = HOT_ENTRIES
 # Bodies above this are read, hashed and fingerprinted in a worker thread: the event loop
 # serves every other flow meanwhile (a 10 MiB regex pass takes tens of milliseconds).
 THREAD_ABOVE = 256 * 1024
-# Decoded bodies are fingerprinted up to this multiple of store.max_body; a gzip bomb stops here.
-DECODE_FACTOR = 4
 REFETCH_TIMEOUT_S = 30.0
-REFRESH_EVERY_S = 60.0  # a stored entry is rewritten after a 304 at most this often
 
 _HAD_ENTRY = "etiquette_had_entry"  # a stored entry existed when the request went out
 _INJECTED = "etiquette_injected"  # Injected: what we added, with the entry and body it relied on
@@ -287,12 +289,8 @@ class Revalidation:
             await self._refetch(flow, notes, injected, answer.reason)
             return
         # Written less than a minute ago, same validators: the client gets the merged headers;
-        # the row is not rewritten for each repeat. A crawler re-checking a URL within a minute
-        # learns nothing new for its revisit schedule (floor: 1 h), and eviction order keeps a
-        # minute's granularity. A write per 304 was most of what a 304 cost
-        # (benchmarks/README.md, overhead).
-        write = not (0 <= now - entry.stored_at < REFRESH_EVERY_S
-                     and (answer.entry.etag, answer.entry.last_modified) == (entry.etag, entry.last_modified))
+        # the row is not rewritten for each repeat (variants.py REFRESH_EVERY_S says why).
+        write = rewrite_after_304(entry, answer.entry, now)
         if write:  # the refreshed entry, stored now, from the site's 304 headers
             answer = answer_304(entry, site_headers(flow.response), now)
         # The same site headers on the same entry merge to the same 200 (RFC 9111 §4.3.4); the
@@ -378,10 +376,9 @@ class Revalidation:
             if same_body and state is not None and state.fingerprint is not None and len(raw) <= store.max_body:
                 digest = state.fingerprint  # byte-identical body: the same fingerprint, no regex passes
             else:
-                digest = self._digest(raw, encoding, fingerprinter, store.max_body)
+                digest = body_digest(raw, encoding, fingerprinter, store.max_body)
             revisit = self._revisit(flow, notes, digest, now, state)
-            recent = (decision.store and current is not None and same_body
-                      and 0 <= now - current.stored_at < REFRESH_EVERY_S)
+            recent = decision.store and current is not None and same_body and written_lately(current, now)
             # Told from the headers when the site sends no Vary; else from the built entry.
             unchanged = recent and current is not None and _same_variant_as(current, request_headers, response_headers)
             entry = None
@@ -416,7 +413,7 @@ class Revalidation:
     def _fetched_unkept(self, flow: http.HTTPFlow, notes: FlowNotes, key: str, sha256: str) -> None:
         """A 200 whose body streamed past store.max_body (streaming.py): never stored, so no
         validators are injected for it later (a 304 could not be turned into the page); its
-        fingerprint is the SHA-256 computed on the stream, as `_digest` takes for any body
+        fingerprint is the SHA-256 computed on the stream, as `body_digest` takes for any body
         above store.max_body, so the revisit schedule still learns whether it changed."""
         store = self.rt.store
         assert store is not None
@@ -426,15 +423,6 @@ class Revalidation:
         store.put_record(REVISIT, key, revisit)
         assert flow.response is not None
         _note_would_revalidate(flow, notes, site_headers(flow.response))
-
-    @staticmethod
-    def _digest(raw: bytes, encoding: str | None, fingerprinter: Fingerprinter, max_body: int) -> str:
-        if len(raw) <= max_body:
-            plain = decoded_for_fingerprint(raw, encoding, DECODE_FACTOR * max(max_body, 1024**2))
-            if plain is not None:
-                return fingerprinter.fingerprint(plain).digest
-        # Over store.max_body, or not decodable within bounds: the plain SHA-256 of what came.
-        return "raw:" + hashlib.sha256(raw).hexdigest()
 
     def _revisit(self, flow: http.HTTPFlow, notes: FlowNotes, digest: str | None,
                  now: float, state: RevisitState | None | bool = False) -> dict[str, Any]:

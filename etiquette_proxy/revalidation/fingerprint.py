@@ -192,3 +192,18 @@ def decoded_for_fingerprint(raw: bytes, encoding: str | None, limit: int) -> byt
         return raw
     decoded = decode_head(raw, coding, limit)  # br, zstd, stacked codings: None, hashed raw (README)
     return decoded[0] if decoded is not None and decoded[1] else None
+
+
+# Decoded bodies are fingerprinted up to this multiple of store.max_body; a gzip bomb stops here.
+DECODE_FACTOR = 4
+
+
+def body_digest(raw: bytes, encoding: str | None, fingerprinter: Fingerprinter, max_body: int) -> str:
+    """The change fingerprint of a body as received (SPEC §6): of the decoded body up to
+    `max_body`; else (over `max_body`, or not decodable within bounds) the plain SHA-256 of what
+    came, `raw:`-prefixed, as a body too large to store is fingerprinted on the stream."""
+    if len(raw) <= max_body:
+        plain = decoded_for_fingerprint(raw, encoding, DECODE_FACTOR * max(max_body, 1024**2))
+        if plain is not None:
+            return fingerprinter.fingerprint(plain).digest
+    return "raw:" + hashlib.sha256(raw).hexdigest()

@@ -51,3 +51,22 @@ def same_validators(entry: StoredEntry, response_headers: HeaderPairs) -> bool:
         return etag is not None and etag.removeprefix("W/") == entry.etag.removeprefix("W/")
     modified = first_value(response_headers, "last-modified")
     return entry.last_modified is not None and modified == entry.last_modified
+
+
+# A stored entry is rewritten after a 304 (or an identical 200) at most this often: a crawler
+# re-checking a URL within a minute learns nothing new for its revisit schedule (floor: 1 h),
+# and eviction order keeps a minute's granularity. A write per 304 was most of what a 304 cost
+# (benchmarks/README.md, overhead).
+REFRESH_EVERY_S = 60.0
+
+
+def written_lately(entry: StoredEntry, now: float) -> bool:
+    """Was `entry` stored less than REFRESH_EVERY_S ago (and not in the clock's future)?"""
+    return 0 <= now - entry.stored_at < REFRESH_EVERY_S
+
+
+def rewrite_after_304(entry: StoredEntry, merged: StoredEntry, now: float) -> bool:
+    """After a 304 merged `entry` into `merged`: is the row worth rewriting? Not when it was
+    written lately with the same validators (the client still gets the merged headers)."""
+    return not (written_lately(entry, now)
+                and (merged.etag, merged.last_modified) == (entry.etag, entry.last_modified))
