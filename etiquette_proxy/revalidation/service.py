@@ -1,11 +1,13 @@
 """The revalidation package's service: sitemaps read, kept and fetched (SPEC §6 change signals).
 
-`SitemapService` takes its I/O as parameters (the store, the clock, the loop's sleep, a
-side-fetch callable, the site's budget, robots.txt's `Sitemap:` lines, the audit writer), so a
-test drives it with fakes; the addon hands it a flow's facts and acts on what it answers.
+`SitemapService` takes its I/O as parameters (the store, the clock, a side-fetch callable, the
+site's budget (which does the waiting for a turn: the service never sleeps), robots.txt's
+`Sitemap:` lines and rules, the audit writer), so a test drives it with fakes; the addon hands
+it a flow's facts and acts on what it answers.
 
 - `read()`: a sitemap body (passing through, or fetched here) read on the stream; each listed
-  URL's lastmod kept under its store key (lastmod.py), in one store transaction per sitemap.
+  URL's lastmod kept under its store key (lastmod.py), written only where it changed, a few
+  thousand rows to a store transaction.
   sitemaps.org: a sitemap lists URLs of its own protocol and host only, so entries naming
   another origin are dropped (a site cannot make another site's pages due). A malformed or
   hostile sitemap is logged once per sitemap URL.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -48,10 +51,9 @@ from etiquette_proxy.sites import site_settings
 
 log = logging.getLogger(__name__)
 
-SITES_KEPT = 10_000  # per-site trust and efficiency tallies kept in memory, least recent out
+SITES_KEPT = 10_000  # per-site lastmod trust kept in memory, least recent out
 LOGGED_KEPT = 1_000  # sitemap URLs whose problem was logged already
 INDEX_CHILDREN = 50  # sitemaps followed from one index per refresh (within the site's budget)
-FETCH_TIMEOUT_S = 60.0
 SITEMAP_FILES = "sitemapfile"  # store records: the URL keys read as sitemaps
 V = TypeVar("V")
 
@@ -105,16 +107,19 @@ class Bounded(Generic[V]):
     def __init__(self, make: Callable[[], V], limit: int = SITES_KEPT):
         self._make, self._limit = make, limit
         self._items: OrderedDict[str, V] = OrderedDict()
+        # Scored from worker threads too (a large body's bookkeeping runs in one).
+        self._lock = threading.Lock()
 
     def __call__(self, site: str) -> V:
-        value = self._items.get(site)
-        if value is None:
-            value = self._items[site] = self._make()
-            if len(self._items) > self._limit:
-                self._items.popitem(last=False)
-        else:
-            self._items.move_to_end(site)
-        return value
+        with self._lock:
+            value = self._items.get(site)
+            if value is None:
+                value = self._items[site] = self._make()
+                if len(self._items) > self._limit:
+                    self._items.popitem(last=False)
+            else:
+                self._items.move_to_end(site)
+            return value
 
     def peek(self, site: str) -> V | None:
         return self._items.get(site)
@@ -130,14 +135,12 @@ class SitemapService:
     """Sitemaps read in passing and fetched by the proxy (module docstring)."""
 
     def __init__(self, store: ValidatorStore, key_of: KeyOf, *, clock: Callable[[], float],
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                  fetch: SideFetch | None = None, take_turn: TakeTurn | None = None,
                  robots_sitemaps: RobotsSitemaps | None = None, allows: Allows | None = None,
                  record: Record | None = None):
         self.store = store
         self.key_of = key_of
         self.clock = clock
-        self.sleep = sleep
         self._fetch, self._take_turn, self._robots, self._record = fetch, take_turn, robots_sitemaps, record
         self._allows = allows
         self.trust: Bounded[LastmodTrust] = Bounded(LastmodTrust)
