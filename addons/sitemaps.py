@@ -90,9 +90,11 @@ class SitemapHooks:
         service = None if notes.local else self.service(notes.site)
         if service is None:
             return
-        url = flow.request.url
-        found = service.sitemap_body(url, response.raw_content, response.headers.get("content-encoding"),
-                                     DECODE_LIMIT)
+        url, raw = flow.request.url, response.raw_content
+        found = service.sitemap_body(url, raw, response.headers.get("content-encoding"), DECODE_LIMIT)
+        if found is None and not response.headers.get("content-encoding") \
+                and await service.listed_in_robots(notes.origin, notes.site, url, raw[:64]):
+            found = raw, True  # a text sitemap robots.txt names (SPEC §6)
         if found is None:
             return
         body, text_ok = found

@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from etiquette_proxy.bodies import decode_head
 from etiquette_proxy.revalidation.fingerprint import decoded_for_fingerprint
 from etiquette_proxy.revalidation.gone import freshness_left
 from etiquette_proxy.revalidation.lastmod import (
@@ -45,6 +46,7 @@ from etiquette_proxy.revalidation.sitemaps import (
     SitemapReader,
     looks_like_sitemap,
     named_like_text_sitemap,
+    starts_with_url,
 )
 from etiquette_proxy.revalidation.store import ValidatorStore
 from etiquette_proxy.sites import site_settings
@@ -54,6 +56,7 @@ log = logging.getLogger(__name__)
 SITES_KEPT = 10_000  # per-site lastmod trust kept in memory, least recent out
 LOGGED_KEPT = 1_000  # sitemap URLs whose problem was logged already
 INDEX_CHILDREN = 50  # sitemaps followed from one index per refresh (within the site's budget)
+SNIFF_BYTES = 64 * 1024  # a 200's first bytes looked at to tell a sitemap
 SITEMAP_FILES = "sitemapfile"  # store records: the URL keys read as sitemaps
 V = TypeVar("V")
 
@@ -196,17 +199,45 @@ class SitemapService:
                      limit: int) -> tuple[bytes, bool] | None:
         """A response body worth reading as a sitemap, and whether it may be a text sitemap; None
         for any other body (asked of every 200: only its first bytes are looked at). The reader
-        undoes gzip itself; another content coding is undone here, up to `limit` bytes."""
+        undoes gzip itself; deflate is undone here, up to `limit` bytes, once the head says it
+        is a sitemap (br and zstd are not read: bodies.decode_head)."""
         coding = (content_encoding or "identity").strip().lower()
-        if coding not in ("identity", "", "gzip"):
-            plain = decoded_for_fingerprint(raw, coding, limit)
-            if plain is None:
+        plain = coding in ("identity", "", "gzip")
+        if plain:
+            head = raw[:SNIFF_BYTES]
+        else:
+            decoded = decode_head(raw, coding, SNIFF_BYTES)
+            if decoded is None:
                 return None
-            raw = plain
+            head = decoded[0]
         text_ok = self.known_sitemap(url)
-        if not text_ok and not looks_like_sitemap(raw[:64 * 1024]):
+        if not text_ok and not looks_like_sitemap(head):
             return None
+        if not plain:
+            whole = decoded_for_fingerprint(raw, coding, limit)
+            if whole is None:
+                return None
+            raw = whole
         return raw, text_ok
+
+    async def listed_in_robots(self, origin: str, site: str, url: str, head: bytes) -> bool:
+        """A 200 whose body starts with a URL: is it a text sitemap robots.txt names? (asked
+        of the robots.txt the gate already holds for this request; remembered when it is)."""
+        if self._robots is None or not starts_with_url(head):
+            return False
+        try:
+            listed = await self._robots(origin, site)
+        except Exception as e:  # noqa: BLE001 - robots.txt not known now: not read as a sitemap
+            log.debug("robots.txt of %s not read for Sitemap: lines (%s)", origin, e)
+            return False
+        self._remember_from_robots(listed)
+        return url in listed
+
+    def _remember_from_robots(self, urls: Iterable[str]) -> None:
+        for u in urls:
+            self._from_robots[u] = None
+            if len(self._from_robots) > LOGGED_KEPT:
+                self._from_robots.popitem(last=False)
 
     def is_sitemap(self, key: str) -> bool:
         """Whether `key` was read as a sitemap: never answered from the store unasked (SPEC §6)."""
@@ -280,10 +311,7 @@ class SitemapService:
         except Exception as e:  # noqa: BLE001 - no robots.txt answer: try at the next interval
             log.info("sitemaps of %s: robots.txt not read (%s)", origin, e)
             return 0
-        for u in listed_urls:
-            self._from_robots[u] = None
-            if len(self._from_robots) > LOGGED_KEPT:
-                self._from_robots.popitem(last=False)
+        self._remember_from_robots(listed_urls)
         sent, fresh_for = 0, None
         queue = [(u, True) for u in listed_urls]
         while queue:

@@ -336,6 +336,11 @@ def sitemaps_in_robots(text: str) -> tuple[str, ...]:
     return tuple(found)
 
 
+def starts_with_url(head: bytes) -> bool:
+    """Whether a body's first bytes are an absolute http(s) URL (a text sitemap's first line)."""
+    return head.lstrip(b"\xef\xbb\xbf \t\r\n")[:8].lower().startswith((b"http://", b"https://"))
+
+
 def named_like_text_sitemap(url: str) -> bool:
     """A URL whose name says it is a text sitemap (`.../sitemap.txt`, `sitemap-1.txt`): read as
     one when it passes (a sitemap robots.txt names is known without its name)."""

@@ -222,3 +222,30 @@ def test_fetch_mode_obeys_robots_txt(store: ValidatorStore) -> None:
     assert [(line["outcome"], line["url"]) for line in lines] == [
         ("fetched", "https://example.org/index.xml"), ("disallowed", "https://example.org/private/s.xml")]
     assert fake.turns == [SITE]  # and took no turn of the budget
+
+
+def test_which_bodies_are_read_as_sitemaps(store: ValidatorStore) -> None:
+    import zlib
+
+    s = service(store, FakeClock())
+    body = urlset(("https://example.org/a", None))
+    assert s.sitemap_body("https://example.org/s.xml", body, None, 10**6) == (body, False)
+    assert s.sitemap_body("https://example.org/s.xml", gzip.compress(body), "gzip", 10**6) is not None
+    deflated = zlib.compress(body)
+    assert s.sitemap_body("https://example.org/s.xml", deflated, "deflate", 10**6) == (body, False)
+    assert s.sitemap_body("https://example.org/page", b"<html>not one</html>", None, 10**6) is None
+    text = b"https://example.org/a\nhttps://example.org/b\n"
+    assert s.sitemap_body("https://example.org/urls", text, None, 10**6) is None  # plain text: not by itself
+    assert s.sitemap_body("https://example.org/sitemap-2.txt", text, None, 10**6) == (text, True)
+
+
+def test_a_text_sitemap_robots_txt_names_is_read_in_passing(store: ValidatorStore) -> None:
+    async def robots(origin: str, site: str) -> tuple[str, ...]:
+        return ("https://example.org/urls",)
+
+    s = service(store, FakeClock(), robots_sitemaps=robots)
+    text = b"https://example.org/a\nhttps://example.org/b\n"
+    assert asyncio.run(s.listed_in_robots("https://example.org", SITE, "https://example.org/urls", text))
+    assert not asyncio.run(s.listed_in_robots("https://example.org", SITE, "https://example.org/other", text))
+    assert not asyncio.run(s.listed_in_robots("https://example.org", SITE, "https://example.org/urls", b"<html>"))
+    assert s.sitemap_body("https://example.org/urls", text, None, 10**6) == (text, True)  # remembered
