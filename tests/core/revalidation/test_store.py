@@ -7,11 +7,11 @@ import diskcache
 import pytest
 
 from etiquette_proxy.config import defaults
-from etiquette_proxy.revalidation import store as store_module
 from etiquette_proxy.revalidation.gone import NAMESPACE as GONE
 from etiquette_proxy.revalidation.gone import GoneRecord
 from etiquette_proxy.revalidation.revisit import NAMESPACE as REVISIT
 from etiquette_proxy.revalidation.revisit import RevisitState
+from etiquette_proxy.revalidation import store as store_module
 from etiquette_proxy.revalidation.store import ValidatorStore
 from etiquette_proxy.revalidation.validators import StoredEntry
 
