@@ -23,12 +23,14 @@ from addons.runaway import RunawayWatch
 from addons.runtime import Runtime
 from addons.settings import Settings
 from addons.site_grouping import SiteGrouping
+from addons.sitemaps import SitemapHooks
 from addons.streaming import BodyStreams, discard_request_body
 from addons.target_check import TargetCheck
 
 from etiquette_proxy.events import Broadcast
 from etiquette_proxy.operate.controls import ROUTE as OPERATOR_ROUTE
 from etiquette_proxy.pacing.restraints import Restraints
+from etiquette_proxy.revalidation.sitemaps import sitemaps_in_robots
 
 _GATED_AT_HEADERS = "etiquette_gated_at_headers"  # flow.metadata: the request hooks ran in requestheaders
 
@@ -175,8 +177,19 @@ def members(rt: Runtime) -> list[Any]:
     listening.connect(target.listening)  # SPEC §12: a request to the proxy's own address is a loop
     runaway = RunawayWatch(rt, restraints)
     payments = Payments(rt, before_fetch=pacing.before_robots_fetch)  # SPEC §5: the paid retry takes a turn
+
+    async def robots_sitemaps(origin: str, site: str) -> tuple[str, ...]:
+        entry = await robots.entry_for(origin, site, None, robots.settings_for(site))
+        return sitemaps_in_robots(entry.text) if entry.kind == "rules" else ()
+
+    # SPEC §6 `revisit.sitemaps: fetch`: the proxy's own sitemap requests take the site's budget
+    # as robots.txt fetches do, find the sitemaps in robots.txt's `Sitemap:` lines, and ask
+    # robots.txt like canaries do.
+    sitemaps = SitemapHooks(rt, take_turn=pacing.before_robots_fetch, robots_sitemaps=robots_sitemaps,
+                            robots_allows=robots.allows)
+    revalidation = Revalidation(rt, sitemaps)  # asks the sitemaps' lastmod rules
     dashboard = Dashboard(rt, providers=(pacing.status, robots.status, health.live_fields, controls.status,
-                                         runaway.status, payments.status),
+                                         runaway.status, payments.status, sitemaps.status),
                           routes={REPORT_PATH: health.post_report, OPERATOR_ROUTE: controls.post},
                           rates=rates, restraints=restraints)
     return [
@@ -190,7 +203,8 @@ def members(rt: Runtime) -> list[Any]:
         controls,  # SPEC §3 `sites pause`: before robots, nothing goes out
         robots,  # RFC 9309: refuse before anything else spends the site's budget
         GoneMemory(rt),  # 404/410 remembered: answered locally before any validator work
-        Revalidation(rt),  # served-stored, validator injection; 304 -> stored 200 in response
+        sitemaps,  # SPEC §6: sitemaps fetched (request) and read (response); efficiency counted
+        revalidation,  # served-stored, validator injection; 304 -> stored 200 in response
         runaway,  # SPEC §7: URL-space traps (requests going upstream), retired sites
         # SPEC §9: stopped sites answered, crawler-max-price offered (request); a 402 paid once and
         # its answer put in place before pacing, health, the trimmer and streaming read it

@@ -25,21 +25,25 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections import OrderedDict
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from addons.answers import FAULTS, answer_locally, fail_closed
 from addons.audit_log import DECISION_HEADER
 from addons.notes import FlowNotes, notes_of, skip, url_key
 from addons.runtime import PerSite, Runtime
+from addons.sitemaps import SitemapHooks
 from addons.side_fetch import SideFetchError, fetch
 from addons.streaming import body_of
 from mitmproxy import http
 
-from etiquette_proxy.bodies import decode_head
 from etiquette_proxy.clock import wall
-from etiquette_proxy.headers import first_value
-from etiquette_proxy.revalidation.fingerprint import Fingerprinter
+from etiquette_proxy.revalidation.fingerprint import (  # noqa: F401 - decoded_for_fingerprint: tests
+    DECODE_FACTOR,
+    Fingerprinter,
+    body_digest,
+    decoded_for_fingerprint,
+)
+from etiquette_proxy.revalidation.recent import Recent
 from etiquette_proxy.revalidation.revisit import NAMESPACE as REVISIT
 from etiquette_proxy.revalidation.revisit import RevisitPolicy, RevisitState
 from etiquette_proxy.revalidation.store import HOT_ENTRIES
@@ -49,12 +53,15 @@ from etiquette_proxy.revalidation.validators import (
     Injection,
     StoredEntry,
     answer_304,
-    credentials_digest,
     inject_headers,
     may_serve_unvalidated,
     should_store_pairs,
     stored_response_headers,
 )
+from etiquette_proxy.revalidation.variants import first_field, rewrite_after_304, written_lately
+from etiquette_proxy.revalidation.variants import same_validators as _same_validators
+from etiquette_proxy.revalidation.variants import same_variant as _same_variant
+from etiquette_proxy.revalidation.variants import same_variant_as as _same_variant_as
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +78,7 @@ INJECTIONS_KEPT = HOT_ENTRIES
 # Bodies above this are read, hashed and fingerprinted in a worker thread: the event loop
 # serves every other flow meanwhile (a 10 MiB regex pass takes tens of milliseconds).
 THREAD_ABOVE = 256 * 1024
-# Decoded bodies are fingerprinted up to this multiple of store.max_body; a gzip bomb stops here.
-DECODE_FACTOR = 4
 REFETCH_TIMEOUT_S = 30.0
-REFRESH_EVERY_S = 60.0  # a stored entry is rewritten after a 304 at most this often
 
 _HAD_ENTRY = "etiquette_had_entry"  # a stored entry existed when the request went out
 _INJECTED = "etiquette_injected"  # Injected: what we added, with the entry and body it relied on
@@ -111,15 +115,6 @@ class Injected(NamedTuple):
     names: tuple[str, ...]
 
 
-def first_field(headers: HeaderPairs, name: str) -> str | None:
-    """`first_value(headers, name)` for a lower-case `name`, stopping at the first match (no
-    list of every value): read twice on every 200."""
-    for k, v in headers:
-        if k.lower() == name:
-            return v
-    return None
-
-
 def encoded(headers: HeaderPairs) -> tuple[tuple[bytes, bytes], ...]:
     """Header pairs as the bytes mitmproxy keeps (`Headers.fields`)."""
     return tuple((k.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape")) for k, v in headers)
@@ -148,54 +143,12 @@ def set_stored_fields(response: http.Response, body: bytes, fields: tuple[tuple[
     response.raw_content = body
 
 
-K = TypeVar("K")
-
-
-class Recent(Generic[K, T]):
-    """The last few results of a pure computation, by its (hashable, immutable) arguments.
-
-    Revalidating the same URLs again and again, the stored entry (the same object while its
-    row is unchanged, store.py), the request's headers and the site's 304 headers repeat: the
-    injected validators and the 304's merged 200 are then taken from here, already encoded,
-    instead of being worked out and encoded again for every request (issue 17).
-    """
-
-    def __init__(self, limit: int = 1024):
-        self.limit = limit
-        # An OrderedDict, not a dict: a dict's oldest key is found by walking past the slots
-        # its deletions left at the front, which grow with the limit until it compacts
-        # (benchmarks/recent_cache.py: 0.39 µs per evicting put at 1,024, 1.24 µs at 4,096);
-        # popitem(last=False) unlinks the oldest at once (0.18 µs at either).
-        self._items: OrderedDict[K, T] = OrderedDict()
-
-    def get(self, key: K) -> T | None:
-        return self._items.get(key)
-
-    def put(self, key: K, value: T) -> T:
-        """Keep `value` for `key`, after get() gave none usable for it; when full, the oldest
-        kept goes first (a key put again keeps its place: at most one slot stays empty)."""
-        if len(self._items) >= self.limit:
-            self._items.popitem(last=False)  # oldest first
-        self._items[key] = value
-        return value
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
-def decoded_for_fingerprint(raw: bytes, encoding: str | None, limit: int) -> bytes | None:
-    """The body as the site meant it (gzip/deflate undone, at most `limit` bytes), or None
-    when it cannot be decoded within the limit (then the raw bytes are hashed instead)."""
-    coding = (encoding or "identity").strip().lower()
-    if coding in ("", "identity"):
-        return raw
-    decoded = decode_head(raw, coding, limit)  # br, zstd, stacked codings: None, hashed raw (README)
-    return decoded[0] if decoded is not None and decoded[1] else None
-
-
 class Revalidation:
-    def __init__(self, runtime: Runtime):
+    def __init__(self, runtime: Runtime, sitemaps: SitemapHooks | None = None):
         self.rt = runtime
+        # SPEC §6 change signals: a sitemap's lastmod makes a URL due (request) and is scored
+        # against what its fetch found (response); chain.py hands in the sitemap hooks.
+        self.sitemaps = sitemaps
         self.revisits: PerSite[RevisitPolicy] = PerSite(runtime, RevisitPolicy.from_config)
         self.fingerprinters: PerSite[Fingerprinter] = PerSite(runtime, Fingerprinter.from_config)
         # (id(entry), header fields) -> (entry, result, encoded fields); the entry is kept, so
@@ -223,6 +176,7 @@ class Revalidation:
         key = url_key(flow, self.rt)
         if key is None:
             return
+        sitemaps = self.sitemaps.service(notes.site) if self.sitemaps is not None else None
         policy = self.revisits.get(notes.site)
         state: RevisitState | None = None
         if policy.enforce:  # the schedule rides in the entry's row: one read for both
@@ -236,7 +190,9 @@ class Revalidation:
         if policy.enforce:
             request_headers = decoded(flow.request.headers.fields)
             decision = policy.serve_stored(state, wall())
-            if decision.serve_stored and may_serve_unvalidated(entry, request_headers).ok:
+            if decision.serve_stored and sitemaps is not None and sitemaps.asks_site(key, state, notes.extra):
+                pass  # SPEC §6: the sitemap's lastmod moved (or this is a sitemap): ask the site
+            elif decision.serve_stored and may_serve_unvalidated(entry, request_headers).ok:
                 reason = f"stored copy, not checked with the site: {decision.reason} (revisit.enforce)"
                 if self.rt.observe:
                     notes.would_do("served-stored", reason)
@@ -333,12 +289,8 @@ class Revalidation:
             await self._refetch(flow, notes, injected, answer.reason)
             return
         # Written less than a minute ago, same validators: the client gets the merged headers;
-        # the row is not rewritten for each repeat. A crawler re-checking a URL within a minute
-        # learns nothing new for its revisit schedule (floor: 1 h), and eviction order keeps a
-        # minute's granularity. A write per 304 was most of what a 304 cost
-        # (benchmarks/README.md, overhead).
-        write = not (0 <= now - entry.stored_at < REFRESH_EVERY_S
-                     and (answer.entry.etag, answer.entry.last_modified) == (entry.etag, entry.last_modified))
+        # the row is not rewritten for each repeat (variants.py REFRESH_EVERY_S says why).
+        write = rewrite_after_304(entry, answer.entry, now)
         if write:  # the refreshed entry, stored now, from the site's 304 headers
             answer = answer_304(entry, site_headers(flow.response), now)
         # The same site headers on the same entry merge to the same 200 (RFC 9111 §4.3.4); the
@@ -348,6 +300,11 @@ class Revalidation:
         notes.reason = f"site answered 304 to {' and '.join(injected.names)}; stored body served"
         notes.extra["changed"] = False
         if not write or answer.entry is None:
+            # The schedule is not rewritten, but the sitemap learns this check happened (a
+            # moved lastmod is answered: the URL is not due again for it).
+            key = url_key(flow, self.rt)
+            if self.sitemaps is not None and key is not None:
+                self.sitemaps.checked(notes.site, key, None, False, read_before=True)
             return
         # Written back only while the store still holds this body (RFC 9111 §4.3.4 updates the
         # stored response; one that was replaced or evicted meanwhile is not ours to touch).
@@ -419,10 +376,9 @@ class Revalidation:
             if same_body and state is not None and state.fingerprint is not None and len(raw) <= store.max_body:
                 digest = state.fingerprint  # byte-identical body: the same fingerprint, no regex passes
             else:
-                digest = self._digest(raw, encoding, fingerprinter, store.max_body)
+                digest = body_digest(raw, encoding, fingerprinter, store.max_body)
             revisit = self._revisit(flow, notes, digest, now, state)
-            recent = (decision.store and current is not None and same_body
-                      and 0 <= now - current.stored_at < REFRESH_EVERY_S)
+            recent = decision.store and current is not None and same_body and written_lately(current, now)
             # Told from the headers when the site sends no Vary; else from the built entry.
             unchanged = recent and current is not None and _same_variant_as(current, request_headers, response_headers)
             entry = None
@@ -457,7 +413,7 @@ class Revalidation:
     def _fetched_unkept(self, flow: http.HTTPFlow, notes: FlowNotes, key: str, sha256: str) -> None:
         """A 200 whose body streamed past store.max_body (streaming.py): never stored, so no
         validators are injected for it later (a 304 could not be turned into the page); its
-        fingerprint is the SHA-256 computed on the stream, as `_digest` takes for any body
+        fingerprint is the SHA-256 computed on the stream, as `body_digest` takes for any body
         above store.max_body, so the revisit schedule still learns whether it changed."""
         store = self.rt.store
         assert store is not None
@@ -467,15 +423,6 @@ class Revalidation:
         store.put_record(REVISIT, key, revisit)
         assert flow.response is not None
         _note_would_revalidate(flow, notes, site_headers(flow.response))
-
-    @staticmethod
-    def _digest(raw: bytes, encoding: str | None, fingerprinter: Fingerprinter, max_body: int) -> str:
-        if len(raw) <= max_body:
-            plain = decoded_for_fingerprint(raw, encoding, DECODE_FACTOR * max(max_body, 1024**2))
-            if plain is not None:
-                return fingerprinter.fingerprint(plain).digest
-        # Over store.max_body, or not decodable within bounds: the plain SHA-256 of what came.
-        return "raw:" + hashlib.sha256(raw).hexdigest()
 
     def _revisit(self, flow: http.HTTPFlow, notes: FlowNotes, digest: str | None,
                  now: float, state: RevisitState | None | bool = False) -> dict[str, Any]:
@@ -494,34 +441,9 @@ class Revalidation:
             revisit = policy.after_fetch(state, digest, now)
         if revisit.changed is not None:
             notes.extra["changed"] = revisit.changed
+        if self.sitemaps is not None:
+            self.sitemaps.checked(notes.site, key, state, revisit.changed)
         return revisit.state.to_state()
-
-
-def _same_variant(stored: StoredEntry, new: StoredEntry) -> bool:
-    """Would `new` answer and revalidate exactly the requests `stored` does? (the body is
-    compared by the caller): validators, Vary values (RFC 9111 §4.1) and credentials."""
-    return ((stored.etag, stored.last_modified, stored.vary, stored.credentials)
-            == (new.etag, new.last_modified, new.vary, new.credentials))
-
-
-def _same_variant_as(stored: StoredEntry, request_headers: HeaderPairs,
-                     response_headers: HeaderPairs) -> bool | None:
-    """`_same_variant(stored, <the entry these headers would build>)` without building it (issue
-    17: most of a repeated 200's cost), or None when the response names a Vary (then build)."""
-    etag = last_modified = None  # the first values, as StoredEntry.build reads them
-    seen_etag = seen_modified = False
-    for name, value in response_headers:
-        lname = name.lower()
-        if lname == "vary":
-            return None
-        if lname == "etag":
-            if not seen_etag:
-                etag, seen_etag = value, True
-        elif lname == "last-modified" and not seen_modified:
-            last_modified, seen_modified = value, True
-    # StoredEntry.build: validators are the first values; no Vary, no Vary values.
-    return (stored.vary == () and stored.etag == etag and stored.last_modified == last_modified
-            and stored.credentials == credentials_digest(request_headers))
 
 
 def _note_would_revalidate(flow: http.HTTPFlow, notes: FlowNotes, response_headers: HeaderPairs) -> None:
@@ -530,12 +452,3 @@ def _note_would_revalidate(flow: http.HTTPFlow, notes: FlowNotes, response_heade
     if would is not None and _same_validators(would, response_headers):
         notes.would_do("revalidated", "the site's 200 carries the stored validators: "
                                       "with them injected it would have answered 304")
-
-
-def _same_validators(entry: StoredEntry, response_headers: HeaderPairs) -> bool:
-    """Would the site have answered 304 to the validators we would have sent? (observe mode)"""
-    etag = first_value(response_headers, "etag")
-    if entry.etag is not None:
-        return etag is not None and etag.removeprefix("W/") == entry.etag.removeprefix("W/")
-    modified = first_value(response_headers, "last-modified")
-    return entry.last_modified is not None and modified == entry.last_modified

@@ -82,6 +82,12 @@ def choice(*options: str) -> Parser:
     return parse
 
 
+def sitemap_mode(value: Any) -> str:
+    """revisit.sitemaps: off | read | fetch. YAML 1.1 reads an unquoted `off` as false: that
+    is `off` too (and `true`, YAML's `on`, is refused: it names no mode)."""
+    return choice("off", "read", "fetch")("off" if value is False else value)
+
+
 def str_list(value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise ValueError(f"{value!r} is not a list of strings (expected [\"a\", \"b\"])")
@@ -290,6 +296,8 @@ SCHEMA: dict[str, Key] = {
     "revisit.min_interval": Key(positive_duration, 3600.0, per_site=True),
     "revisit.max_interval": Key(positive_duration, 30 * 86400.0, per_site=True),
     "revisit.volatile_patterns": Key(regex_list, (), per_site=True),
+    "revisit.sitemaps": Key(sitemap_mode, "read", per_site=True),
+    "revisit.sitemap_interval": Key(positive_duration, 86400.0, per_site=True),
     "gone.ttl_410": Key(parse_duration, 7 * 86400.0, per_site=True),
     "gone.ttl_404": Key(parse_duration, 86400.0, per_site=True),
     "refusals.strip": Key(strippable_headers, (), per_site=True),

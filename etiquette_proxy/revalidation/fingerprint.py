@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from etiquette_proxy.bodies import decode_head
 from etiquette_proxy.sites import site_settings
 
 _MONTH = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
@@ -181,3 +182,28 @@ class Fingerprinter:
 
 def _drop_token_tag(match: re.Match[bytes]) -> bytes:
     return b" " if _TOKEN_WORD.search(match.group(0)) else match.group(0)
+
+
+def decoded_for_fingerprint(raw: bytes, encoding: str | None, limit: int) -> bytes | None:
+    """The body as the site meant it (gzip/deflate undone, at most `limit` bytes), or None
+    when it cannot be decoded within the limit (then the raw bytes are hashed instead)."""
+    coding = (encoding or "identity").strip().lower()
+    if coding in ("", "identity"):
+        return raw
+    decoded = decode_head(raw, coding, limit)  # br, zstd, stacked codings: None, hashed raw (README)
+    return decoded[0] if decoded is not None and decoded[1] else None
+
+
+# Decoded bodies are fingerprinted up to this multiple of store.max_body; a gzip bomb stops here.
+DECODE_FACTOR = 4
+
+
+def body_digest(raw: bytes, encoding: str | None, fingerprinter: Fingerprinter, max_body: int) -> str:
+    """The change fingerprint of a body as received (SPEC §6): of the decoded body up to
+    `max_body`; else (over `max_body`, or not decodable within bounds) the plain SHA-256 of what
+    came, `raw:`-prefixed, as a body too large to store is fingerprinted on the stream."""
+    if len(raw) <= max_body:
+        plain = decoded_for_fingerprint(raw, encoding, DECODE_FACTOR * max(max_body, 1024**2))
+        if plain is not None:
+            return fingerprinter.fingerprint(plain).digest
+    return "raw:" + hashlib.sha256(raw).hexdigest()

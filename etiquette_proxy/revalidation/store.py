@@ -60,7 +60,7 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -77,6 +77,8 @@ T = TypeVar("T")
 
 # Namespaces whose records live in the entry's row while the URL has an entry.
 ENTRY_RECORDS = frozenset({"revisit"})
+# put_records: rows written per transaction (bounds how long other writers wait for the lock)
+RECORDS_PER_TRANSACTION = 2000
 # The size limit is checked after this many writes, or this fraction of it written.
 CHECK_WRITES = 64
 CHECK_FRACTION = 64
@@ -362,6 +364,33 @@ class ValidatorStore:
         else:
             self._cache.set(cache_key, data, expire=ttl_s)
         self._wrote(1, len(data))
+
+    @guarded_write(None)
+    def put_records(self, namespace: str, records: Iterable[tuple[str, dict[str, Any]]]) -> None:
+        """put_record for many URL keys, RECORDS_PER_TRANSACTION to a commit (a sitemap's 50,000
+        lastmods: 25 commits, not 50,000; other writers get the lock between them). Not for
+        ENTRY_RECORDS namespaces, which ride in entry rows."""
+        if _checked(namespace) in ENTRY_RECORDS:
+            raise ValueError(f"put_records: {namespace!r} records live in entry rows; use put_record")
+        batch: list[tuple[str, dict[str, Any]]] = []
+        for item in records:
+            batch.append(item)
+            if len(batch) >= RECORDS_PER_TRANSACTION:
+                self._put_batch(namespace, batch)
+                batch = []
+        if batch:
+            self._put_batch(namespace, batch)
+
+    def _put_batch(self, namespace: str, batch: list[tuple[str, dict[str, Any]]]) -> None:
+        nbytes = 0
+        with self._cache.transact():
+            for key, record in batch:
+                data = _json(record)
+                self._hot.pop(key, None)
+                self._known.drop(key)
+                self._cache.set(f"{namespace}|{key}", data)
+                nbytes += len(data)
+        self._wrote(len(batch), nbytes)
 
     @guarded_write(None)
     def forget_record(self, namespace: str, key: str) -> None:

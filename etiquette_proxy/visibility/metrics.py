@@ -17,6 +17,8 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.utils import floatToGoString
 
+from etiquette_proxy.revalidation.efficiency import KINDS as EFFICIENCY_KINDS
+
 Snapshot = Callable[[], Mapping[str, Any]]
 
 __all__ = ["CONTENT_TYPE_LATEST", "FOLDED_SITE", "render_metrics"]
@@ -50,6 +52,8 @@ def _value(n: Any) -> str:
 
 
 _INF = float("inf")
+# The live `efficiency` field (revalidation/efficiency.py, SPEC §6) is written as counters, not gauges.
+_COUNTED_LIVE = frozenset({"efficiency"})
 
 
 class _Counts:
@@ -62,6 +66,8 @@ class _Counts:
         self.received: list[str] = []
         self.sent: list[str] = []
         self.saved: list[str] = []
+        self.efficiency: list[str] = []
+        self.efficiency_bytes: list[str] = []
 
     def add(self, site: str, entry: Mapping[str, Any]) -> None:
         """One site's (or the folded sites') counters."""
@@ -76,6 +82,16 @@ class _Counts:
         self.sent.append(f'etiquette_site_bytes_total{{site="{s}"}} {_value(entry.get("bytes_sent", 0))}\n')
         for how, n in sorted(entry.get("saved", {}).items()):
             self.saved.append(f'etiquette_saved_bytes_total{{how="{_label(how)}",site="{s}"}} {_value(n)}\n')
+        efficiency = entry.get("live", {}).get("efficiency")
+        if isinstance(efficiency, Mapping):  # SPEC §6: what re-downloads cost the site
+            for kind in EFFICIENCY_KINDS:
+                self.efficiency.append(f'etiquette_efficiency_requests_total{{kind="{kind}",site="{s}"}} '
+                                       f'{_value(_num(efficiency.get(kind)))}\n')
+            spent = efficiency.get("bytes")
+            spent = spent if isinstance(spent, Mapping) else {}
+            for kind in (*EFFICIENCY_KINDS, "saved"):
+                self.efficiency_bytes.append(f'etiquette_efficiency_bytes_total{{kind="{kind}",site="{s}"}} '
+                                             f'{_value(_num(spent.get(kind)))}\n')
 
 
 def render_metrics(snapshot: Snapshot) -> bytes:
@@ -90,7 +106,7 @@ def render_metrics(snapshot: Snapshot) -> bytes:
         counts.add(site, entry)
         s = _label(site)
         live = entry.get("live", {})
-        for name, value in _numbers(live, names):
+        for name, value in _numbers(live, names, skip=_COUNTED_LIVE):
             lines = gauges.get(name)
             if lines is None:
                 lines = gauges[name] = []
@@ -112,6 +128,12 @@ def render_metrics(snapshot: Snapshot) -> bytes:
         _head("etiquette_site_bytes_total", "counter", "Body bytes the site sent."), *counts.sent,
         _head("etiquette_saved_bytes_total", "counter", "Bytes the site did not have to send, by how they were saved."),
         *counts.saved,
+        _head("etiquette_efficiency_requests_total", "counter",
+              "Requests by what they cost the site: answered locally, 304, unchanged re-download, changed, new."),
+        *counts.efficiency,
+        _head("etiquette_efficiency_bytes_total", "counter",
+              "Body bytes the site sent, by kind of request; `saved`: bytes the store answered instead."),
+        *counts.efficiency_bytes,
         _head("etiquette_robots_age_seconds", "gauge", "Age of the robots.txt rules in force."), *robots_age,
     ]
     for name in sorted(gauges):
@@ -129,9 +151,12 @@ def _num(value: Any) -> float:
 
 
 def _numbers(live: Mapping[str, Any], names: dict[tuple[str, Any], str],
-             prefix: str = "") -> Iterator[tuple[str, float]]:
-    """Numeric fields (booleans as 0/1), one level into dicts: health.score -> health_score."""
+             prefix: str = "", skip: frozenset[str] = frozenset()) -> Iterator[tuple[str, float]]:
+    """Numeric fields (booleans as 0/1), one level into dicts: health.score -> health_score;
+    not those in `skip` (written as counters of their own)."""
     for key, value in live.items():
+        if key in skip:
+            continue
         name = names.get((prefix, key)) if key.__class__ is str else None  # (1 == 1.0 == True: not kept)
         if name is None:
             name = _NAME.sub("_", f"{prefix}{key}")

@@ -132,7 +132,7 @@ _OUTCOME_SHORT = {"revalidated": "reval", "served-stored": "stored", "disallowed
 
 _KNOWN_LIVE = {"rate", "ceiling", "paused_s", "pause_reason", "breaker_open", "breaker_s", "held",
                "in_flight", "health", "robots", "traps", "retired", "restraints", "operator_pause_s",
-               "payment"}  # SPEC §9: shown as its `spent_today` text
+               "payment", "efficiency"}  # payment: its `spent_today` text (SPEC §9); efficiency: the `recrawl` field (SPEC §6)
 
 NEEDS = ("paused", "hostile", "degrading", "throttled", "refusals", "ok")
 

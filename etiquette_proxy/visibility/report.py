@@ -47,6 +47,7 @@ from urllib.parse import urlsplit
 from etiquette_proxy.audit.chain import ChainCheck, ChainVerdict
 from etiquette_proxy.audit.log import OUTCOMES, REQUIRED_KEYS, rfc3339_ms
 from etiquette_proxy.health.line import score_on_line
+from etiquette_proxy.revalidation.efficiency import sentence as efficiency_sentence
 from etiquette_proxy.visibility.spend import Spend
 from etiquette_proxy.visibility.tally import SiteCounts, byte_count, is_429
 
@@ -64,6 +65,7 @@ KNOWN_KEYS = frozenset(REQUIRED_KEYS) | {
     "pause_until", "breaker_until", "moved_to",  # SPEC §12 state checked and rebuilt at start
     "gap",  # SPEC §11: the audit_gap event's what and when (etiquette_proxy/audit/log.py Gap)
     "learned",  # SPEC §5: how a throttling answer taught the site's limit
+    "due", "sitemap_fetch",  # SPEC §6 change signals: why a URL was asked; the proxy's own sitemap fetch
 }
 # A robots.txt that could not be fetched disallows everything (RFC 9309 §2.3.1.4): those 503s
 # are the proxy waiting for robots.txt, not a crawler trying a disallowed path.
@@ -200,6 +202,19 @@ class SiteConduct(SiteCounts):
         n = self.rechecks
         return self.unchanged_downloads / n if n else None
 
+    @property
+    def answered_locally(self) -> int:
+        """Requests answered without contacting the site (SPEC §6 efficiency)."""
+        return self.outcomes["served-stored"] + self.outcomes["gone"]
+
+    def efficiency_words(self) -> str:
+        """SPEC §6 in plain words: "of 1,000 requests to example.org, 20 re-downloaded an
+        unchanged page: 2 %", and what the rest cost the site."""
+        not_modified = self.outcomes["revalidated"] + self.outcomes["unchanged"]
+        return (f"{efficiency_sentence(self.site, self.requests, self.unchanged_downloads)}; "
+                f"{_n(self.answered_locally)} answered without contacting the site, {_n(not_modified)} "
+                f"answered 304 (no body), {_n(self.changed)} re-fetched a changed page")
+
     def penalties(self) -> list[tuple[int, str]]:
         """(points lost, what the site saw) under the rubric, worst first; each names up to
         EXAMPLES of the requests at fault, as the site's own access log would show them."""
@@ -256,6 +271,10 @@ class SiteConduct(SiteCounts):
                     "too_soon_examples": [{"gap_s": round(g, 3), "asked_s": round(w, 3), "request": r}
                                           for g, w, r in self.too_soon_examples],
                     "reached_since_first": self.reached_since_429},
+            "efficiency": {"requests": self.requests, "local": self.answered_locally,
+                           "not_modified": self.outcomes["revalidated"] + self.outcomes["unchanged"],
+                           "unchanged_redownloads": self.unchanged_downloads, "changed": self.changed,
+                           "unchanged_bytes": self.wasted_bytes, "words": self.efficiency_words()},
             "rechecks": {"total": self.rechecks, "revalidated_share": self.revalidated_share,
                          "unchanged_downloads": self.unchanged_downloads, "wasted_bytes": self.wasted_bytes},
             "bytes": {"site_sent": self.bytes_sent, "saved_revalidation": self.saved_revalidation,
@@ -654,6 +673,7 @@ def render_text(report: Report, source: str) -> str:
             out += _wrap("re-checks", f"{_n(c.rechecks)}: {_pct(c.revalidated_share)} answered 304, "
                          f"{_n(c.unchanged_downloads)} unchanged page(s) re-downloaded "
                          f"({_bytes(c.wasted_bytes)})")
+        out += _wrap("efficiency", c.efficiency_words())
         out += _wrap("bytes", f"site sent {_bytes(c.bytes_sent)}; saved {_bytes(c.saved_revalidation)} by "
                      f"revalidation, {_bytes(c.saved_trimming)} by trimming")
         if c.health_min is not None:

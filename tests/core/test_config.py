@@ -103,6 +103,10 @@ ERRORS = [
     ("upstream:\n  max_connections: 0\n", "f.yaml:2: upstream.max_connections: 0 must be >= 1"),
     ("store:\n  max_body: huge\n", "f.yaml:2: store.max_body: 'huge' is not a size"),
     ("revisit:\n  volatile_patterns: ['(']\n", "f.yaml:2: revisit.volatile_patterns: '(' is not a valid regular expression"),
+    ("revisit:\n  sitemaps: on\n", "f.yaml:2: revisit.sitemaps: True is not allowed (expected one of: off, read, "
+     "fetch)"),
+    ("revisit:\n  sitemaps: write\n", "f.yaml:2: revisit.sitemaps: 'write' is not allowed"),
+    ("revisit:\n  sitemap_interval: 0\n", "f.yaml:2: revisit.sitemap_interval: 0 must be > 0"),
     ("pacing: 3\n", "f.yaml:1: pacing: 3 is not a section (expected a mapping of keys)"),
     ("robots:\n  retry_min: 2h\n", "robots.retry_min: 7200.0 must be <= robots.retry_max"),
     ("sites:\n  ex.test:\n    listen: {port: 1}\n", 'f.yaml:3: sites."ex.test".listen: unknown key'),
@@ -206,3 +210,11 @@ def test_payment_settings_read_exactly_and_per_site():
     cheap = PaymentLimits.from_config(config, "cheap.example:80")
     assert cheap is not None and str(cheap.max_price) == "USD 0.01" and cheap.bucket == CRAWL
     assert PaymentLimits.from_config(load_config(""), "news.example:443") is None
+
+
+@pytest.mark.parametrize("text,mode", [("revisit:\n  sitemaps: off\n", "off"), ("revisit:\n  sitemaps: 'off'\n", "off"),
+                                       ("revisit:\n  sitemaps: fetch\n", "fetch"), ("{}\n", "read")],
+                         ids=["yaml-off-is-false", "quoted-off", "fetch", "default-read"])
+def test_sitemaps_mode(text, mode):
+    """SPEC §6: sitemaps are read as they pass by default; YAML's bare `off` reads as false."""
+    assert load_config(text, "f.yaml").get("revisit.sitemaps") == mode

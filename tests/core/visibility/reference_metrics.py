@@ -16,6 +16,7 @@ Snapshot = Callable[[], Mapping[str, Any]]
 
 __all__ = ["BoardCollector", "old_render_metrics"]
 
+EFFICIENCY_KINDS = ("local", "not_modified", "unchanged_redownloads", "changed", "new")
 _NAME = re.compile(r"[^a-zA-Z0-9_]")
 FOLDED_SITE = "(folded)"  # the `site` label of the sites the board no longer lists (no host is spelled so)
 
@@ -41,6 +42,14 @@ class BoardCollector(Collector):
         saved = CounterMetricFamily("etiquette_saved_bytes",
                                     "Bytes the site did not have to send, by how they were saved.",
                                     labels=["site", "how"])
+        efficiency = CounterMetricFamily(
+            "etiquette_efficiency_requests",
+            "Requests by what they cost the site: answered locally, 304, unchanged re-download, changed, new.",
+            labels=["site", "kind"])
+        efficiency_bytes = CounterMetricFamily(
+            "etiquette_efficiency_bytes",
+            "Body bytes the site sent, by kind of request; `saved`: bytes the store answered instead.",
+            labels=["site", "kind"])
         gauges: dict[str, GaugeMetricFamily] = {}
         robots_age = GaugeMetricFamily("etiquette_robots_age_seconds", "Age of the robots.txt rules in force.",
                                        labels=["site", "origin", "status"])
@@ -48,7 +57,14 @@ class BoardCollector(Collector):
             site = entry["site"]
             _add_counts(site, entry, requests, would, robots_fetches, received, sent, saved)
             live = entry.get("live", {})
-            for name, value in _numbers(live):
+            spent = live.get("efficiency")
+            if isinstance(spent, Mapping):  # SPEC §6 efficiency: counters, not gauges
+                for kind in EFFICIENCY_KINDS:
+                    efficiency.add_metric([site, kind], _num(spent.get(kind)))
+                by_kind = spent.get("bytes") if isinstance(spent.get("bytes"), Mapping) else {}
+                for kind in (*EFFICIENCY_KINDS, "saved"):
+                    efficiency_bytes.add_metric([site, kind], _num(by_kind.get(kind)))
+            for name, value in _numbers({k: v for k, v in live.items() if k != "efficiency"}):
                 family = gauges.get(name)
                 if family is None:
                     family = gauges[name] = GaugeMetricFamily(
@@ -68,6 +84,8 @@ class BoardCollector(Collector):
         yield received
         yield sent
         yield saved
+        yield efficiency
+        yield efficiency_bytes
         yield robots_age
         yield from (gauges[name] for name in sorted(gauges))
         if isinstance(folded, Mapping):

@@ -20,7 +20,8 @@ numbers = st.one_of(st.integers(-10, 10), st.integers(0, 10**7), st.integers(10*
                     st.just(10**20), st.just(-(10**16)), st.floats(allow_nan=True, allow_infinity=True),
                     st.sampled_from([0.0, -0.0, 1e-7, 123456.7, 1234567.0, 0.5]))
 values = st.one_of(numbers, st.booleans(), st.none(), st.text(max_size=4))
-live_keys = st.one_of(st.sampled_from(["rate", "ceiling", "held", "a-b", "a_b", "5xx", "breaker_open", "ü"]),
+live_keys = st.one_of(st.sampled_from(["rate", "ceiling", "held", "a-b", "a_b", "5xx", "breaker_open", "ü",
+                                      "efficiency", "bytes", "local"]),
                       st.text(max_size=5), st.sampled_from([1, 1.0, True]))
 live_values = st.recursive(values, lambda inner: st.dictionaries(live_keys, inner, max_size=3), max_leaves=6)
 robots = st.one_of(
@@ -62,7 +63,10 @@ def test_the_text_parses_and_holds_the_counts():
                        "robots_fetches": 1, "received_429": 1, "bytes_sent": 12_345_678,
                        "saved": {"revalidation": 5, "trimming": 0},
                        "live": {"rate": 0.25, "breaker_open": True, "health": {"score": 64.5, "band": "degrading"},
-                                "robots": [{"origin": "https://x", "status": "rules", "age_s": math.inf}]}}]}
+                                "robots": [{"origin": "https://x", "status": "rules", "age_s": math.inf}],
+                                "efficiency": {"requests": 10, "local": 3, "not_modified": 4,
+                                               "unchanged_redownloads": 1, "changed": 1, "new": 1,
+                                               "bytes": {"unchanged_redownloads": 900, "saved": 2700}}}}]}
     text = render_metrics(lambda: snap).decode()
     assert text == old_render_metrics(lambda: snap).decode()
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
@@ -72,6 +76,12 @@ def test_the_text_parses_and_holds_the_counts():
     assert samples[("etiquette_site_bytes_total", (site,))] == 12_345_678
     assert samples[("etiquette_site_health_score", (site,))] == 64.5
     assert samples[("etiquette_robots_age_seconds", (("origin", "https://x"), site, ("status", "rules")))] == math.inf
+    # SPEC §6 efficiency: counters per kind of request, and the bytes each cost the site
+    assert samples[("etiquette_efficiency_requests_total", (("kind", "unchanged_redownloads"), site))] == 1
+    assert samples[("etiquette_efficiency_requests_total", (("kind", "local"), site))] == 3
+    assert samples[("etiquette_efficiency_bytes_total", (("kind", "unchanged_redownloads"), site))] == 900
+    assert samples[("etiquette_efficiency_bytes_total", (("kind", "saved"), site))] == 2700
+    assert not any(name.startswith("etiquette_site_efficiency") for name, _ in samples)
 
 
 def test_live_fields_equal_as_keys_but_written_apart_get_their_own_gauges():

@@ -254,3 +254,24 @@ def test_the_429s_line_says_what_the_site_taught():
     site = report.sites[SITE]
     assert site.learned == lesson and site.as_dict()["429"]["learned"] == lesson
     assert "1.95/s" in render_text(report, "audit.jsonl")
+
+
+def test_efficiency_in_plain_words():
+    """SPEC §6: "of 1,000 requests to example.org, 20 re-downloaded an unchanged page: 2 %"."""
+    lines = [line("fetched", i, changed=False, bytes=1000) for i in range(20)]
+    lines += [line("fetched", 20 + i, changed=True, bytes=1000) for i in range(30)]
+    lines += [line("revalidated", 100 + i, upstream=304, changed=False, bytes=1000, due="sitemap lastmod")
+              for i in range(400)]
+    lines += [line("served-stored", 600 + i, upstream=None, bytes=1000) for i in range(300)]
+    lines += [line("gone", 900 + i, status=404, upstream=None) for i in range(50)]
+    lines += [line("fetched", 1000 + i) for i in range(200)]
+    lines += [line("fetched", 1300, sitemap_fetch=True)]
+    report = run(*lines)
+    site = report.sites[SITE]
+    assert report.skipped.unknown_keys == {}  # `due`, `sitemap_fetch`: keys the proxy writes
+    assert site.efficiency_words() == (
+        "of 1,001 requests to shop.test:80, 20 re-downloaded an unchanged page: 2 %; 350 answered without "
+        "contacting the site, 400 answered 304 (no body), 30 re-fetched a changed page")
+    text = " ".join(render_text(report, "log").split())
+    assert "efficiency of 1,001 requests to shop.test:80, 20 re-downloaded an unchanged page: 2 %" in text
+    assert site.as_dict()["efficiency"]["unchanged_redownloads"] == 20

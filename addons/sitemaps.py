@@ -1,0 +1,137 @@
+"""Sitemaps (SPEC §6 change signals): flows' facts to the core's SitemapService, and back.
+
+- request: with `revisit.sitemaps: fetch`, a request to a site whose sitemaps are due starts
+  the service's refresh in the background (it takes the site's budget for each request);
+- response: a GET 200 whose body is a sitemap is read (in a worker thread when large);
+- every audit line is counted into its site's efficiency, whatever revisit.sitemaps says (the
+  dashboard's `recrawl`, /api/sites `efficiency`, /metrics counters);
+- `status(site)`: the dashboard's live fields (`lastmod: trusted 97 %`, efficiency).
+
+The revalidation addon asks `service(site)` for the lastmod rules themselves (due, scored).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from addons.notes import notes_of, skip
+from addons.runtime import PerSite, Runtime
+from addons.side_fetch import fetch
+from mitmproxy import http
+
+from etiquette_proxy.audit.log import audit_record
+from etiquette_proxy.clock import wall
+from etiquette_proxy.revalidation.efficiency import Efficiencies
+from etiquette_proxy.revalidation.revisit import NAMESPACE as REVISIT
+from etiquette_proxy.revalidation.revisit import RevisitState
+from etiquette_proxy.revalidation.service import Fetched, SitemapService, SitemapSettings
+from etiquette_proxy.revalidation.urlkey import normalise
+
+FETCH_TIMEOUT_S = 60.0
+THREAD_ABOVE = 256 * 1024  # a body above this is read in a worker thread (as revalidation.py does)
+DECODE_LIMIT = 64 * 1024**2  # a content-coded sitemap is decoded up to this much (then the reader's bound)
+
+
+class SitemapHooks:
+    def __init__(self, runtime: Runtime, take_turn: Callable[[str], Awaitable[None]] | None = None,
+                 robots_sitemaps: Callable[[str, str], Awaitable[tuple[str, ...]]] | None = None,
+                 robots_allows: Callable[[str, str, str], Awaitable[bool]] | None = None):
+        self.rt = runtime
+        self.settings: PerSite[SitemapSettings] = PerSite(runtime, SitemapSettings.from_config)
+        self._take_turn, self._robots_sitemaps, self._robots_allows = take_turn, robots_sitemaps, robots_allows
+        self._service: SitemapService | None = None
+        # Efficiency is counted whatever revisit.sitemaps says: every site's audit lines.
+        self.efficiency = Efficiencies()
+        runtime.recorded.connect(self.efficiency.count)
+
+    def service(self, site: str) -> SitemapService | None:
+        """The sitemap service over the current store; None when sitemaps are off for `site`."""
+        store = self.rt.store
+        if store is None or not self.settings.get(site).reads:
+            return None
+        if self._service is None or self._service.store is not store:
+            self._service = SitemapService(
+                store, self._key_of, clock=wall, fetch=self._side_fetch, take_turn=self._take_turn,
+                robots_sitemaps=self._robots_sitemaps, allows=self._robots_allows, record=self._own_line)
+        return self._service
+
+    def checked(self, site: str, key: str, before: RevisitState | None, changed: bool | None,
+                read_before: bool = False) -> None:
+        """The revalidation addon fetched `key` (a 200, or a 304 to its validators): the lastmod is
+        scored and the one answered remembered. `before`: the URL's schedule before this check;
+        `read_before`: read it from the store (a 304 whose schedule is not rewritten)."""
+        service = self.service(site)
+        if service is None:
+            return
+        if read_before and self.rt.store is not None:
+            before = self.rt.store.get_record(REVISIT, key, parse=RevisitState.from_state)
+        service.fetched(site, key, before, changed)
+
+    # -- hooks ---------------------------------------------------------------------------------
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        if skip(flow) or self.rt.observe:  # observe mode: nothing of the proxy's own on the wire
+            return
+        notes = notes_of(flow)
+        settings = self.settings.get(notes.site)
+        service = self.service(notes.site) if settings.fetches else None
+        if service is not None:
+            ua = self.rt.config.identity.user_agent or "etiquette-proxy"
+            service.start_refresh(notes.origin, notes.site, settings.interval_s, ua)
+
+    async def response(self, flow: http.HTTPFlow) -> None:
+        response = flow.response
+        if (response is None or response.status_code != 200 or flow.request.method != "GET"
+                or response.raw_content is None):
+            return
+        notes = notes_of(flow)
+        service = None if notes.local else self.service(notes.site)
+        if service is None:
+            return
+        url, raw = flow.request.url, response.raw_content
+        found = service.sitemap_body(url, raw, response.headers.get("content-encoding"), DECODE_LIMIT)
+        if found is None and not response.headers.get("content-encoding") \
+                and await service.listed_in_robots(notes.origin, notes.site, url, raw[:64]):
+            found = raw, True  # a text sitemap robots.txt names (SPEC §6)
+        if found is None:
+            return
+        body, text_ok = found
+        if len(body) > THREAD_ABOVE:
+            await asyncio.to_thread(service.read, url, notes.site, (body,), text_ok)
+        else:
+            service.read(url, notes.site, (body,), text_ok)
+
+    async def done(self) -> None:
+        if self._service is not None:
+            await self._service.stop()
+
+    def status(self, site: str) -> dict[str, Any]:
+        """The dashboard's live fields: lastmod trust and efficiency (SPEC §6)."""
+        out = self.efficiency.status(site)
+        if self._service is not None:
+            out.update(self._service.status(site))
+        return out
+
+    # -- what the service is handed ------------------------------------------------------------
+
+    def _key_of(self, url: str, site: str) -> str | None:
+        try:
+            return normalise(url, self.rt.config.get("store.tracking_params", site))
+        except ValueError:
+            return None
+
+    async def _side_fetch(self, url: str, max_bytes: int) -> Fetched:
+        ua = self.rt.config.identity.user_agent or "etiquette-proxy"
+        got = await fetch(url, path=self.rt.upstream, headers={"User-Agent": ua},
+                          timeout=FETCH_TIMEOUT_S, max_bytes=max_bytes)
+        return Fetched(got.status, dict(got.headers), got.body, got.truncated)
+
+    def _own_line(self, fields: dict[str, Any]) -> None:
+        """The audit line of a sitemap the proxy fetched itself (signed like a canary)."""
+        if self.rt.audit is None:
+            return
+        signed = self.rt.signed_keyid() if fields.get("upstream_status") is not None else None
+        self.rt.record(audit_record(ts=wall(), method="GET", waited_s=0.0,
+                                    rate=self.rt.configured_rate(fields["site"]), signed=signed, **fields))
