@@ -338,8 +338,8 @@ def card(config: Config, args: argparse.Namespace) -> int:
 
 def verify_log(config: Config, args: argparse.Namespace) -> int:
     """SPEC §3, §11: 0 when the chain holds, 1 naming the first bad line, 2 when unreadable."""
-    from etiquette_proxy.audit.chain import verify_file
-    from etiquette_proxy.operate.workers import audit_files
+    from etiquette_proxy.audit.hash_chain import verify_file
+    from etiquette_proxy.audit.worker_files import audit_files
 
     path = _audit_path(config, args, "verify-log")
     if path is None:
@@ -357,7 +357,8 @@ def verify_log(config: Config, args: argparse.Namespace) -> int:
 
 
 def report(config: Config, args: argparse.Namespace) -> int:
-    from etiquette_proxy.operate.workers import audit_files, report_merged
+    from etiquette_proxy.audit.worker_files import audit_files
+    from etiquette_proxy.operate.workers import report_merged
     from etiquette_proxy.units import parse_duration
     from etiquette_proxy.visibility.report import run_report
 
@@ -432,7 +433,8 @@ def run_workers(config: Config, config_path: str | None, overrides: list[str], c
     """SPEC §3 `run --workers N`: a supervisor and N worker processes on one listening address."""
     from addons.supervisor import supervise
 
-    from etiquette_proxy.operate.workers import worker_audit_path, workers_problem
+    from etiquette_proxy.audit.worker_files import worker_audit_path
+    from etiquette_proxy.operate.workers import workers_problem
 
     problem = workers_problem(count, config.state.backend) or _listen_problem(config, config_path or "--listen-host")
     if problem:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from etiquette_proxy.clock import Clock, wall
-from etiquette_proxy.operate.endpoint_guard import refusal_for
+from etiquette_proxy.visibility.endpoint_guard import refusal_for
 from etiquette_proxy.target import parse_authority
 
 URL_FILE = "proxy-url"

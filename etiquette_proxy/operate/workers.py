@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO
 
-from etiquette_proxy.audit.chain import ChainCheck, ChainVerdict
+from etiquette_proxy.audit.hash_chain import ChainCheck, ChainVerdict
 from etiquette_proxy.visibility.report import Gate, new_report, publish, since_cutoff
 
 MAX_WORKERS = 64
@@ -46,30 +46,6 @@ def workers_problem(workers: int, backend: str) -> str | None:
                 f"budget and send every site {workers}× its rate; expected --set state.backend=redis "
                 "--set state.url=redis://HOST:PORT/DB, or --workers 1)")
     return None
-
-
-def worker_audit_path(base: str, index: int) -> str:
-    """Worker `index`'s audit file beside `base`: audit.jsonl -> audit.w1.jsonl."""
-    head, name = os.path.split(base)
-    stem, dot, suffix = name.rpartition(".")
-    named = f"{stem}.w{index}.{suffix}" if dot and stem else f"{name}.w{index}"
-    return os.path.join(head, named)
-
-
-def audit_files(base: str) -> list[str]:
-    """The files that make up the log at `base`: `base` itself when it exists, then every
-    worker file beside it (audit.w1.jsonl, audit.w2.jsonl, ... in worker order)."""
-    head, name = os.path.split(base)
-    stem, dot, suffix = name.rpartition(".")
-    pattern = (re.compile(re.escape(stem) + r"\.w(\d{1,3})\." + re.escape(suffix) + "$") if dot and stem
-               else re.compile(re.escape(name) + r"\.w(\d{1,3})$"))
-    try:
-        names = os.listdir(head or ".")
-    except OSError:
-        names = []
-    workers = sorted((int(m.group(1)), n) for n in names if (m := pattern.match(n)))
-    found = [base] if os.path.exists(base) else []
-    return found + [os.path.join(head, n) for _, n in workers]
 
 
 _TS = re.compile(rb'"ts":"([^"]*)"')

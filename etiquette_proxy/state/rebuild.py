@@ -34,6 +34,7 @@ from datetime import datetime
 from typing import Any, TypeGuard
 
 from etiquette_proxy.audit.log import rfc3339_ms
+from etiquette_proxy.audit.worker_files import audit_files
 from etiquette_proxy.pacing.per_site import NAMESPACE
 from etiquette_proxy.pacing.settings import PacingSettings
 from etiquette_proxy.pacing.throttle import NEVER, ThrottleDecision, ThrottleState
@@ -186,8 +187,6 @@ def log_files(audit_path: str) -> list[str]:
     """Every file of the log that `audit_path` belongs to: the file itself and, as `report`
     reads them, the worker files beside it (`run --workers N`: audit.w1.jsonl, ...); a worker's
     own file names the set through its base name."""
-    from etiquette_proxy.operate.workers import audit_files  # the report's reader of a worker set
-
     head, name = os.path.split(audit_path)
     base = os.path.join(head, re.sub(r"\.w\d{1,3}(?=\.[^.]*$|$)", "", name, count=1))
     files = audit_files(base)

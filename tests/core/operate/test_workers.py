@@ -10,15 +10,14 @@ from pathlib import Path
 import pytest
 
 from etiquette_proxy.audit.log import AuditLog
+from etiquette_proxy.audit.worker_files import audit_files, worker_audit_path
 from etiquette_proxy.clock import FakeClock
 from etiquette_proxy.operate.workers import (
     FIRST_RESTART_S,
     MAX_RESTART_S,
     RestartBackoff,
-    audit_files,
     merged_lines,
     report_merged,
-    worker_audit_path,
     workers_problem,
 )
 
