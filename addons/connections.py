@@ -205,10 +205,6 @@ class ConnectionLimits:
         for _, timer in self._forwarded.values():
             timer.cancel()
 
-    def in_flight_at_sites(self) -> int:
-        """Requests forwarded to a site whose response head has not arrived."""
-        return len(self._forwarded)
-
     async def drain(self, budget_s: float = DRAIN_S) -> None:
         """Stopping: let requests at sites finish for up to `budget_s`, then give them up (504)."""
         loop = asyncio.get_running_loop()

@@ -2,7 +2,7 @@
 
 `Headers.get(name)`, `name in headers` and `Headers.items()` each walk every field and
 lower-case every name again (`items()` does so once per name: quadratic in the header count),
-and several hooks read a few fields of every response (issue 17). These read only the names
+and several hooks read a few fields of every response. These read only the names
 asked for, with `Headers.get`'s semantics: names case-insensitive, a repeated field's values
 comma-joined in order, bytes decoded as mitmproxy decodes them (UTF-8, surrogateescape).
 """

@@ -102,7 +102,7 @@ class PerSite(Generic[T]):
     `build(config, site)` is a policy's `from_config`, which shares one value among every site
     without a `sites:` override (sites.py site_settings): asked per request, no per-site table
     here. A table bounded below the number of sites crawled rebuilt the policy from the config
-    on nearly every request of a crawl spread over more sites (15-25 µs of config reads each,
+    on nearly every request of a crawl spread over more sites (config reads each time,
     benchmarks/README.md), and held a slot per site besides."""
 
     def __init__(self, runtime: Runtime, build: Callable[[Any, str | None], T]):

@@ -44,9 +44,9 @@ def is_loopback(host: str) -> bool:
 def settle_heap() -> None:
     """Once the proxy is up: what start-up built (mitmproxy and its ~40 addons, our modules, the
     config, the state read back) is kept for the process's life, yet every full collection
-    walked it again — a ~115,000-object walk that held the event loop for one long callback
-    (65-117 ms at load 4-5 on this 2-core machine: `profile_proxy.py --profiler stalls`), a
-    stall every connection waits behind (issue 17, p99). `gc.freeze()` moves those objects
+    walked it again: a walk of over a hundred thousand objects that held the event loop for one
+    long callback (`profile_proxy.py --profiler stalls` shows it), a stall every connection
+    waits behind. `gc.freeze()` moves those objects
     out of the collector's generations; what requests create is collected as before."""
     gc.collect()
     gc.freeze()

@@ -34,6 +34,7 @@ from collections.abc import Generator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from addons.mitm_version import require_verified
 from addons.notes import notes_of
 from addons.runtime import Runtime
 from mitmproxy import http
@@ -251,10 +252,12 @@ _patched = False
 def install() -> None:
     """mitmproxy 11's `HttpStream.state_consume_request_body` gathers the whole request body in
     memory before the answer goes out; for a request answered already it drops each chunk
-    instead. Pinned to 11.0.x by tests/addons/test_streaming.py."""
+    instead. Verified on the releases in mitm_version.VERIFIED_ON (tests/addons/test_streaming.py
+    fails if the patched names change)."""
     global _patched
     if _patched:
         return
+    require_verified()
     _patched = True
     from mitmproxy.proxy.layers import http as http_layer
     from mitmproxy.proxy.layers.http import SendHttp

@@ -135,7 +135,7 @@ def line_record(
 
 
 # json.dumps with these options builds a new encoder per call; one shared encoder writes the
-# same bytes (~1 µs less per line).
+# same bytes for less per line.
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str)
 
 

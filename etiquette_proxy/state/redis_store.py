@@ -357,9 +357,6 @@ class RedisShared:
                                                   px=max(1, int(expire_s * 1000))))
         return token if taken else None
 
-    async def is_locked(self, name: str) -> bool:
-        return bool(await self._call(self._client.exists(f"{SHARED}lock:{name}")))
-
     async def unlock(self, name: str, token: str) -> None:
         # Only our own lock: after expiry another instance may hold it.
         await self._call(self._unlock(keys=[f"{SHARED}lock:{name}"], args=[token]))
