@@ -211,14 +211,31 @@ def state_dir(config: Config) -> str:
     return os.path.abspath(os.path.expanduser(config.state.dir))
 
 
+def ensure_ca(state_dir: str) -> str:
+    """The CA certificate of the state dir, created the way the proxy would on first use."""
+    from etiquette_proxy.operate.commands import CA_NAME
+
+    path = os.path.join(state_dir, CA_NAME)
+    if not os.path.exists(path):
+        from mitmproxy import certs
+
+        from etiquette_proxy.file_modes import private_umask, secure_tree
+
+        private_umask()  # SPEC §12: the state dir is 0700 and its files 0600 (the CA key too)
+        os.makedirs(state_dir, mode=0o700, exist_ok=True)
+        certs.CertStore.from_store(state_dir, "mitmproxy", 2048)
+        secure_tree(state_dir)
+    return path
+
+
 def operate(config: Config, args: argparse.Namespace) -> int:
     """`ca`, `env`, `sites`, `wrap`: commands that work with a proxy from outside it."""
-    from addons import commands
+    from etiquette_proxy.operate import commands
 
     state = commands.chosen_state_dir(args.state_dir, config.state.dir)
     try:
         if args.command == "ca":
-            return commands.ca_command(state, sys.stderr)
+            return commands.ca_command(state, sys.stderr, ensure_ca)
         if args.command == "env":
             return commands.env_command(state, args.proxy)
         if args.command == "sites":
@@ -264,7 +281,7 @@ def _audit_path(config: Config, args: argparse.Namespace, command: str) -> str |
         return None
     if configured:
         return os.path.expanduser(configured)
-    from addons.commands import chosen_state_dir
+    from etiquette_proxy.operate.commands import chosen_state_dir
 
     return os.path.join(chosen_state_dir(getattr(args, "state_dir", None), config.state.dir), "audit.jsonl")
 

@@ -9,7 +9,7 @@ Reads the Python files (no imports, no timing) of a checkout and prints:
   functions or methods by lines, in each of the two trees (`--top N` rows each).
 
 The addon share is given twice: the whole addon layer, and without the command line, the
-supervisor and the master (`cli.py`, `commands.py`, `supervisor.py`, `master.py`), which run
+supervisor and the master (`cli.py`, `supervisor.py`, `master.py`), which run
 no flow.
 
 With `--readme` it prints the README "Layout" listing generated from the tree instead (every
@@ -35,7 +35,7 @@ from _harness import header  # noqa: E402
 
 TREES = (("core", "etiquette_proxy"), ("addons", "addons"))
 # The addon layer's modules that run no flow: the command line, `run --workers N`, the master.
-NOT_FLOW_LAYER = ("addons/cli.py", "addons/commands.py", "addons/supervisor.py", "addons/master.py")
+NOT_FLOW_LAYER = ("addons/cli.py", "addons/supervisor.py", "addons/master.py")
 
 
 @dataclass(frozen=True)
