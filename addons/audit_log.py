@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import logging
 
+from mitmproxy import http
+
 from addons.answers import answer_locally
 from addons.fields import field_value
 from addons.mitm_patches import ANSWERED_WITH
 from addons.notes import FORWARDED, FlowNotes, client_ended, notes_of, request_url, skip
 from addons.runtime import Runtime
-from addons.side_fetch import TLS_HINT
-from mitmproxy import http
-
 from etiquette_proxy.audit.log import line_record
 from etiquette_proxy.clock import wall
 from etiquette_proxy.pacing.rates import Rates
+from etiquette_proxy.side_fetch import TLS_HINT
 
 log = logging.getLogger(__name__)
 

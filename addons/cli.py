@@ -422,7 +422,7 @@ def _setup_logging() -> None:
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.INFO)
-    from addons.connections import install_exhaustion_filter
+    from etiquette_proxy.operate.descriptors import install_exhaustion_filter
 
     install_exhaustion_filter()  # SPEC §12: running out of descriptors, once a second at most
     for noisy in ("mitmproxy", "asyncio", "hpack", "passlib"):
@@ -449,7 +449,6 @@ def run(config: Config, config_path: str | None, overrides: list[str], worker: i
 def run_workers(config: Config, config_path: str | None, overrides: list[str], count: int) -> int:
     """SPEC §3 `run --workers N`: a supervisor and N worker processes on one listening address."""
     from addons.supervisor import supervise
-
     from etiquette_proxy.audit.worker_files import worker_audit_path
     from etiquette_proxy.operate.workers import workers_problem
 
@@ -477,11 +476,12 @@ def run_workers(config: Config, config_path: str | None, overrides: list[str], c
 
 
 async def _serve(config: Config, config_path: str | None, overrides: list[str]) -> int:
+    from mitmproxy import options
+
     from addons.chain import build_chain
     from addons.connections import ConnectionLimits
     from addons.master import ProductMaster, skip_message_typechecks
     from addons.runtime import Runtime
-    from mitmproxy import options
 
     skip_message_typechecks()
 

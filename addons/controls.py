@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from mitmproxy import http
+
 from addons.answers import answer_locally
 from addons.notes import notes_of, skip
 from addons.runtime import Runtime
-from mitmproxy import http
-
 from etiquette_proxy.clock import Clock, wall
 from etiquette_proxy.operate.controls import ROUTE
 from etiquette_proxy.operate.service import HealthActions, OperatorService, SiteAsked, not_shared_answer

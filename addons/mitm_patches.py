@@ -66,7 +66,6 @@ import weakref
 from collections.abc import Generator
 from typing import Any
 
-import addons.mitm_version  # noqa: F401 - first: an unverified mitmproxy stops here, before the patches
 from h11._receivebuffer import ReceiveBuffer
 from mitmproxy import connection
 from mitmproxy.net.http import http1, status_codes
@@ -77,6 +76,8 @@ from mitmproxy.proxy.layers.http import _http1, _upstream_proxy
 from mitmproxy.proxy.layers.http._events import RequestHeaders, RequestProtocolError, ResponseProtocolError
 from mitmproxy.proxy.mode_specs import UpstreamMode
 from mitmproxy.utils import human
+
+import addons.mitm_version  # noqa: F401 - first: an unverified mitmproxy stops here, before the patches
 
 DECISION_HEADER = b"X-Etiquette-Decision"
 GIVE_UP = "etiquette_give_up"  # flow.metadata key: (status, reason) instead of mitmproxy's 502

@@ -15,13 +15,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from addons.side_fetch import UpstreamPath
-
 from etiquette_proxy.audit.log import AuditLog
 from etiquette_proxy.config import Config, defaults
 from etiquette_proxy.events import Broadcast
 from etiquette_proxy.pacing.rates import Rates
 from etiquette_proxy.revalidation.store import ValidatorStore
+from etiquette_proxy.side_fetch import UpstreamPath
 from etiquette_proxy.site_key import SiteKeys
 from etiquette_proxy.state.interface import StateStore
 from etiquette_proxy.state.memory import MemoryState

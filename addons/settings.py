@@ -10,17 +10,17 @@ import os
 import sys
 from collections.abc import Sequence
 
-from addons.notes import notes_of
-from addons.runtime import Runtime, expand_dir
-from addons.side_fetch import UpstreamPath
 from mitmproxy import ctx, exceptions, http
 
+from addons.notes import notes_of
+from addons.runtime import Runtime, expand_dir
 from etiquette_proxy.audit.log import AuditLog, audit_record
 from etiquette_proxy.clock import wall
 from etiquette_proxy.config import ConfigError, load_config_file
 from etiquette_proxy.events import Broadcast
 from etiquette_proxy.file_modes import private_umask, secure_tree
 from etiquette_proxy.revalidation.store import ValidatorStore
+from etiquette_proxy.side_fetch import UpstreamPath
 from etiquette_proxy.state.local import DiskState, MovedAside, open_checked
 from etiquette_proxy.state.rebuild import SCAN_BYTES, rebuild_from_log
 from etiquette_proxy.state.redis_store import RedisShared

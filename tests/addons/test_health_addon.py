@@ -13,6 +13,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from mitmproxy import http
+from mitmproxy.test import tflow, tutils
+
 from addons import health as health_addon
 from addons.chain import members
 from addons.dashboard import Dashboard
@@ -27,15 +30,12 @@ from addons.health import (
 )
 from addons.notes import notes_of
 from addons.runtime import Runtime
-from addons.side_fetch import SideFetchError
-from mitmproxy import http
-from mitmproxy.test import tflow, tutils
-
 from etiquette_proxy.audit.log import AuditLog, audit_record
 from etiquette_proxy.clock import FakeClock
 from etiquette_proxy.config import load_config
 from etiquette_proxy.health.parser import parse_report
 from etiquette_proxy.health.site import WARMUP_WINDOWS, Band, BandChange
+from etiquette_proxy.side_fetch import SideFetchError
 from etiquette_proxy.site_key import SiteKeys
 from etiquette_proxy.state.memory import MemoryState
 from tests.e2e.drift import ARTICLE as DRIFT_ARTICLE

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from addons import mitm_version
 from mitmproxy.version import VERSION
+
+from addons import mitm_version
 
 
 def test_the_installed_mitmproxy_is_one_the_patches_were_verified_on():
