@@ -121,16 +121,19 @@ async def _fetch(url: str, path: UpstreamPath, headers: dict[str, str], max_byte
             target = f"http://{authority}{target}"  # absolute-form through an HTTP proxy
     else:
         ssl_ctx = path.ssl_context() if scheme == "https" else None
-        reader, writer = await asyncio.open_connection(host, port, ssl=ssl_ctx, server_hostname=host if ssl_ctx else None)
+        reader, writer = await asyncio.open_connection(host, port, ssl=ssl_ctx,
+                                                       server_hostname=host if ssl_ctx else None)
 
     try:
         conn = h11.Connection(our_role=h11.CLIENT)
         request_headers = [("Host", authority), ("Accept-Encoding", "gzip, identity"), ("Connection", "close")]
-        request_headers += [(k, v) for k, v in headers.items() if k.lower() not in ("host", "connection", "accept-encoding")]
+        request_headers += [(k, v) for k, v in headers.items()
+                            if k.lower() not in ("host", "connection", "accept-encoding")]
         if path.signer is not None:  # last, after every other header (SPEC §9)
             request_headers += path.signer.sign(signing_authority(authority, scheme)).headers
-        writer.write(conn.send(h11.Request(method="GET", target=target, headers=request_headers)))
-        writer.write(conn.send(h11.EndOfMessage()))
+        # h11 returns None only for a ConnectionClosed event, never sent here.
+        writer.write(conn.send(h11.Request(method="GET", target=target, headers=request_headers)) or b"")
+        writer.write(conn.send(h11.EndOfMessage()) or b"")
         await writer.drain()
 
         response: h11.Response | None = None
