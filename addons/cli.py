@@ -198,7 +198,7 @@ def _warn_key_file(config: Config) -> None:
 
 def _listen_problem(config: Config, source: str) -> str | None:
     """SPEC §12: listen on loopback unless told otherwise; elsewhere requires proxy auth."""
-    from addons.settings import is_loopback
+    from etiquette_proxy.operate.startup import is_loopback
 
     host = config.listen.host
     if not is_loopback(host) and not config.listen.proxyauth:
