@@ -12,7 +12,6 @@ import logging
 from mitmproxy import http
 
 from addons.answers import answer_locally
-from addons.fields import field_value
 from addons.mitm_patches import ANSWERED_WITH
 from addons.notes import FORWARDED, FlowNotes, client_ended, notes_of, request_url, skip
 from addons.runtime import Runtime
@@ -20,6 +19,7 @@ from etiquette_proxy.audit.log import line_record
 from etiquette_proxy.audit.outcome import default_reason, error_outcome
 from etiquette_proxy.audit.outcome import final_outcome as outcome_of
 from etiquette_proxy.clock import wall
+from etiquette_proxy.headers import field_value
 from etiquette_proxy.pacing.rates import Rates
 
 log = logging.getLogger(__name__)

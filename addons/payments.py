@@ -8,11 +8,11 @@ Runs in `responseheaders` before the refusal trimmer, which may strip headers of
 
 from __future__ import annotations
 
-from addons.fields import has_field
-from addons.notes import notes_of
-from addons.runtime import Runtime
 from mitmproxy import http
 
+from addons.notes import notes_of
+from addons.runtime import Runtime
+from etiquette_proxy.headers import has_field
 from etiquette_proxy.payments import payment_asked
 
 _PAYMENT_FIELDS = frozenset({b"crawler-price", b"crawler-charged", b"crawler-error", b"payment-required"})

@@ -86,12 +86,12 @@ def report_state_checked(moved: list[MovedAside], state: StateStore, audit_path:
                     path, SCAN_BYTES // 2**20)
     if rebuilt.restored:
         log.warning("etiquette-proxy: %s", rebuilt.line(now))
-    for each in rebuilt.restored:
+    for site in rebuilt.restored:
         record(audit_record(
-            ts=clock(), outcome="paused", method="-", url=f"http://{each.site}/", site=each.site,
+            ts=clock(), outcome="paused", method="-", url=f"http://{site.site}/", site=site.site,
             status=None, upstream_status=None, waited_s=0.0, rate=None,
-            reason=f"rebuilt from the audit log: {each.describe(now)}", client_ua=None,
-            event="state_rebuilt", ceiling=each.ceiling, **each.fields()))
+            reason=f"rebuilt from the audit log: {site.describe(now)}", client_ua=None,
+            event="state_rebuilt", ceiling=site.ceiling, **site.fields()))
 
 
 def settle_heap() -> None:
