@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import logging
 
+from mitmproxy import http
+
 from addons.answers import answer_locally
-from addons.fields import field_value
 from addons.mitm_patches import ANSWERED_WITH
 from addons.notes import FORWARDED, FlowNotes, client_ended, notes_of, request_url, skip
 from addons.runtime import Runtime
-from addons.side_fetch import TLS_HINT
-from mitmproxy import http
-
 from etiquette_proxy.audit.log import line_record
+from etiquette_proxy.audit.outcome import default_reason, error_outcome
+from etiquette_proxy.audit.outcome import final_outcome as outcome_of
 from etiquette_proxy.clock import wall
+from etiquette_proxy.headers import field_value
 from etiquette_proxy.pacing.rates import Rates
 
 log = logging.getLogger(__name__)
@@ -55,14 +56,7 @@ class AuditLogGate:
 
 
 def final_outcome(notes: FlowNotes, flow: http.HTTPFlow) -> str:
-    if notes.outcome:
-        return notes.outcome
-    if flow.response is None:
-        return "failed"
-    status = flow.response.status_code
-    if status == 304:
-        return "unchanged"  # the client asked conditionally itself
-    return "refused" if status >= 400 else "fetched"
+    return outcome_of(notes.outcome, flow.response.status_code if flow.response is not None else None)
 
 
 class AuditWriter:
@@ -97,26 +91,17 @@ class AuditWriter:
         notes = notes_of(flow)
         if notes.logged:
             return
-        if not notes.outcome and _client_left_after_forwarding(flow, notes):
-            # The site got the request (and maybe answered): the line says so. `failed` is for
-            # network errors to the site (SPEC §3), which this is not.
-            notes.outcome = _site_outcome(notes.upstream_status)
-            notes.extra["client_gone"] = True
-            how = ("cancelled its HTTP/2 stream" if "stream reset" in flow.error.msg.lower()  # type: ignore[union-attr]
-                   else "disconnected")
-            notes.reason = (f"client {how} before the site's answer reached it"
-                            if notes.upstream_status is not None
-                            else f"client {how} while the request was at the site")
-        answered = flow.metadata.get(ANSWERED_WITH)
-        if not notes.outcome and answered is not None and answered < 500 and not notes.facts.get(FORWARDED):
-            notes.outcome = "refused"  # mitmproxy refused the client's request itself (e.g. 400)
+        decided = error_outcome(
+            notes.outcome, notes.reason, upstream_status=notes.upstream_status,
+            client_left_after_forwarding=_client_left_after_forwarding(flow, notes),
+            stream_reset=flow.error is not None and "stream reset" in flow.error.msg.lower(),
+            answered_with=flow.metadata.get(ANSWERED_WITH), forwarded=bool(notes.facts.get(FORWARDED)),
+            error=flow.error.msg if flow.error is not None else None)
+        notes.outcome, notes.reason = decided.outcome, decided.reason
+        if decided.local:
             notes.local = True
-        if not notes.outcome:
-            notes.outcome = "failed"
-        if not notes.reason and flow.error is not None:
-            notes.reason = flow.error.msg
-            if "certificate" in notes.reason.lower():
-                notes.reason += f"; {TLS_HINT}"
+        if decided.client_gone:
+            notes.extra["client_gone"] = True
         self.write(flow, notes)
 
     def write(self, flow: http.HTTPFlow, notes: FlowNotes, outcome: str | None = None) -> None:
@@ -167,15 +152,6 @@ def _client_left_after_forwarding(flow: http.HTTPFlow, notes: FlowNotes) -> bool
     return bool(notes.facts.get(FORWARDED)) and flow.server_conn.timestamp_tcp_setup is not None
 
 
-def _site_outcome(upstream_status: int | None) -> str:
-    """What the site's part was: the request reached it (`fetched`), or it refused it."""
-    if upstream_status is None or upstream_status < 400:
-        return "fetched"
-    return "refused"
-
-
 def _default_reason(flow: http.HTTPFlow) -> str:
-    if flow.response is None:
-        return flow.error.msg if flow.error else "no response"
-    return f"site answered {flow.response.status_code}"
-
+    return default_reason(flow.response.status_code if flow.response is not None else None,
+                          flow.error.msg if flow.error is not None else None)

@@ -199,7 +199,7 @@ def _warn_key_file(config: Config) -> None:
 
 def _listen_problem(config: Config, source: str) -> str | None:
     """SPEC §12: listen on loopback unless told otherwise; elsewhere requires proxy auth."""
-    from addons.settings import is_loopback
+    from etiquette_proxy.operate.startup import is_loopback
 
     host = config.listen.host
     if not is_loopback(host) and not config.listen.proxyauth:
@@ -212,14 +212,31 @@ def state_dir(config: Config) -> str:
     return os.path.abspath(os.path.expanduser(config.state.dir))
 
 
+def ensure_ca(state_dir: str) -> str:
+    """The CA certificate of the state dir, created the way the proxy would on first use."""
+    from etiquette_proxy.operate.commands import CA_NAME
+
+    path = os.path.join(state_dir, CA_NAME)
+    if not os.path.exists(path):
+        from mitmproxy import certs
+
+        from etiquette_proxy.file_modes import private_umask, secure_tree
+
+        private_umask()  # SPEC §12: the state dir is 0700 and its files 0600 (the CA key too)
+        os.makedirs(state_dir, mode=0o700, exist_ok=True)
+        certs.CertStore.from_store(state_dir, "mitmproxy", 2048)
+        secure_tree(state_dir)
+    return path
+
+
 def operate(config: Config, args: argparse.Namespace) -> int:
     """`ca`, `env`, `sites`, `wrap`: commands that work with a proxy from outside it."""
-    from addons import commands
+    from etiquette_proxy.operate import commands
 
     state = commands.chosen_state_dir(args.state_dir, config.state.dir)
     try:
         if args.command == "ca":
-            return commands.ca_command(state, sys.stderr)
+            return commands.ca_command(state, sys.stderr, ensure_ca)
         if args.command == "env":
             return commands.env_command(state, args.proxy)
         if args.command == "sites":
@@ -265,7 +282,7 @@ def _audit_path(config: Config, args: argparse.Namespace, command: str) -> str |
         return None
     if configured:
         return os.path.expanduser(configured)
-    from addons.commands import chosen_state_dir
+    from etiquette_proxy.operate.commands import chosen_state_dir
 
     return os.path.join(chosen_state_dir(getattr(args, "state_dir", None), config.state.dir), "audit.jsonl")
 
@@ -339,8 +356,8 @@ def card(config: Config, args: argparse.Namespace) -> int:
 
 def verify_log(config: Config, args: argparse.Namespace) -> int:
     """SPEC §3, §11: 0 when the chain holds, 1 naming the first bad line, 2 when unreadable."""
-    from etiquette_proxy.audit.chain import verify_file
-    from etiquette_proxy.audit.files import audit_files
+    from etiquette_proxy.audit.hash_chain import verify_file
+    from etiquette_proxy.audit.worker_files import audit_files
 
     path = _audit_path(config, args, "verify-log")
     if path is None:
@@ -358,7 +375,7 @@ def verify_log(config: Config, args: argparse.Namespace) -> int:
 
 
 def report(config: Config, args: argparse.Namespace) -> int:
-    from etiquette_proxy.audit.files import audit_files
+    from etiquette_proxy.audit.worker_files import audit_files
     from etiquette_proxy.operate.workers import report_merged
     from etiquette_proxy.units import parse_duration
     from etiquette_proxy.visibility.report import run_report
@@ -406,7 +423,7 @@ def _setup_logging() -> None:
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.INFO)
-    from addons.connections import install_exhaustion_filter
+    from etiquette_proxy.operate.descriptors import install_exhaustion_filter
 
     install_exhaustion_filter()  # SPEC §12: running out of descriptors, once a second at most
     for noisy in ("mitmproxy", "asyncio", "hpack", "passlib"):
@@ -433,8 +450,7 @@ def run(config: Config, config_path: str | None, overrides: list[str], worker: i
 def run_workers(config: Config, config_path: str | None, overrides: list[str], count: int) -> int:
     """SPEC §3 `run --workers N`: a supervisor and N worker processes on one listening address."""
     from addons.supervisor import supervise
-
-    from etiquette_proxy.audit.files import worker_audit_path
+    from etiquette_proxy.audit.worker_files import worker_audit_path
     from etiquette_proxy.operate.workers import workers_problem
 
     problem = workers_problem(count, config.state.backend) or _listen_problem(config, config_path or "--listen-host")
@@ -461,11 +477,12 @@ def run_workers(config: Config, config_path: str | None, overrides: list[str], c
 
 
 async def _serve(config: Config, config_path: str | None, overrides: list[str]) -> int:
+    from mitmproxy import options
+
     from addons.chain import build_chain
     from addons.connections import ConnectionLimits
     from addons.master import ProductMaster, skip_message_typechecks
     from addons.runtime import Runtime
-    from mitmproxy import options
 
     skip_message_typechecks()
 

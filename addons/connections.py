@@ -33,31 +33,33 @@ cancels the connection's task in the proxy server's connection handler
   the cap also when no request in progress uses it.
 - Stopping: new requests are answered 503 `paused` (StopGate); requests already at a site get up
   to DRAIN_S to finish, then are given up like a read timeout (504, logged).
-- At start the soft RLIMIT_NOFILE is raised to the hard limit; "Too many open files" is logged
-  at most once a second, with a count of what was left out. Client connections are kept within
-  the limit less a reserve (a quarter, at least 64) for site connections: past it, a new
-  connection closes the oldest one that has not sent a complete request head yet, so a
-  slowloris cannot take the descriptors a normal client's site connection needs.
+- Descriptors (etiquette_proxy/operate/descriptors.py decides, this addon closes): the limit
+  raised at start, running out logged once a second, the oldest client without a complete
+  request head closed first when clients would take what site connections need.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
-import resource
-import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
+
+from mitmproxy import connection, ctx, http
+from mitmproxy.proxy import mode_specs, server_hooks
 
 from addons import mitm_patches
 from addons.answers import answer_locally
 from addons.notes import FORWARDED, notes_of, skip
 from addons.runtime import Runtime
 from addons.streaming import BODY, REQUEST_BODY
-from mitmproxy import connection, ctx, http
-from mitmproxy.proxy import mode_specs, server_hooks
+from etiquette_proxy.operate.descriptors import (
+    ConnectionBook,
+    SiteConnection,
+    fd_limit,
+    install_exhaustion_filter,
+    raise_fd_limit,
+)
 
 log = logging.getLogger(__name__)
 
@@ -75,82 +77,6 @@ class _Client:
     @property
     def in_flight(self) -> int:
         return len(self.flows)
-
-
-@dataclass
-class _Upstream:
-    conn: connection.Server
-    client_id: str
-    last_used: float = field(default_factory=time.monotonic)
-
-
-def raise_fd_limit() -> tuple[int, int]:
-    """Raise the soft RLIMIT_NOFILE to the hard limit; the (soft, hard) now in force."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError) as e:
-            log.warning("could not raise the open-file limit from %s to %s: %s", soft, hard, e)
-    return soft, hard
-
-
-class DescriptorExhaustion(logging.Filter):
-    """Lets one "Too many open files" record through per second; counts the rest (SPEC §12).
-
-    Out of descriptors, every accept and every connect fails at once, and each failure would
-    log a traceback: tens of thousands a second. One line a second says the same thing.
-    """
-
-    def __init__(self, every_s: float = 1.0, clock: Any = time.monotonic):
-        super().__init__()
-        self.every_s = every_s
-        self.clock = clock
-        self._last = -float("inf")
-        self.suppressed = 0
-
-    @staticmethod
-    def is_exhaustion(record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
-            return True
-        try:
-            message = record.getMessage()
-        except Exception:  # noqa: BLE001 - a record that cannot format is not ours to judge
-            return False
-        return "Too many open files" in message or "out of system resource" in message
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not self.is_exhaustion(record):
-            return True
-        now = self.clock()
-        if now - self._last < self.every_s:
-            self.suppressed += 1
-            return False
-        self._last = now
-        left_out = self.suppressed
-        self.suppressed = 0
-        record.msg = (f"out of file descriptors (Too many open files); {left_out} more such errors "
-                      "in the last second not shown")
-        record.args = ()
-        record.exc_info = None
-        record.exc_text = None
-        record.levelno, record.levelname = logging.ERROR, "ERROR"
-        return True
-
-
-def install_exhaustion_filter() -> DescriptorExhaustion:
-    """Put one DescriptorExhaustion on every handler of the root logger (idempotent)."""
-    root = logging.getLogger()
-    for handler in root.handlers:
-        for f in handler.filters:
-            if isinstance(f, DescriptorExhaustion):
-                return f
-    shared = DescriptorExhaustion()
-    for handler in root.handlers:
-        handler.addFilter(shared)
-    return shared
 
 
 class StopGate:
@@ -173,24 +99,18 @@ class ConnectionLimits:
     def __init__(self, runtime: Runtime):
         self.rt = runtime
         self._clients: dict[str, _Client] = {}
-        self._upstreams: OrderedDict[str, _Upstream] = OrderedDict()  # least recently used first
+        self.book: ConnectionBook[connection.Server] = ConnectionBook(fd_limit())
         self._forwarded: dict[str, tuple[http.HTTPFlow, asyncio.TimerHandle]] = {}
         self._sweeper: asyncio.Task[None] | None = None
-        self._cap_warned_at = -float("inf")
-        self._closed_clients: dict[str, int] = {}  # why -> client connections closed since the last log
-        # Clients still owing a complete request head, oldest first: the first to go when
-        # connections would take the descriptors site connections need.
-        self._awaiting_head: OrderedDict[str, None] = OrderedDict()
-        self._fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         mitm_patches.install()
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     def running(self) -> None:
         soft, hard = raise_fd_limit()
-        self._fd_limit = soft
+        self.book.limit = soft
         log.info("open-file limit %s (hard %s); at most %d client connections", soft, hard,
-                 self.client_budget())
+                 self.book.client_budget())
         install_exhaustion_filter()
         if self._sweeper is None:
             self._sweeper = asyncio.ensure_future(self._sweep_forever())
@@ -204,10 +124,6 @@ class ConnectionLimits:
                 client.timer.cancel()
         for _, timer in self._forwarded.values():
             timer.cancel()
-
-    def in_flight_at_sites(self) -> int:
-        """Requests forwarded to a site whose response head has not arrived."""
-        return len(self._forwarded)
 
     async def drain(self, budget_s: float = DRAIN_S) -> None:
         """Stopping: let requests at sites finish for up to `budget_s`, then give them up (504)."""
@@ -227,26 +143,17 @@ class ConnectionLimits:
 
     # -- clients --------------------------------------------------------------------------------
 
-    def client_budget(self) -> int:
-        """Client connections allowed at once: the descriptor limit less a reserve for site
-        connections, robots.txt fetches and the state files."""
-        return max(16, self._fd_limit - max(64, self._fd_limit // 4))
-
     def client_connected(self, client: connection.Client) -> None:
         watch = self._clients[client.id] = _Client(client)
         self._arm(watch, self.rt.config.listen.header_timeout, "no complete request head")
-        self._awaiting_head[client.id] = None
-        # Slowloris: past the budget, the oldest connection that has not sent a complete head
-        # makes room, so a client that sends its request at once is always served.
-        while len(self._clients) > self.client_budget() and len(self._awaiting_head) > 1:
-            oldest, _ = self._awaiting_head.popitem(last=False)
+        self.book.awaits_head(client.id)
+        for oldest in self.book.evictions(len(self._clients)):  # slowloris: see descriptors.py
             victim = self._clients.get(oldest)
             if victim is not None and self._close(oldest, victim.conn, "evicted"):
-                key = "no complete request head, evicted for a new connection (descriptor limit)"
-                self._closed_clients[key] = self._closed_clients.get(key, 0) + 1
+                self.book.closed("no complete request head, evicted for a new connection (descriptor limit)")
 
     def client_disconnected(self, client: connection.Client) -> None:
-        self._awaiting_head.pop(client.id, None)
+        self.book.head_arrived(client.id)
         watch = self._clients.pop(client.id, None)
         if watch is not None and watch.timer is not None:
             watch.timer.cancel()
@@ -256,7 +163,7 @@ class ConnectionLimits:
         watch = self._clients.get(flow.client_conn.id)
         if watch is not None and watch.in_flight == 0:
             self._arm(watch, self.rt.config.listen.header_timeout, "no complete request head after CONNECT")
-            self._awaiting_head[watch.conn.id] = None
+            self.book.awaits_head(watch.conn.id)
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         watch = self._clients.get(flow.client_conn.id)
@@ -264,7 +171,7 @@ class ConnectionLimits:
             return
         flow.metadata[_COUNTED] = True
         watch.flows[flow.id] = flow
-        self._awaiting_head.pop(watch.conn.id, None)
+        self.book.head_arrived(watch.conn.id)
         if watch.timer is not None:
             watch.timer.cancel()
             watch.timer = None
@@ -299,8 +206,7 @@ class ConnectionLimits:
         if self._close(client_id, watch.conn, why):
             # Counted, logged by the sweeper once a second: a slowloris of thousands of
             # connections must not become thousands of log lines.
-            key = f"{why} for {seconds:g}s"
-            self._closed_clients[key] = self._closed_clients.get(key, 0) + 1
+            self.book.closed(f"{why} for {seconds:g}s")
 
     # -- sites ----------------------------------------------------------------------------------
 
@@ -418,62 +324,52 @@ class ConnectionLimits:
         return mode.address if isinstance(mode, mode_specs.UpstreamMode) else None
 
     def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
-        self._upstreams[data.server.id] = _Upstream(data.server, data.client.id)
+        book = self.book
+        book.site_opened(data.server.id, data.server, data.client.id)
         cap = self.rt.config.upstream.max_connections
-        if len(self._upstreams) > cap:
-            def over(_: _Upstream) -> bool:
-                return len(self._upstreams) > cap
+        if len(book.sites) > cap:
+            def over(_: SiteConnection[connection.Server]) -> bool:
+                return len(book.sites) > cap
             # Least recently used first: connections of clients with nothing in progress, then
             # any connection no request is using (never the one just opened).
-            self._close_idle(over, "over upstream.max_connections", keep=data.server.id)
-            self._close_idle(over, "over upstream.max_connections", keep=data.server.id, strict=False)
-            if len(self._upstreams) > cap and time.monotonic() - self._cap_warned_at > 60:
-                self._cap_warned_at = time.monotonic()
+            why = "over upstream.max_connections"
+            book.close_idle(over, self._idle, self._close_site(why), keep=data.server.id)
+            book.close_idle(over, self._unused, self._close_site(why), keep=data.server.id)
+            if len(book.sites) > cap and book.warn_cap():
                 log.warning("%d site connections open, all in use (upstream.max_connections %d)",
-                            len(self._upstreams), cap)
+                            len(book.sites), cap)
 
     def server_disconnected(self, data: server_hooks.ServerConnectionHookData) -> None:
-        self._upstreams.pop(data.server.id, None)
+        self.book.site_closed(data.server.id)
 
     def _used(self, flow: http.HTTPFlow) -> None:
         # Through an upstream proxy the connection opened (server_connected) is the carrier.
-        carrier_id = mitm_patches.carrier_of(flow.server_conn).id
-        up = self._upstreams.get(carrier_id)
-        if up is not None:
-            up.last_used = time.monotonic()
-            self._upstreams.move_to_end(carrier_id)
+        self.book.site_used(mitm_patches.carrier_of(flow.server_conn).id)
 
-    def _idle(self, up: _Upstream, strict: bool) -> bool:
-        """Strict: its client has nothing in progress, so no request can pick the connection
-        up before mitmproxy has seen it close. Otherwise: no request in progress is using it."""
-        watch = self._clients.get(up.client_id)
-        if watch is None or watch.in_flight == 0:
-            return True
-        return not strict and all(mitm_patches.carrier_of(f.server_conn).id != up.conn.id
-                                  for f in watch.flows.values())
+    def _idle(self, site: SiteConnection[connection.Server]) -> bool:
+        """Its client has nothing in progress, so no request can pick the connection up before
+        mitmproxy has seen it close."""
+        watch = self._clients.get(site.client_id)
+        return watch is None or watch.in_flight == 0
 
-    def _close_idle(self, more: Any, why: str, keep: str = "", strict: bool = True) -> int:
-        """Close idle site connections, least recently used first, while `more(up)` says so."""
-        closed = 0
-        for key, up in list(self._upstreams.items()):
-            if not more(up):
-                break
-            if key == keep or not self._idle(up, strict):
-                continue
-            self._upstreams.pop(key, None)
-            if self._close(up.client_id, up.conn, why):
-                closed += 1
-        return closed
+    def _unused(self, site: SiteConnection[connection.Server]) -> bool:
+        """No request in progress is using it."""
+        watch = self._clients.get(site.client_id)
+        return watch is None or all(mitm_patches.carrier_of(f.server_conn).id != site.conn.id
+                                    for f in watch.flows.values())
+
+    def _close_site(self, why: str) -> Any:
+        return lambda site: self._close(site.client_id, site.conn, why)
 
     async def _sweep_forever(self) -> None:
         while True:
             await asyncio.sleep(SWEEP_EVERY_S)
-            for why, n in self._closed_clients.items():
-                log.info("closed %d client connection%s: %s", n, "" if n == 1 else "s", why)
-            self._closed_clients.clear()
+            for line in self.book.closed_report():
+                log.info("%s", line)
             try:
-                limit = time.monotonic() - self.rt.config.upstream.idle_timeout
-                self._close_idle(lambda up, limit=limit: up.last_used <= limit, "idle site connection")
+                book = self.book
+                book.close_idle(book.unused_since(self.rt.config.upstream.idle_timeout), self._idle,
+                                self._close_site("idle site connection"))
             except Exception:  # noqa: BLE001 - the sweeper must outlive one bad pass
                 log.exception("closing idle site connections failed")
 

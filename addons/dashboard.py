@@ -22,16 +22,16 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from addons.notes import notes_of, skip
-from addons.runtime import Runtime
-from addons.shared_board import SharedBoard
 from mitmproxy import http
 
+from addons.notes import notes_of, skip
+from addons.runtime import Runtime
 from etiquette_proxy.pacing.rates import Rates
 from etiquette_proxy.pacing.restraints import Restraints
 from etiquette_proxy.visibility.board import SiteBoard, StatusProvider
 from etiquette_proxy.visibility.metrics import CONTENT_TYPE_LATEST, render_metrics
 from etiquette_proxy.visibility.page import HOST, Page, PostRoute, serve, text_page
+from etiquette_proxy.visibility.service import BoardExchange
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class Dashboard:
         self.rates = rates if rates is not None else runtime.configured_rates()
         self.restraints = restraints if restraints is not None else Restraints()
         # SPEC §10: with state.backend redis, every proxy's sites (e.g. all workers of --workers N).
-        self.shared = SharedBoard(runtime, self.board)
+        self.shared = BoardExchange(self.board, lambda: runtime.shared.url if runtime.shared is not None else None)
         # First provider: the rate as the audit log sees it; pacing's own provider overrides it.
         self.providers: tuple[StatusProvider, ...] = (self._rate, *providers)
         self.routes: dict[str, PostRoute] = dict(routes or {})
@@ -72,10 +72,10 @@ class Dashboard:
         return self.shared.merged(self.board.snapshot(self.providers, identity), self.providers)
 
     def running(self) -> None:
-        self.shared.running()
+        self.shared.start()
 
     async def done(self) -> None:
-        await self.shared.done()
+        await self.shared.stop()
 
     def request(self, flow: http.HTTPFlow) -> None:
         if skip(flow) or not is_dashboard(flow):

@@ -1,11 +1,10 @@
 """The mitmproxy master `etiquette-proxy run` builds: only the mitmproxy addons the product uses,
 and hook dispatch from a table.
 
-Why (issue 17; figures in benchmarks/README.md, "lean master"): `DumpMaster` loads 34 addons
+Why (figures in benchmarks/README.md, "lean master"): `DumpMaster` loads 34 addons
 (map_local, stickycookie, save, serverplayback, ...) and mitmproxy's `AddonManager` walks every
-one of them, with a `getattr` and a context manager each, for every event of every flow. On
-this machine that dispatch alone costs ~1 ms of CPU per flow, more than the whole etiquette
-chain. None of those addons does anything here (their options are never set), so a forward
+one of them, with a `getattr` and a context manager each, for every event of every flow: that
+dispatch alone costs more CPU per flow than the whole etiquette chain. None of those addons does anything here (their options are never set), so a forward
 proxy that keeps only the ones below serves the same bytes for less.
 
 Kept, and why each:
@@ -46,8 +45,8 @@ def skip_message_typechecks() -> None:
     """Skip mitmproxy's field type checks on every Request/Response built (`run` only).
 
     `MessageData.__post_init__` checks each field's type against its annotation, under `if
-    __debug__` (gone under `python -O`): ~40 µs per message here, two messages per request,
-    where the whole etiquette chain costs ~0.5 ms. The checks catch programming errors, not
+    __debug__` (gone under `python -O`), twice per request, at a cost comparable to the whole
+    etiquette chain's. The checks catch programming errors, not
     bad input (what arrives from a client or a site is parsed into bytes by mitmproxy before a
     message is built), so `run` skips them while the unit and addon tests, which build their
     flows without this, keep them.

@@ -49,9 +49,10 @@ When the request line is whole, it then becomes a flow that target_check refuses
 answer has its audit line like any other refusal; a head whose request line alone is over 16
 times the limit gets the 431 and a log line, having named no URL.
 
-All are pinned to mitmproxy 11.0.x: `tests/addons/test_connections.py` and
-`tests/addons/test_mitm_patches.py` fail if the patched
-names or their call shapes change.
+All are verified on the mitmproxy releases in `mitm_version.VERIFIED_ON`, imported first: any
+other release stops start-up with an error naming both. `tests/addons/test_mitm_patches.py`
+fails on another release, and `tests/addons/test_connections.py` if the patched names or their
+call shapes change.
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ from mitmproxy.proxy.layers.http import _http1, _upstream_proxy
 from mitmproxy.proxy.layers.http._events import RequestHeaders, RequestProtocolError, ResponseProtocolError
 from mitmproxy.proxy.mode_specs import UpstreamMode
 from mitmproxy.utils import human
+
+import addons.mitm_version  # noqa: F401 - first: an unverified mitmproxy stops here, before the patches
 
 DECISION_HEADER = b"X-Etiquette-Decision"
 GIVE_UP = "etiquette_give_up"  # flow.metadata key: (status, reason) instead of mitmproxy's 502
@@ -244,7 +247,7 @@ def _ends_quietly_when_cancelled(handle: Any) -> Any:
     """A client connection cancelled at stop (the draining stop cancels what is left) is a
     normal end. Python 3.11's StreamReaderProtocol calls `task.exception()` on the connection's
     task when it is done, which raises for a cancelled task and logs a traceback ("Exception
-    in callback ... CancelledError"; 3.12's streams.py checks `task.cancelled()` first)."""
+    in callback ... CancelledError"; 3.12's asyncio/streams.py checks `task.cancelled()` first)."""
     @functools.wraps(handle)
     async def handle_quietly(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

@@ -65,7 +65,7 @@ def request_url(request: http.Request) -> str:
     (`Request.url`: `url.unparse(scheme, host, port, path)`, a CONNECT target as `host:port`),
     without what that property computes only to throw away: `first_line_format` IDNA-decodes
     the authority just to tell "absolute" from "relative", which build the same URL (most of
-    its cost, issue 17). A method that is not ASCII takes mitmproxy's own property."""
+    its cost). A method that is not ASCII takes mitmproxy's own property."""
     data = request.data
     method = data.method
     if not method.isascii() or method.upper() == b"CONNECT":

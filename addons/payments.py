@@ -20,13 +20,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from addons.answers import answer_locally
-from addons.fields import has_field
-from addons.notes import KEY, PAID_BODY, notes_of, request_url, skip
-from addons.runtime import PerSite, Runtime
-from addons.side_fetch import fetch
 from mitmproxy import http
 
+from addons.answers import answer_locally
+from addons.notes import KEY, PAID_BODY, notes_of, request_url, skip
+from addons.runtime import PerSite, Runtime
+from etiquette_proxy.headers import has_field
 from etiquette_proxy.payments import payment_asked
 from etiquette_proxy.payments.ledger import LocalLedger, RedisLedger
 from etiquette_proxy.payments.money import PaymentLimits
@@ -37,6 +36,7 @@ from etiquette_proxy.payments.service import (
     SiteAnswer,
     resent_fields,
 )
+from etiquette_proxy.side_fetch import fetch
 from etiquette_proxy.webbotauth import client_signed
 
 log = logging.getLogger(__name__)

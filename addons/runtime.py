@@ -15,13 +15,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from addons.side_fetch import UpstreamPath
-
 from etiquette_proxy.audit.log import AuditLog
 from etiquette_proxy.config import Config, defaults
 from etiquette_proxy.events import Broadcast
 from etiquette_proxy.pacing.rates import Rates
 from etiquette_proxy.revalidation.store import ValidatorStore
+from etiquette_proxy.side_fetch import UpstreamPath
 from etiquette_proxy.site_key import SiteKeys
 from etiquette_proxy.state.interface import StateStore
 from etiquette_proxy.state.memory import MemoryState
@@ -102,7 +101,7 @@ class PerSite(Generic[T]):
     `build(config, site)` is a policy's `from_config`, which shares one value among every site
     without a `sites:` override (sites.py site_settings): asked per request, no per-site table
     here. A table bounded below the number of sites crawled rebuilt the policy from the config
-    on nearly every request of a crawl spread over more sites (15-25 µs of config reads each,
+    on nearly every request of a crawl spread over more sites (config reads each time,
     benchmarks/README.md), and held a slot per site besides."""
 
     def __init__(self, runtime: Runtime, build: Callable[[Any, str | None], T]):

@@ -3,53 +3,28 @@
 from __future__ import annotations
 
 import asyncio
-import gc
-import ipaddress
 import logging
 import os
 import sys
 from collections.abc import Sequence
 
-from addons.notes import notes_of
-from addons.runtime import Runtime, expand_dir
-from addons.side_fetch import UpstreamPath
 from mitmproxy import ctx, exceptions, http
 
-from etiquette_proxy.audit.log import AuditLog, audit_record
-from etiquette_proxy.clock import wall
+from addons.notes import notes_of
+from addons.runtime import Runtime, expand_dir
+from etiquette_proxy.audit.log import AuditLog
 from etiquette_proxy.config import ConfigError, load_config_file
 from etiquette_proxy.events import Broadcast
 from etiquette_proxy.file_modes import private_umask, secure_tree
+from etiquette_proxy.operate.startup import config_overrides, report_state_checked, settle_heap, shared_store
 from etiquette_proxy.revalidation.store import ValidatorStore
-from etiquette_proxy.state.local import DiskState, MovedAside, open_checked
-from etiquette_proxy.state.rebuild import SCAN_BYTES, rebuild_from_log
-from etiquette_proxy.state.redis_store import RedisShared
-from etiquette_proxy.visibility.page import HOST as OWN_SITE
+from etiquette_proxy.side_fetch import UpstreamPath
+from etiquette_proxy.state.local import DiskState, open_checked
 from etiquette_proxy.webbotauth import key_file_warning, signer_from_config
 
 log = logging.getLogger(__name__)
 
 _OPTIONS = ("etiquette_config", "etiquette_set", "etiquette_state_dir", "etiquette_audit_log", "etiquette_mode")
-
-
-def is_loopback(host: str) -> bool:
-    if host in ("localhost", "localhost.localdomain"):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def settle_heap() -> None:
-    """Once the proxy is up: what start-up built (mitmproxy and its ~40 addons, our modules, the
-    config, the state read back) is kept for the process's life, yet every full collection
-    walked it again — a ~115,000-object walk that held the event loop for one long callback
-    (65-117 ms at load 4-5 on this 2-core machine: `profile_proxy.py --profiler stalls`), a
-    stall every connection waits behind (issue 17, p99). `gc.freeze()` moves those objects
-    out of the collector's generations; what requests create is collected as before."""
-    gc.collect()
-    gc.freeze()
 
 
 class Settings:
@@ -75,13 +50,7 @@ class Settings:
         key = (o.etiquette_config, tuple(o.etiquette_set), o.etiquette_state_dir, o.etiquette_audit_log, o.etiquette_mode)
         if key == self._loaded_key:
             return
-        overrides = list(o.etiquette_set)
-        if o.etiquette_state_dir:
-            overrides.append(f"state.dir={o.etiquette_state_dir}")
-        if o.etiquette_audit_log:
-            overrides.append(f"audit.log={o.etiquette_audit_log}")
-        if o.etiquette_mode:
-            overrides.append(f"mode={o.etiquette_mode}")
+        overrides = config_overrides(o.etiquette_set, o.etiquette_state_dir, o.etiquette_audit_log, o.etiquette_mode)
         try:
             config = load_config_file(o.etiquette_config or None, overrides)
         except ConfigError as e:
@@ -103,13 +72,14 @@ class Settings:
         os.makedirs(rt.state_dir, mode=0o700, exist_ok=True)
         # SPEC §12: each SQLite store checked first; a damaged one moved aside, a fresh one used.
         rt.state, moved_state = open_checked(os.path.join(rt.state_dir, "state"), DiskState)
-        self._share(config)
+        rt.shared = shared_store(config, rt.shared)
         rt.store, moved_store = open_checked(os.path.join(rt.state_dir, "store"),
                                              lambda d: ValidatorStore.from_config(config, d))
         secure_tree(rt.state_dir)  # an existing dir and files made under an earlier umask
         audit_path = config.audit.log or os.path.join(rt.state_dir, "audit.jsonl")
         rt.audit = AuditLog(audit_path if audit_path == "-" else os.path.expanduser(audit_path))
-        self._state_checked([m for m in (moved_state, moved_store) if m is not None], rt.audit.path)
+        report_state_checked([m for m in (moved_state, moved_store) if m is not None], rt.state, rt.audit.path,
+                             config, rt.record)
         rt.upstream = UpstreamPath(ca_file=config.upstream.ca_file, insecure=config.upstream.insecure,
                                    proxy=config.upstream.proxy, signer=signer)
         # MITMPROXY-NOTES: the eager strategy opens TCP+TLS to the site even for requests we
@@ -126,49 +96,6 @@ class Settings:
         if current != changes:
             ctx.options.update(**changes)
         log.info("etiquette-proxy: mode %s, state in %s, audit log %s", config.mode, rt.state_dir, audit_path)
-
-    def _state_checked(self, moved: list[MovedAside], audit_path: str) -> None:
-        """SPEC §12: one line for each store moved aside (stderr and the audit log), then what
-        sites asked for put back from the audit log where the store lost it (one line)."""
-        rt = self.rt
-        for each in moved:
-            log.warning("etiquette-proxy: %s", each.line())
-            rt.record(audit_record(
-                ts=wall(), outcome="failed", method="-", url=f"file://{each.path}", site=OWN_SITE,
-                status=None, upstream_status=None, waited_s=0.0, rate=None, reason=each.line(),
-                client_ua=None, event="state_damaged", moved_to=each.moved_to))
-        now = wall()
-        try:
-            rebuilt = rebuild_from_log(rt.state, audit_path, rt.config, now)
-        except Exception:  # noqa: BLE001 - the store as it is beats no start at all
-            log.exception("etiquette-proxy: pauses could not be rebuilt from the audit log %s", audit_path)
-            return
-        for path in rebuilt.cut_short:
-            log.warning("etiquette-proxy: audit log %s read back only %d MiB from its end for pauses",
-                        path, SCAN_BYTES // 2**20)
-        if rebuilt.restored:
-            log.warning("etiquette-proxy: %s", rebuilt.line(now))
-        for each in rebuilt.restored:
-            rt.record(audit_record(
-                ts=wall(), outcome="paused", method="-", url=f"http://{each.site}/", site=each.site,
-                status=None, upstream_status=None, waited_s=0.0, rate=None,
-                reason=f"rebuilt from the audit log: {each.describe(now)}", client_ua=None,
-                event="state_rebuilt", ceiling=each.ceiling, **each.fields()))
-
-    def _share(self, config) -> None:  # type: ignore[no-untyped-def]
-        """SPEC §10 `state.backend: redis`: pacing shared through one Redis (kept across reloads
-        while the URL and timeouts stay the same; redis-py connects on first use)."""
-        rt = self.rt
-        if config.state.backend != "redis":
-            rt.shared = None
-            return
-        # Concurrency leases are short and renewed while their request is at the site
-        # (RedisShared, SPEC §10), so no timeout setting bears on them.
-        if rt.shared is None or rt.shared.url != config.state.url:
-            if rt.shared is not None:
-                rt.shared.close_channel()  # its open connection would outlive it (the loop holds it)
-            rt.shared = RedisShared(config.state.url)
-            log.info("etiquette-proxy: pacing shared through Redis at %s", rt.shared.where())
 
     @staticmethod
     def _signer(config):  # type: ignore[no-untyped-def]

@@ -27,18 +27,16 @@ between body bytes is timed by ConnectionLimits (`upstream.read_timeout`) on the
 
 from __future__ import annotations
 
-import hashlib
 import logging
-from collections import deque
 from collections.abc import Generator
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from addons.notes import PAID_BODY, notes_of
-from addons.runtime import Runtime
 from mitmproxy import http
 
-from etiquette_proxy.bodies import BodyCopy
+from addons.mitm_version import require_verified
+from addons.notes import PAID_BODY, notes_of
+from addons.runtime import Runtime
+from etiquette_proxy.bodies import BodyCopy, OffLoopSha256, declared_length, streams_request_body
 from etiquette_proxy.health.signals import HEAD_BYTES
 
 log = logging.getLogger(__name__)
@@ -55,72 +53,6 @@ def body_of(flow: http.HTTPFlow) -> BodyCopy | None:
     """The copy of the flow's response body kept while it streamed, if it streamed."""
     copy = flow.metadata.get(BODY)
     return copy if isinstance(copy, BodyCopy) else None
-
-
-def declared_length(message: http.Message) -> int | None:
-    """Content-Length as a number, None when absent or not one number (RFC 9112 §6.3)."""
-    value = message.headers.get("content-length")
-    if value is None:
-        return None
-    try:
-        length = int(value.strip())
-    except ValueError:
-        return None
-    return length if length >= 0 else None
-
-
-# SPEC §12 fingerprints a body too large to store by its SHA-256, computed as it streams. On
-# the event loop that is a large share of what forwarding a byte costs (one core: hashing
-# runs a few times faster than mitmproxy forwards); hashlib lets go of the GIL while it
-# hashes, so one worker thread does it beside the loop, in order, for every flow.
-_HASHING = ThreadPoolExecutor(1, thread_name_prefix="etiquette-body-hash")
-BATCH_BYTES = 256 * 1024  # chunks handed to the thread together: one hand-over per 256 KiB, not per chunk
-MAX_PENDING = 2  # batches waiting for the thread, per body: at most 768 KiB held per body
-
-
-class OffLoopSha256:
-    """A SHA-256 fed on the event loop and computed on the hashing thread, in order.
-
-    Chunks are handed over in batches of BATCH_BYTES (a hand-over costs about what hashing a
-    64 KiB chunk does). At most MAX_PENDING batches wait for the thread (memory stays bounded);
-    past that, `update` waits for the oldest, so a thread that falls behind slows the stream
-    instead of piling chunks up. `hexdigest` hands over the rest and waits for it.
-    """
-
-    __slots__ = ("_sha", "_batch", "_batched", "_pending")
-
-    def __init__(self) -> None:
-        self._sha = hashlib.sha256()
-        self._batch: list[bytes] = []
-        self._batched = 0
-        self._pending: deque[Future[None]] = deque()
-
-    def update(self, data: bytes, /) -> None:
-        self._batch.append(data)
-        self._batched += len(data)
-        if self._batched >= BATCH_BYTES:
-            self._hand_over()
-
-    def _hand_over(self) -> None:
-        pending = self._pending
-        while pending and pending[0].done():
-            pending.popleft().result()
-        if len(pending) >= MAX_PENDING:
-            pending.popleft().result()
-        batch, self._batch, self._batched = self._batch, [], 0
-        pending.append(_HASHING.submit(_hash_all, self._sha, batch))
-
-    def hexdigest(self) -> str:
-        if self._batch:
-            self._hand_over()
-        while self._pending:
-            self._pending.popleft().result()
-        return self._sha.hexdigest()
-
-
-def _hash_all(sha: Any, batch: list[bytes]) -> None:
-    for data in batch:
-        sha.update(data)
 
 
 class ResponseTee:
@@ -185,9 +117,8 @@ class BodyStreams:
             return
         if request.host == LOCAL_HOST:
             return
-        length = declared_length(request)
-        chunked = "chunked" in request.headers.get("transfer-encoding", "").lower()
-        if not (chunked or (length is not None and length > self.rt.config.limits.stream_above)):
+        if not streams_request_body(request.headers.get("content-length"), request.headers.get("transfer-encoding", ""),
+                                    self.rt.config.limits.stream_above):
             return  # small, or no body at all: read whole, as before
         copy = BodyCopy(0, 0)
         flow.metadata[REQUEST_BODY] = copy
@@ -207,7 +138,7 @@ class BodyStreams:
             assert store is not None
             keep = max(keep, store.max_body)
         copy = BodyCopy(keep, HEAD_BYTES, hashed=storable, new_hash=OffLoopSha256)
-        length = declared_length(response)
+        length = declared_length(response.headers.get("content-length"))
         if length is not None and length > keep:
             copy.outgrown()  # known from the start: no copy is begun only to be dropped
         flow.metadata[BODY] = copy
@@ -251,10 +182,12 @@ _patched = False
 def install() -> None:
     """mitmproxy 11's `HttpStream.state_consume_request_body` gathers the whole request body in
     memory before the answer goes out; for a request answered already it drops each chunk
-    instead. Pinned to 11.0.x by tests/addons/test_streaming.py."""
+    instead. Verified on the releases in mitm_version.VERIFIED_ON (tests/addons/test_streaming.py
+    fails if the patched names change)."""
     global _patched
     if _patched:
         return
+    require_verified()
     _patched = True
     from mitmproxy.proxy.layers import http as http_layer
     from mitmproxy.proxy.layers.http import SendHttp

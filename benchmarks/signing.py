@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _harness import check, header, median  # noqa: E402
 
-from etiquette_proxy.audit.chain import ZERO, link  # noqa: E402
+from etiquette_proxy.audit.hash_chain import ZERO, link  # noqa: E402
 from etiquette_proxy.audit.log import _ENCODER, AuditLog, audit_record  # noqa: E402
 from etiquette_proxy.webbotauth import RequestSigner  # noqa: E402
 

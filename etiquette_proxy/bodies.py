@@ -13,8 +13,10 @@ from __future__ import annotations
 import hashlib
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Protocol
 
 ZLIB_CODINGS = ("gzip", "x-gzip", "deflate")
 
@@ -119,3 +121,78 @@ class BodyCopy:
     def sha256(self) -> str | None:
         """The hex SHA-256 of every byte fed, when `hashed` and the body outgrew `keep`."""
         return self._sha.hexdigest() if self._sha is not None else None
+
+
+def declared_length(content_length: str | None) -> int | None:
+    """Content-Length as a number, None when absent or not one number (RFC 9112 §6.3)."""
+    if content_length is None:
+        return None
+    try:
+        length = int(content_length.strip())
+    except ValueError:
+        return None
+    return length if length >= 0 else None
+
+
+def streams_request_body(content_length: str | None, transfer_encoding: str, stream_above: int) -> bool:
+    """A request body goes to the site as it arrives, not read whole first: chunked, or declared
+    larger than `limits.stream_above` (SPEC §12)."""
+    if "chunked" in transfer_encoding.lower():
+        return True
+    length = declared_length(content_length)
+    return length is not None and length > stream_above
+
+
+
+# SPEC §12 fingerprints a body too large to store by its SHA-256, computed as it streams. On
+# the event loop that is a large share of what forwarding a byte costs (one core: hashing
+# runs a few times faster than mitmproxy forwards); hashlib lets go of the GIL while it
+# hashes, so one worker thread does it beside the loop, in order, for every flow.
+_HASHING = ThreadPoolExecutor(1, thread_name_prefix="etiquette-body-hash")
+BATCH_BYTES = 256 * 1024  # chunks handed to the thread together: one hand-over per 256 KiB, not per chunk
+MAX_PENDING = 2  # batches waiting for the thread, per body: at most 768 KiB held per body
+
+
+class OffLoopSha256:
+    """A SHA-256 fed on the event loop and computed on the hashing thread, in order.
+
+    Chunks are handed over in batches of BATCH_BYTES (a hand-over costs about what hashing a
+    64 KiB chunk does). At most MAX_PENDING batches wait for the thread (memory stays bounded);
+    past that, `update` waits for the oldest, so a thread that falls behind slows the stream
+    instead of piling chunks up. `hexdigest` hands over the rest and waits for it.
+    """
+
+    __slots__ = ("_sha", "_batch", "_batched", "_pending")
+
+    def __init__(self) -> None:
+        self._sha = hashlib.sha256()
+        self._batch: list[bytes] = []
+        self._batched = 0
+        self._pending: deque[Future[None]] = deque()
+
+    def update(self, data: bytes, /) -> None:
+        self._batch.append(data)
+        self._batched += len(data)
+        if self._batched >= BATCH_BYTES:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        pending = self._pending
+        while pending and pending[0].done():
+            pending.popleft().result()
+        if len(pending) >= MAX_PENDING:
+            pending.popleft().result()
+        batch, self._batch, self._batched = self._batch, [], 0
+        pending.append(_HASHING.submit(_hash_all, self._sha, batch))
+
+    def hexdigest(self) -> str:
+        if self._batch:
+            self._hand_over()
+        while self._pending:
+            self._pending.popleft().result()
+        return self._sha.hexdigest()
+
+
+def _hash_all(sha: Any, batch: list[bytes]) -> None:
+    for data in batch:
+        sha.update(data)

@@ -151,15 +151,6 @@ def proxyauth(value: Any) -> str:
     return value
 
 
-def not_supported_yet(accepted: Any, what: str) -> Parser:
-    """A key whose feature is not built: only its default is accepted, so no setting does nothing."""
-    def parse(value: Any) -> Any:
-        if value != accepted:
-            raise ValueError(f"{value!r} is not supported yet: {what} (expected {accepted!r})")
-        return value
-    return parse
-
-
 def redis_url(value: Any) -> str:
     """`state.url`: where the shared Redis is (SPEC §10), as redis-py reads it."""
     url = text(value)

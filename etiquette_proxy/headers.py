@@ -5,6 +5,14 @@ Header names are case-insensitive (RFC 9110 §5.1). The core sees headers two wa
   with `header_values` (every value, in order) or `first_value` (the first, None if absent);
 - as a mapping (mitmproxy's Headers, requests' CaseInsensitiveDict, or a plain dict keyed in
   any case: health signals), read with `field_text` ("" if absent, so classifiers can test text).
+
+And the addons read a message's raw `(name, value)` byte pairs in one pass (`field_value`,
+`fields_named`, `has_field`): mitmproxy's `Headers.get(name)`, `name in headers` and
+`Headers.items()` each walk every field and lower-case every name again (`items()` does so once
+per name: quadratic in the header count), and several hooks read a few fields of every
+response. These read only the names asked for, with `Headers.get`'s semantics: names
+case-insensitive, a repeated field's values comma-joined in order, bytes decoded as mitmproxy
+decodes them (UTF-8, surrogateescape).
 """
 
 from __future__ import annotations
@@ -60,3 +68,32 @@ def field_text(headers: Mapping[str, str], name: str) -> str:
                     return str(v)
         return ""
     return str(value)
+
+
+Fields = Iterable[tuple[bytes, bytes]]  # a message's raw fields, as mitmproxy keeps them
+
+
+def field_value(fields: Fields, name: bytes) -> str | None:
+    """`Headers.get(name)` for lower-case `name`: repeated values comma-joined, None if absent."""
+    values = [v.decode("utf-8", "surrogateescape") for k, v in fields if k.lower() == name]
+    return ", ".join(values) if values else None
+
+
+def fields_named(fields: Fields, names: frozenset[bytes], joined: frozenset[str] | None = None) -> dict[str, str]:
+    """The fields among lower-case `names` that are present, as `{lower-case name: value}`,
+    a repeated field's values comma-joined (what `dict(Headers.items())` holds for them); with
+    `joined`, only those names are joined and any other repeated field keeps its last value."""
+    out: dict[str, str] = LowerFields()  # keyed in lower case: core readers look a name up once
+    for k, v in fields:
+        k = k.lower()
+        if k in names:
+            name = k.decode("utf-8", "surrogateescape")
+            value = v.decode("utf-8", "surrogateescape")
+            join = name in out and (joined is None or name in joined)
+            out[name] = f"{out[name]}, {value}" if join else value
+    return out
+
+
+def has_field(fields: Fields, names: frozenset[bytes]) -> bool:
+    """Whether any of lower-case `names` is present."""
+    return any(k.lower() in names for k, _ in fields)

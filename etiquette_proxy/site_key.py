@@ -67,7 +67,7 @@ def address_site(address: str) -> str:
 
 @lru_cache(maxsize=1)
 def _suffix_list() -> Any:
-    # Loaded once (about 60 ms) from the package's bundled snapshot; no network.
+    # Loaded once from the package's bundled snapshot; no network.
     from publicsuffixlist import PublicSuffixList
 
     return PublicSuffixList()

@@ -167,8 +167,8 @@ class SiteRegistry(Generic[T]):
         # The next sites to evict: the oldest of `_built`, in order, oldest last (popitem),
         # taken from its front in one walk of _OLDEST. A site used or removed meanwhile leaves
         # it, so it stays the front of `_built`. Not next(iter(_built)) per eviction: that walks
-        # every slot deleted at the front since the table last resized (14 µs per eviction at
-        # 100,000 sites, benchmarks/scale.py sites).
+        # every slot deleted at the front since the table last resized (benchmarks/scale.py sites
+        # measures it).
         self._oldest: dict[str, None] = {}
         self._saved_at: dict[str, float] = {}  # persisted: site -> clock time of its last save
         self._stored: set[str] = set()         # persisted: sites in memory with a stored row

@@ -9,9 +9,10 @@ Headers the proxy adds that a site bills on (`crawler-exact-price`, `crawler-max
 covered too (§5.2.4 "Additional Headers"; Cloudflare pay per crawl wants them signed).
 
 The signature base has one shape, so it is formatted directly: `http-message-signatures`
-takes ~0.5 ms a request to build the same bytes (benchmarks/signing.py), the Ed25519 step
-~30 µs (libsodium through PyNaCl; `cryptography` reads and writes the key files). tests/core/test_webbotauth.py holds the two to each other byte for byte, and to the
-draft's test vector. The key is never put in a message, a repr or an error.
+takes many times longer than the Ed25519 step to build the same bytes (benchmarks/signing.py
+measures both; libsodium through PyNaCl signs, `cryptography` reads and writes the key files).
+tests/core/test_webbotauth.py holds the two to each other byte for byte, and to the draft's
+test vector. The key is never put in a message, a repr or an error.
 """
 
 from __future__ import annotations
@@ -234,7 +235,7 @@ class RequestSigner:
         self._agent_line = f'"signature-agent";key={sf_string(self.agent_key)}: {sf_string(self.signature_agent)}'
         self._keyid_param = f";keyid={sf_string(self.keyid)};alg=\"ed25519\""
         # One signature per authority and second, reused: Ed25519 is deterministic, so a second
-        # request in the same second would get the same bytes anyway, at ~50 µs more.
+        # request in the same second would get the same bytes anyway, for the cost of signing again.
         self._last: dict[str, Signed] = {}
 
     def __repr__(self) -> str:

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from etiquette_proxy.clock import Clock, wall
-from etiquette_proxy.operate.endpoint_guard import refusal_for
 from etiquette_proxy.target import parse_authority
+from etiquette_proxy.visibility.endpoint_guard import refusal_for
 
 URL_FILE = "proxy-url"
 TOKEN_FILE = "operator-token"

@@ -3,7 +3,7 @@
 The supervisor (addons/supervisor.py) starts N proxy processes on one listening
 address; this module answers its questions: may N workers run with this config, how long to
 wait before starting a crashed worker again. It also reads the worker files back as one log for
-`report` and `verify-log` (which files they are, and where worker i writes: audit/files.py).
+`report` and `verify-log` (which files they are, and where worker i writes: audit/worker_files.py).
 
 Each worker keeps its own audit file (`audit.w1.jsonl`, `audit.w2.jsonl`, ... beside the
 configured `audit.jsonl`), each with its own hash chain (SPEC §11): one writer per file keeps
@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO
 
-from etiquette_proxy.audit.chain import ChainCheck, ChainVerdict
+from etiquette_proxy.audit.hash_chain import ChainCheck, ChainVerdict
 from etiquette_proxy.visibility.report import Gate, new_report, publish, since_cutoff
 
 MAX_WORKERS = 64

@@ -27,7 +27,7 @@ _ASCII_HOST = re.compile(r"^[a-z0-9_-]+(\.[a-z0-9_-]+)*$")
 # no whitespace or control bytes (which urlsplit would drop), no trailing dot. For these the
 # parts are read with one match instead of urlsplit + .port + .hostname; path and query go
 # through the same resolve() and _query() as any other URL, so the key is the same
-# (tests/core/test_urlkey.py compares both ways on generated URLs).
+# (tests/core/revalidation/test_urlkey.py compares both ways on generated URLs).
 _SIMPLE = re.compile(r"(?i:(https?))://([A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*)(?::([0-9]{1,5}))?"
                      r"(/[^?#\x00-\x20\x7f]*)?(?:\?([^#\x00-\x20\x7f]*))?(?:#.*)?", re.ASCII | re.DOTALL)
 # The plainest of those (most of a crawler's URLs): a path already normal (what target.resolve

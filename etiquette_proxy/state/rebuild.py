@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeGuard
 
-from etiquette_proxy.audit.files import audit_files
 from etiquette_proxy.audit.log import rfc3339_ms
+from etiquette_proxy.audit.worker_files import audit_files
 from etiquette_proxy.pacing.per_site import NAMESPACE
 from etiquette_proxy.pacing.settings import PacingSettings
 from etiquette_proxy.pacing.throttle import NEVER, ThrottleDecision, ThrottleState

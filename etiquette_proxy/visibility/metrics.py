@@ -4,7 +4,7 @@ Every number comes from one snapshot, the one the dashboard draws: counters from
 tallies (per site, and the folded sites' under site="(folded)"), gauges from every numeric
 live field. The text is written here directly, line by line as prometheus_client's
 `generate_latest` writes these families (the same bytes: tests/core/visibility compares
-them): its Metric objects and Sample tuples cost ~4 µs a sample, and a board of 100,000 sites
+them): it builds a Metric object and a Sample tuple per sample, and a board of 100,000 sites
 has about a million samples.
 """
 

@@ -44,7 +44,7 @@ from email.utils import parsedate_to_datetime
 from typing import IO, Any
 from urllib.parse import urlsplit
 
-from etiquette_proxy.audit.chain import ChainCheck, ChainVerdict
+from etiquette_proxy.audit.hash_chain import ChainCheck, ChainVerdict
 from etiquette_proxy.audit.log import OUTCOMES, REQUIRED_KEYS, rfc3339_ms
 from etiquette_proxy.health.line import score_on_line
 from etiquette_proxy.revalidation.efficiency import sentence as efficiency_sentence

@@ -3,7 +3,7 @@
 With `state.backend: redis` several proxies serve one crawl (`run --workers N`, or proxies on
 several machines), and each one's board (visibility/board.py) sees only the requests it
 carried. Each proxy publishes its board's per-site tallies to Redis about once a second
-(addons/shared_board.py) and reads the others'; the dashboard, `/api/sites` and
+(visibility/service.py) and reads the others'; the dashboard, `/api/sites` and
 `/metrics` of any of them then show every site any of them served, with the counts added up.
 
 Bounded: a proxy publishes its PUBLISH_SITES most recently active sites, and a reader merges

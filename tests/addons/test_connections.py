@@ -1,4 +1,5 @@
-"""addons/connections.py and mitm_patches.py: the pieces that do not need a live proxy."""
+"""mitm_patches.py: the patched names, and what they do without a live proxy (descriptors:
+tests/core/operate/test_descriptors.py)."""
 
 from __future__ import annotations
 
@@ -10,46 +11,6 @@ import logging
 from typing import Any
 
 from addons import mitm_patches
-from addons.connections import DescriptorExhaustion, raise_fd_limit
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, s: float) -> None:
-        self.now += s
-
-
-def emfile_record() -> logging.LogRecord:
-    err = OSError(errno.EMFILE, "Too many open files")
-    return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, "socket.accept() out of system resource",
-                             (), (OSError, err, None))
-
-
-def test_descriptor_exhaustion_is_one_line_a_second_without_traceback():
-    clock = FakeClock()
-    f = DescriptorExhaustion(clock=clock)
-    passed = []
-    for _ in range(10):  # ten seconds of a flood: 1,000 records a second
-        for _ in range(1000):
-            record = emfile_record()
-            if f.filter(record):
-                passed.append(record)
-        clock.advance(1.0)
-    assert len(passed) == 10
-    assert all(r.exc_info is None for r in passed)
-    assert "999 more such errors" in passed[-1].getMessage()
-    other = logging.LogRecord("x", logging.ERROR, __file__, 1, "something else", (), None)
-    assert f.filter(other) and other.getMessage() == "something else"
-
-
-def test_the_soft_fd_limit_is_raised_to_the_hard_limit():
-    soft, hard = raise_fd_limit()
-    assert soft == hard
 
 
 def test_mitm_patches_still_match_mitmproxy_11():

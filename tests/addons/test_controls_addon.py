@@ -66,7 +66,7 @@ def test_an_operator_pause_answers_locally_and_ends_on_time(tmp_path, clock):
 def test_the_endpoint_needs_the_guard_and_the_token(tmp_path):
     rt = runtime(tmp_path)
     controls = OperatorControls(rt)
-    controls.token = "t0ken"
+    controls.service.token = "t0ken"
     body = json.dumps({"action": "pause", "site": SITE}).encode()
     guard = {"content-type": "application/json", "x-etiquette-client": "1"}
     assert controls.post(body, guard).status == 401

@@ -1,11 +1,13 @@
-"""addons/fields.py reads header fields as mitmproxy's Headers does, in one pass (issue 17)."""
+"""The one-pass field readers (etiquette_proxy/headers.py) read header fields as mitmproxy's
+Headers does (a differential test against mitmproxy, so it lives with the addons' tests)."""
 
 from __future__ import annotations
 
-from addons.fields import field_value, fields_named, has_field
 from hypothesis import given
 from hypothesis import strategies as st
 from mitmproxy.http import Headers
+
+from etiquette_proxy.headers import field_value, fields_named, has_field
 
 NAMES = [b"Retry-After", b"retry-after", b"RETRY-AFTER", b"Content-Type", b"content-usage", b"X-Other",
          b"ratelimit", b"RateLimit-Policy", b"cf-mitigated", b"\xc3\xa9t\xc3\xa9"]

@@ -19,11 +19,11 @@ from addons.dashboard import Dashboard
 from addons.health import HealthWatch, body_head
 from addons.notes import notes_of
 from addons.runtime import Runtime
-from addons.side_fetch import SideFetchError
 from etiquette_proxy.audit.log import AuditLog
 from etiquette_proxy.config import load_config
 from etiquette_proxy.health.judging import WARMUP_WINDOWS
 from etiquette_proxy.health.parser import parse_report
+from etiquette_proxy.side_fetch import SideFetchError
 from etiquette_proxy.site_key import SiteKeys
 from etiquette_proxy.state.memory import MemoryState
 

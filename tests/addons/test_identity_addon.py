@@ -4,14 +4,14 @@ signature, not in observe mode, not for local answers, and never a crash on an o
 from __future__ import annotations
 
 from cryptography.hazmat.primitives.asymmetric import ed25519
-from addons.identity import CLIENT_SIGNED, RequestSigning
-from addons.notes import notes_of
-from addons.runtime import Runtime
-from addons.side_fetch import UpstreamPath
 from mitmproxy import http
 from mitmproxy.test import tflow, tutils
 
+from addons.identity import CLIENT_SIGNED, RequestSigning
+from addons.notes import notes_of
+from addons.runtime import Runtime
 from etiquette_proxy.config import load_config_file
+from etiquette_proxy.side_fetch import UpstreamPath
 from etiquette_proxy.webbotauth import RequestSigner
 
 

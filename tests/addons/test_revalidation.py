@@ -9,20 +9,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from mitmproxy import http
+from mitmproxy.test import tflow, tutils
+
 from addons import revalidation as reval_module
 from addons.gone_memory import GoneMemory
 from addons.notes import notes_of
 from addons.revalidation import Revalidation, decoded_for_fingerprint
 from addons.runtime import Runtime
-from addons.side_fetch import SideResponse
-from mitmproxy import http
-from mitmproxy.test import tflow, tutils
-
 from etiquette_proxy.config import load_config_file
 from etiquette_proxy.revalidation.gone import NAMESPACE as GONE
 from etiquette_proxy.revalidation.revisit import NAMESPACE as REVISIT
 from etiquette_proxy.revalidation.store import ValidatorStore
 from etiquette_proxy.revalidation.validators import StoredEntry
+from etiquette_proxy.side_fetch import SideResponse
 
 URL = "http://site.test/page"
 BODY = b"<html>the stored page</html>"
@@ -344,7 +344,6 @@ def test_same_variant_as_is_the_first_values_rule() -> None:
     import random
 
     from addons.revalidation import _same_variant_as
-
     from etiquette_proxy.revalidation.validators import credentials_digest
 
     def rule(stored: StoredEntry, request_headers, response_headers):  # type: ignore[no-untyped-def]
@@ -389,7 +388,6 @@ def test_first_field_is_first_value() -> None:
     import random
 
     from addons.revalidation import first_field
-
     from etiquette_proxy.headers import first_value
 
     rng = random.Random(2)

@@ -7,15 +7,15 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from mitmproxy.test import tflow
+
 from addons.notes import notes_of
 from addons.robots_gate import RobotsGate
 from addons.runtime import Runtime
-from addons.side_fetch import SideFetchError
-from mitmproxy.test import tflow
-
 from etiquette_proxy.clock import wall
 from etiquette_proxy.config import load_config
 from etiquette_proxy.robots.policy import NAMESPACE, FetchResult, RobotsPolicy, RobotsSettings
+from etiquette_proxy.side_fetch import SideFetchError
 
 
 @pytest.mark.parametrize("group_by, site, origins", [

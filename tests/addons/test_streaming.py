@@ -9,18 +9,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from mitmproxy import http
+from mitmproxy.proxy.layers import http as http_layer
+from mitmproxy.proxy.layers.http._events import RequestData
+from mitmproxy.version import VERSION
+
 from addons import streaming
 from addons.chain import Chain
 from addons.health import body_head
 from addons.notes import notes_of
 from addons.revalidation import Revalidation
 from addons.runtime import Runtime
-from addons.streaming import BODY, DISCARD, MAX_PENDING, TAIL, BodyStreams, OffLoopSha256, body_of
-from mitmproxy import http
-from mitmproxy.proxy.layers import http as http_layer
-from mitmproxy.proxy.layers.http._events import RequestData
-from mitmproxy.version import VERSION
-
+from addons.streaming import BODY, DISCARD, TAIL, BodyStreams, body_of
 from etiquette_proxy.bodies import BodyCopy
 from etiquette_proxy.config import load_config_file
 from etiquette_proxy.revalidation.store import ValidatorStore
@@ -195,16 +195,3 @@ def test_the_consume_patch_still_matches_mitmproxy_11() -> None:
     assert steps == [] and stream.request_body_buf == bytearray()  # dropped, never gathered
     assert http_layer.HttpStream.send_response.__name__ == "send_response_then_tail"
     assert BODY != DISCARD
-
-
-def test_the_hash_computed_off_the_loop_is_the_sha256_of_every_byte_in_order() -> None:
-    chunks = [bytes([i]) * (65536 - i) for i in range(100)]  # ~6 MiB: several batches
-    sha = OffLoopSha256()
-    for chunk in chunks:
-        sha.update(chunk)
-        assert len(sha._pending) <= MAX_PENDING  # bounded whatever the thread's pace
-    assert sha.hexdigest() == hashlib.sha256(b"".join(chunks)).hexdigest()
-    copy = BodyCopy(10, 0, hashed=True, new_hash=OffLoopSha256)  # as BodyStreams makes it
-    for chunk in chunks:
-        copy.feed(chunk)
-    assert copy.sha256 == hashlib.sha256(b"".join(chunks)).hexdigest()

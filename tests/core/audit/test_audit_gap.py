@@ -13,10 +13,10 @@ import os
 import pytest
 
 from etiquette_proxy.audit import log as audit_log
-from etiquette_proxy.audit.chain import verify_file
+from etiquette_proxy.audit.hash_chain import verify_file
 from etiquette_proxy.audit.log import GAP_EVENT, PROBE_EVERY_S, AuditLog
 from etiquette_proxy.clock import FakeClock
-from tests.core.audit.test_audit_chain import record
+from tests.core.audit.test_hash_chain import record
 
 
 class Disk:

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from hypothesis import given
 from hypothesis import strategies as st
 
-from etiquette_proxy.audit.chain import ZERO, link, verify_file
+from etiquette_proxy.audit.hash_chain import ZERO, link, verify_file
 from etiquette_proxy.audit.log import OUTCOMES, AuditLog, _encode, line_record
 
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(),

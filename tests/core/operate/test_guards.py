@@ -9,7 +9,7 @@ import pytest
 
 from etiquette_proxy.config import ConfigError, load_config
 from etiquette_proxy.file_modes import secure_file, secure_tree
-from etiquette_proxy.operate.endpoint_guard import refusal_for
+from etiquette_proxy.visibility.endpoint_guard import refusal_for
 
 # -- config ---------------------------------------------------------------------------------------
 

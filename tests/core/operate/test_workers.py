@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from etiquette_proxy.audit.files import audit_files, worker_audit_path
 from etiquette_proxy.audit.log import AuditLog
+from etiquette_proxy.audit.worker_files import audit_files, worker_audit_path
 from etiquette_proxy.clock import FakeClock
 from etiquette_proxy.operate.workers import (
     FIRST_RESTART_S,

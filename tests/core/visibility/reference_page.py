@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlencode
 
 from etiquette_proxy.health.bands import Band, band_of
-from etiquette_proxy.operate.endpoint_guard import refusal_for
+from etiquette_proxy.visibility.endpoint_guard import refusal_for
 
 HOST = "etiquette.proxy"
 REFRESH_S = 5

@@ -1,7 +1,7 @@
 """The commands that work with a proxy from outside it (SPEC §3): `wrap`, `env`, `ca`, `sites`.
 
 They find a running proxy through its state dir (`proxy-url`, `operator-token`, see
-etiquette_proxy/operate/controls.py). The state dir is `--state-dir`, else `ETIQUETTE_STATE_DIR` (which
+controls.py). The state dir is `--state-dir`, else `ETIQUETTE_STATE_DIR` (which
 `env` and `wrap` export, so the commands work inside a wrapped tool), else the configured one.
 """
 
@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO, Any
 from urllib.parse import urlsplit
 
@@ -64,23 +64,9 @@ def chosen_state_dir(given: str | None, configured: str, environ: Mapping[str, s
 
 # -- ca, env --------------------------------------------------------------------------------------
 
-def ensure_ca(state_dir: str) -> str:
-    """The CA certificate of the state dir, created the way the proxy would on first use."""
-    path = os.path.join(state_dir, CA_NAME)
-    if not os.path.exists(path):
-        from mitmproxy import certs
-
-        from etiquette_proxy.file_modes import private_umask, secure_tree
-
-        private_umask()  # SPEC §12: the state dir is 0700 and its files 0600 (the CA key too)
-        os.makedirs(state_dir, mode=0o700, exist_ok=True)
-        certs.CertStore.from_store(state_dir, "mitmproxy", 2048)
-        secure_tree(state_dir)
-    return path
-
-
-def ca_command(state_dir: str, err: IO[str]) -> int:
-    """Print the CA path; say on stderr which state dir was read and whether a proxy runs there."""
+def ca_command(state_dir: str, err: IO[str], ensure_ca: Callable[[str], str]) -> int:
+    """Print the CA path (`ensure_ca(state_dir)` makes it where it is missing); say on stderr
+    which state dir was read and whether a proxy runs there."""
     url = read_url(state_dir)
     path = ensure_ca(state_dir)
     if url and _listening(url):

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from etiquette_proxy.audit.chain import ZERO, ChainCheck, last_link, split_line, verify_file
+from etiquette_proxy.audit.hash_chain import ZERO, ChainCheck, last_link, split_line, verify_file
 from etiquette_proxy.audit.log import AuditLog, audit_record
 
 

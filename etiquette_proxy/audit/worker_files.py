@@ -1,7 +1,9 @@
-"""The files one audit log is made of (SPEC §11): with `run --workers N` each worker keeps its own
-file beside the configured one (audit.jsonl -> audit.w1.jsonl, audit.w2.jsonl, ...), each with
-its own hash chain; `report`, `verify-log` and the rebuild of what sites asked for at start read
-them as one log."""
+"""Where the workers of `run --workers N` write their audit logs, and how they are found again (SPEC §10, §11).
+
+Each worker keeps its own file beside the configured one (`audit.jsonl` -> `audit.w1.jsonl`,
+`audit.w2.jsonl`, ...), each with its own hash chain; `report`, `verify-log` and the rebuild of
+pauses at start-up read them back as one set.
+"""
 
 from __future__ import annotations
 

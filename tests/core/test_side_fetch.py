@@ -1,11 +1,13 @@
-"""A side fetch (robots.txt) for port 0 is refused, never sent to the default port (issue 11 item 8)."""
+"""The proxy's own requests (etiquette_proxy/side_fetch.py): a URL for port 0 is refused, never
+sent to the default port."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
-from addons.side_fetch import SideFetchError, UpstreamPath, fetch
+
+from etiquette_proxy.side_fetch import SideFetchError, UpstreamPath, fetch
 
 
 def test_port_zero_is_not_the_default_port() -> None:
