@@ -21,8 +21,6 @@ Edges = dict[str, dict[str, set[str]]]  # node -> node it imports -> files impor
 # Edges other lanes of the same round remove; each has its strict xfail below, so the marker
 # must go the moment the edge does.
 PENDING = {
-    # state/shared_board.py (storage) imports visibility/board.py: the health lane removes it.
-    ("state", "visibility"),
     # state/rebuild.py reads pacing's throttle state back from the audit log: it belongs beside
     # what it rebuilds, not in storage; addons/pacing.py (the pacing lane's) imports it.
     ("state", "pacing"),

@@ -9,7 +9,7 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from etiquette_proxy.clock import FakeClock
-from etiquette_proxy.state.shared_board import BOARD_TTL_S, KEY, REFRESH_S
+from etiquette_proxy.visibility.shared_board import BOARD_TTL_S, KEY, REFRESH_S
 from etiquette_proxy.visibility.board import SiteBoard
 from etiquette_proxy.visibility.service import BoardExchange
 
