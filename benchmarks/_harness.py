@@ -262,6 +262,33 @@ def start_product_master(confdir: Path, extra: Sequence[str] = (), prefix: Seque
     return Started("mitmproxy, run's master, no etiquette addon", proc, f"http://127.0.0.1:{port}")
 
 
+def start_lean(confdir: Path, extra: Sequence[str] = (), prefix: Sequence[str] = (),
+               port: int | None = None) -> Started:
+    """(b') the leanest mitmproxy (benchmarks/_lean_master.py: a plain Master with mitmproxy's
+    core, proxyserver, next_layer and tlsconfig, no code of ours), under `python -O` (its
+    docstring says why); `extra` e.g. `--reverse URL`, `--reuse-port` (then `port` is shared)."""
+    confdir.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    cmd = [*prefix, sys.executable, "-O", str(HERE / "_lean_master.py"), "--port", str(port),
+           "--confdir", str(confdir), *extra]
+    stderr = open(confdir / "stderr", "ab")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=stderr, text=True, env=clean_env())
+    stderr.close()
+    try:
+        wait_port(port)
+    except RuntimeError:
+        proc.kill()
+        proc.wait(5)
+        raise RuntimeError(f"{cmd} did not listen; its stderr ends:\n"
+                           f"{(confdir / 'stderr').read_text(errors='replace')[-1500:]}") from None
+    return Started("lean mitmproxy (core, proxyserver, next_layer, tlsconfig)", proc, f"http://127.0.0.1:{port}")
+
+
+def load_average() -> str:
+    """`load average 1.23 0.98 0.71` (1, 5, 15 minutes): printed with every figure."""
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 # -- wrk ------------------------------------------------------------------------------------------
 
 @dataclass
