@@ -156,6 +156,8 @@ def main() -> int:
     ap.add_argument("--mitmdump", action="store_true", help="arm b: bare mitmdump (34 default addons)")
     ap.add_argument("--run-master", action="store_true",
                     help="arm m: run's own mitmproxy master with no etiquette addon (see above)")
+    ap.add_argument("--lean", dest="run_master", action="store_true",
+                    help="the old name of --run-master (older figures' commands); (b') is always on")
     ap.add_argument("--close", action="store_true",
                     help="every request on a new client connection (Connection: close): per-connection cost")
     args = ap.parse_args()
