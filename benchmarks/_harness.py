@@ -251,7 +251,7 @@ def _start_master(script: str, confdir: Path, port: int, extra: Sequence[str], p
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=stderr, text=True, env=clean_env(pythonpath))
     stderr.close()
     try:
-        wait_port(port)
+        wait_port(port, 90.0)  # mitmproxy's imports alone take tens of seconds on a loaded machine
     except RuntimeError:
         proc.kill()
         proc.wait(5)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 import resource
 import shutil
 import subprocess
@@ -237,36 +238,48 @@ def compare(args: argparse.Namespace, tmp: Path) -> int:
 def scaling(args: argparse.Namespace, tmp: Path) -> int:
     """Throughput per process against the lean mitmproxy with as many processes (--scaling)."""
     n = args.workers
-    site = start_site()
-    redis = start_redis(tmp / "redis")
+    procs: list[Started] = []  # every process started here, stopped at the end even if a start fails
+
+    def keep(p: Started) -> Started:
+        procs.append(p)
+        return p
+    try:
+        return _scaling(args, tmp, n, keep)
+    finally:
+        for p in reversed(procs):
+            stop(p)
+
+
+def _scaling(args: argparse.Namespace, tmp: Path, n: int, keep: Callable[[Started], Started]) -> int:
+    site = keep(start_site())
+    redis = keep(start_redis(tmp / "redis"))
     on_redis = [*FAST_PACING, "state.backend=redis", f"state.url={redis.url}"]
     port = free_port()
-    group = [start_lean(tmp / f"lean{n}-{i}", ["--reuse-port"], port=port) for i in range(n)]
+    group = [keep(start_lean(tmp / f"lean{n}-{i}", ["--reuse-port"], port=port)) for i in range(n)]
     group[0].name = f"{n} lean mitmproxy processes, SO_REUSEPORT on one port"
-    targets = {"l1": start_lean(tmp / "lean1"), "d": start_etiquette(tmp / "shared", on_redis),
-               f"l{n}": group[0], f"e{n}": start_workers(tmp / "workers", on_redis, n),
-               "c": start_etiquette(tmp / "disk", FAST_PACING)}
+    targets = {"l1": keep(start_lean(tmp / "lean1")), "d": keep(start_etiquette(tmp / "shared", on_redis)),
+               f"l{n}": group[0], f"e{n}": keep(start_workers(tmp / "workers", on_redis, n)),
+               "c": keep(start_etiquette(tmp / "disk", FAST_PACING))}
     others = {f"l{n}": group[1:]}
     labels = {"l1": "1 lean process", "d": "run, 1 process, Redis", f"l{n}": f"{n} lean processes, one port",
               f"e{n}": f"run --workers {n}, Redis", "c": "run, 1 process, diskcache"}
     runs: dict[str, list[WrkResult]] = {k: [] for k in targets}
     cpu: dict[str, list[dict[str, float]]] = {k: [] for k in targets}
-    with started(site, redis, *targets.values(), *group[1:]):
-        for name, proxy in targets.items():
-            print(f"  ({name}) {labels[name]}: {proxy.name} {proxy.url} (pid {proxy.pid})")
-            show(f"warm-up {name}", wrk(proxy.url, "proxy.lua", [site.url, "64"], args.connections, 2.0))
-        for i in range(args.rounds):
-            order = list(targets.items()) if i % 2 == 0 else list(reversed(targets.items()))
-            for name, proxy in order:
-                r, per, _ = measured(proxy, site, redis if name in ("d", f"e{n}") else None, args.connections,
-                                     args.duration, tmp / "workers" if name == f"e{n}" else None,
-                                     others.get(name, []))
-                runs[name].append(r)
-                cpu[name].append(per)
-                show(f"({name}) round {i + 1}", r)
-                print("      CPU ms/request: " + ", ".join(f"{k} {v:.3f}" for k, v in per.items())
-                      + f"; {load_average()}")
-        print(f"wrk command (last): {runs[f'e{n}'][-1].command}")
+    for name, proxy in targets.items():
+        print(f"  ({name}) {labels[name]}: {proxy.name} {proxy.url} (pid {proxy.pid})")
+        show(f"warm-up {name}", wrk(proxy.url, "proxy.lua", [site.url, "64"], args.connections, 2.0))
+    for i in range(args.rounds):
+        order = list(targets.items()) if i % 2 == 0 else list(reversed(targets.items()))
+        for name, proxy in order:
+            r, per, _ = measured(proxy, site, redis if name in ("d", f"e{n}") else None, args.connections,
+                                 args.duration, tmp / "workers" if name == f"e{n}" else None,
+                                 others.get(name, []))
+            runs[name].append(r)
+            cpu[name].append(per)
+            show(f"({name}) round {i + 1}", r)
+            print("      CPU ms/request: " + ", ".join(f"{k} {v:.3f}" for k, v in per.items())
+                  + f"; {load_average()}")
+    print(f"wrk command (last): {runs[f'e{n}'][-1].command}")
     rps = {k: median([r.rps for r in v]) for k, v in runs.items()}
     p99 = {k: median([r.p99_ms for r in v]) for k, v in runs.items()}
     print(f"\nmedians over {args.rounds} alternating rounds, {args.connections} connections, {args.duration:g} s "
