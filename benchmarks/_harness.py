@@ -241,25 +241,45 @@ def start_mitmdump(confdir: Path, extra: Sequence[str] = (), prefix: Sequence[st
     return Started("mitmdump", proc, f"http://127.0.0.1:{port}")
 
 
-def start_product_master(confdir: Path, extra: Sequence[str] = (), prefix: Sequence[str] = (),
-                         pythonpath: str | None = None) -> Started:
-    """`run`'s own mitmproxy master (benchmarks/_product_master.py): with no `extra`, lean
-    mitmproxy with no etiquette addon; `extra` e.g. `--chain STATE --reverse URL`."""
+def _start_master(script: str, confdir: Path, port: int, extra: Sequence[str], prefix: Sequence[str],
+                  pythonpath: str | None, name: str, python_flags: Sequence[str] = ()) -> Started:
+    """A benchmark master script of this folder on `port`, its stderr kept in `confdir`."""
     confdir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    cmd = [*prefix, sys.executable, str(HERE / "_product_master.py"), "--port", str(port),
+    cmd = [*prefix, sys.executable, *python_flags, str(HERE / script), "--port", str(port),
            "--confdir", str(confdir), *extra]
     stderr = open(confdir / "stderr", "ab")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=stderr, text=True, env=clean_env(pythonpath))
     stderr.close()
     try:
-        wait_port(port)
+        wait_port(port, 90.0)  # mitmproxy's imports alone take tens of seconds on a loaded machine
     except RuntimeError:
         proc.kill()
         proc.wait(5)
         raise RuntimeError(f"{cmd} did not listen; its stderr ends:\n"
                            f"{(confdir / 'stderr').read_text(errors='replace')[-1500:]}") from None
-    return Started("mitmproxy, run's master, no etiquette addon", proc, f"http://127.0.0.1:{port}")
+    return Started(name, proc, f"http://127.0.0.1:{port}")
+
+
+def start_product_master(confdir: Path, extra: Sequence[str] = (), prefix: Sequence[str] = (),
+                         pythonpath: str | None = None) -> Started:
+    """`run`'s own mitmproxy master (benchmarks/_product_master.py): with no `extra`, lean
+    mitmproxy with no etiquette addon; `extra` e.g. `--chain STATE --reverse URL`."""
+    return _start_master("_product_master.py", confdir, free_port(), extra, prefix, pythonpath,
+                         "mitmproxy, run's master, no etiquette addon")
+
+
+def start_lean(confdir: Path, extra: Sequence[str] = (), prefix: Sequence[str] = (),
+               port: int | None = None) -> Started:
+    """(b') the leanest mitmproxy (benchmarks/_lean_master.py: a plain Master with mitmproxy's
+    core, proxyserver, next_layer and tlsconfig, no code of ours), under `python -O` (its
+    docstring says why); `extra` e.g. `--reverse URL`, `--reuse-port` (then `port` is shared)."""
+    return _start_master("_lean_master.py", confdir, port or free_port(), extra, prefix, None,
+                         "lean mitmproxy (core, proxyserver, next_layer, tlsconfig)", ["-O"])
+
+
+def load_average() -> str:
+    """`load average 1.23 0.98 0.71` (1, 5, 15 minutes): printed with every figure."""
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 # -- wrk ------------------------------------------------------------------------------------------

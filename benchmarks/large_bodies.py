@@ -6,13 +6,17 @@ streaming the same bodies (SPEC §12: bodies of any size pass without being held
 One run, three arms on one local site (this script, `--serve`: an asyncio site that makes each
 body as it sends it, Content-Length framed, never on disk):
 - direct: curl straight to the site (what the machine can do at all);
+- lean: the leanest mitmproxy (benchmarks/_lean_master.py: core, proxyserver, next_layer,
+  tlsconfig, no code of ours) with `stream_large_bodies=1m`: the floor (issue 36);
 - mitmdump: bare mitmdump, quiet, `--set stream_large_bodies=1m` (mitmproxy streaming bodies
-  above 1 MiB, no addon of ours);
+  above 1 MiB, no addon of ours; `--no-mitmdump` leaves it out);
 - etiquette-proxy: the real proxy (fast pacing, so pacing does not hold the downloads).
 Two loads per arm: 1 x `--big-mb` MB, then `--parallel` x `--each-mb` MB at once. Clients are
 curl processes (`-o /dev/null`), so the client's own cost stays out of the proxy's figures.
 Per load: wall time, aggregate MB/s, median time to first byte, the proxy's VmRSS before,
-at its peak (sampled every 20 ms) and 2 s after. Rounds interleave the arms, then medians.
+at its peak (sampled every 20 ms) and 2 s after, and its CPU seconds per GB (/proc). Rounds
+interleave the arms, then medians, and etiquette-proxy's MB/s over the lean proxy's per load
+(target, issue 36: >= 0.8 for the same body), with the machine's load average.
 """
 
 from __future__ import annotations
@@ -34,14 +38,20 @@ from _harness import (
     Started,
     _ready_line,
     clean_env,
+    check,
+    cpu_seconds,
     header,
+    load_average,
     start_etiquette,
+    start_lean,
     start_mitmdump,
     started,
 )
 
 MB = 1024 * 1024
 BLOCK = os.urandom(256 * 1024)
+LEAN = "lean mitmproxy, stream_large_bodies=1m"
+ETIQUETTE = "etiquette-proxy"
 FAST = ["pacing.rate=1000", "pacing.burst=100", "pacing.max_concurrency=64"]
 
 
@@ -138,29 +148,34 @@ class Figures:
     rss_peak: float
     rss_after: float
     complete: bool
+    cpu_s_per_gb: float = float("nan")  # the proxy's utime+stime per GB moved
 
     def line(self, count: int, size_mb: int) -> str:
         memory = (f"RSS {self.rss_before:5.0f} -> peak {self.rss_peak:5.0f} (+{self.rss_peak - self.rss_before:3.0f}) "
                   f"-> after {self.rss_after:5.0f} MB") if self.rss_before == self.rss_before else "RSS -"
+        cpu = f", CPU {self.cpu_s_per_gb:5.2f} s/GB" if self.cpu_s_per_gb == self.cpu_s_per_gb else ""
         return (f"{count} x {size_mb:>4} MB: {self.wall_s:6.2f} s, {self.mb_s:7.1f} MB/s, first byte "
-                f"{self.first_ms:6.1f} ms, {memory}{'' if self.complete else '  INCOMPLETE'}")
+                f"{self.first_ms:6.1f} ms, {memory}{cpu}{'' if self.complete else '  INCOMPLETE'}")
 
 
 def load(site: str, proxy: Started | None, count: int, size_mb: int) -> Figures:
     """`count` downloads of `size_mb` MB at once through `proxy` (None: direct)."""
     pid = proxy.pid if proxy else None
     before = rss_mb(pid) if pid else float("nan")
+    cpu0 = cpu_seconds(pid) if pid else 0.0
     with Peak(pid) as peak:
         t0 = time.monotonic()
         clients = [curl(f"{site}/{size_mb * MB}?n={i}", proxy.url if proxy else None) for i in range(count)]
         outs = [c.communicate(timeout=900)[0].split() for c in clients]
         wall = time.monotonic() - t0
+    cpu = (cpu_seconds(pid) - cpu0) / (count * size_mb / 1024) if pid else float("nan")
     if pid:
         time.sleep(2)
     after = rss_mb(pid) if pid else float("nan")
     complete = all(o[0] == "200" and int(o[1]) == size_mb * MB for o in outs)
     first_ms = statistics.median(float(o[2]) for o in outs) * 1000
-    return Figures(wall, count * size_mb / wall, first_ms, before, peak.peak if pid else float("nan"), after, complete)
+    return Figures(wall, count * size_mb / wall, first_ms, before, peak.peak if pid else float("nan"), after, complete,
+                   cpu)
 
 
 def summary(name: str, runs: list[Figures], count: int, size_mb: int) -> str:
@@ -169,7 +184,8 @@ def summary(name: str, runs: list[Figures], count: int, size_mb: int) -> str:
         return statistics.median(getattr(r, key) for r in runs)
     worst = max(runs, key=lambda r: r.rss_peak - r.rss_before)
     return f"  {name:<40} " + Figures(med("wall_s"), med("mb_s"), med("first_ms"), worst.rss_before, worst.rss_peak,
-                                       worst.rss_after, all(r.complete for r in runs)).line(count, size_mb)
+                                       worst.rss_after, all(r.complete for r in runs),
+                                       med("cpu_s_per_gb")).line(count, size_mb)
 
 
 def main() -> None:
@@ -179,6 +195,7 @@ def main() -> None:
     ap.add_argument("--each-mb", type=int, default=100, help="each of the parallel bodies, MB (default 100)")
     ap.add_argument("--parallel", type=int, default=8, help="downloads at once (default 8)")
     ap.add_argument("--rounds", type=int, default=3, help="each load this many times per arm, interleaved (default 3)")
+    ap.add_argument("--no-mitmdump", action="store_true", help="leave the bare mitmdump arm out")
     args = ap.parse_args()
     if args.serve:
         asyncio.run(_serve())
@@ -188,17 +205,19 @@ def main() -> None:
     site = start_site()
     with started(site):
         arms: list[tuple[str, Started | None]] = [("direct", None)]
-        mitm = start_mitmdump(scratch / "mitmdump", ["--set", "stream_large_bodies=1m"])
+        lean = start_lean(scratch / "lean", ["--stream-large-bodies", "1m"])
+        mitm = None if args.no_mitmdump else start_mitmdump(scratch / "mitmdump", ["--set", "stream_large_bodies=1m"])
         etq = start_etiquette(scratch / "etiquette", FAST)
-        with started(mitm, etq):
-            arms += [("mitmdump --set stream_large_bodies=1m", mitm), ("etiquette-proxy", etq)]
+        with started(*(p for p in (lean, mitm, etq) if p is not None)):
+            arms += [(LEAN, lean), *([] if mitm is None else [("mitmdump --set stream_large_bodies=1m", mitm)]),
+                     (ETIQUETTE, etq)]
             for _, proxy in arms:
                 if proxy is not None:  # warm: robots.txt fetched, first connection made
                     curl(f"{site.url}/1024", proxy.url).communicate(timeout=60)
             loads = [(1, args.big_mb), (args.parallel, args.each_mb)]
             results: dict[tuple[str, int], list[Figures]] = {}
-            for r in range(args.rounds):  # arms interleaved: a busy machine hits them alike
-                for name, proxy in arms:
+            for r in range(args.rounds):  # arms interleaved, order alternating: a busy machine hits them alike
+                for name, proxy in arms if r % 2 == 0 else arms[::-1]:
                     for i, (count, size_mb) in enumerate(loads):
                         figures = load(site.url, proxy, count, size_mb)
                         results.setdefault((name, i), []).append(figures)
@@ -207,6 +226,14 @@ def main() -> None:
             for i, (count, size_mb) in enumerate(loads):
                 for name, _ in arms:
                     print(summary(name, results[(name, i)], count, size_mb))
+            print(f"etiquette-proxy over the lean mitmproxy, same bodies (median of the rounds' own ratios); "
+                  f"{load_average()}:")
+            for i, (count, size_mb) in enumerate(loads):
+                ratios = sorted(e.mb_s / b.mb_s for e, b in zip(results[(ETIQUETTE, i)], results[(LEAN, i)],
+                                                                 strict=True))
+                ratio = statistics.median(ratios)
+                print(check(f"{count} x {size_mb} MB: MB/s >= 0.8 of the lean proxy's", ratio >= 0.8,
+                            f"{ratio:.3f} (rounds {', '.join(f'{r:.3f}' for r in ratios)})"))
 
 if __name__ == "__main__":
     main()

@@ -24,12 +24,22 @@ log gives its measured rate and the most requests in any 1 s window. Target: wit
 
     python benchmarks/workers.py [--rounds 3] [--duration 5] [--workers 2] [--before DIR] [--arms c,d,d0]
     python benchmarks/workers.py --exact [--duration 10]
+    python benchmarks/workers.py --scaling [--rounds 5] [--workers 2]
+
+--scaling (issue 36): the same processes per core against the leanest mitmproxy
+(benchmarks/_lean_master.py, no code of ours): (l1) one lean process and (d) one
+`etiquette-proxy run` on Redis; (lN) N lean processes listening on one port with SO_REUSEPORT
+(the kernel's hash spreads the connections) and (eN) `run --workers N` on Redis; (c) one `run`
+on diskcache beside them. Arms alternate every round; medians, each arm's throughput over the
+lean arm with as many processes, each N-process arm over its one-process arm (scaling), and
+the CPU every process spent per request (/proc), with the machine's load average.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 import resource
 import shutil
 import subprocess
@@ -54,6 +64,8 @@ from _harness import (  # noqa: E402
     start_etiquette,
     start_mitmdump,
     start_site,
+    load_average,
+    start_lean,
     started,
     stop,
     wait_port,
@@ -121,12 +133,12 @@ def wrk_cpu_s() -> float:
 
 
 def measured(proxy: Started, site: Started, redis: Started | None, connections: int, duration: float,
-             audit_dir: Path | None) -> tuple[WrkResult, dict[str, float], list[int]]:
+             audit_dir: Path | None, others: list[Started] = ()) -> tuple[WrkResult, dict[str, float], list[int]]:
     """One wrk run through `proxy`, with the CPU time every process on the machine's 2 cores spent
     per request during it (ms): the proxy (each worker and the supervisor for --workers), the
     site, redis-server, wrk; and, with `audit_dir`, the requests each worker answered (its audit
     file's new lines)."""
-    pids = {"proxy": [proxy.pid]}
+    pids = {"proxy": [proxy.pid]} if not others else {f"p{i + 1}": [p.pid] for i, p in enumerate([proxy, *others])}
     workers = children(proxy.pid) if audit_dir is not None else []
     if workers:
         pids = {"supervisor": [proxy.pid], **{f"w{i + 1}": [pid] for i, pid in enumerate(workers)}}
@@ -223,6 +235,67 @@ def compare(args: argparse.Namespace, tmp: Path) -> int:
     return 0
 
 
+def scaling(args: argparse.Namespace, tmp: Path) -> int:
+    """Throughput per process against the lean mitmproxy with as many processes (--scaling)."""
+    n = args.workers
+    procs: list[Started] = []  # every process started here, stopped at the end even if a start fails
+
+    def keep(p: Started) -> Started:
+        procs.append(p)
+        return p
+    try:
+        return _scaling(args, tmp, n, keep)
+    finally:
+        for p in reversed(procs):
+            stop(p)
+
+
+def _scaling(args: argparse.Namespace, tmp: Path, n: int, keep: Callable[[Started], Started]) -> int:
+    site = keep(start_site())
+    redis = keep(start_redis(tmp / "redis"))
+    on_redis = [*FAST_PACING, "state.backend=redis", f"state.url={redis.url}"]
+    port = free_port()
+    group = [keep(start_lean(tmp / f"lean{n}-{i}", ["--reuse-port"], port=port)) for i in range(n)]
+    group[0].name = f"{n} lean mitmproxy processes, SO_REUSEPORT on one port"
+    targets = {"l1": keep(start_lean(tmp / "lean1")), "d": keep(start_etiquette(tmp / "shared", on_redis)),
+               f"l{n}": group[0], f"e{n}": keep(start_workers(tmp / "workers", on_redis, n)),
+               "c": keep(start_etiquette(tmp / "disk", FAST_PACING))}
+    others = {f"l{n}": group[1:]}
+    labels = {"l1": "1 lean process", "d": "run, 1 process, Redis", f"l{n}": f"{n} lean processes, one port",
+              f"e{n}": f"run --workers {n}, Redis", "c": "run, 1 process, diskcache"}
+    runs: dict[str, list[WrkResult]] = {k: [] for k in targets}
+    cpu: dict[str, list[dict[str, float]]] = {k: [] for k in targets}
+    for name, proxy in targets.items():
+        print(f"  ({name}) {labels[name]}: {proxy.name} {proxy.url} (pid {proxy.pid})")
+        show(f"warm-up {name}", wrk(proxy.url, "proxy.lua", [site.url, "64"], args.connections, 2.0))
+    for i in range(args.rounds):
+        order = list(targets.items()) if i % 2 == 0 else list(reversed(targets.items()))
+        for name, proxy in order:
+            r, per, _ = measured(proxy, site, redis if name in ("d", f"e{n}") else None, args.connections,
+                                 args.duration, tmp / "workers" if name == f"e{n}" else None,
+                                 others.get(name, []))
+            runs[name].append(r)
+            cpu[name].append(per)
+            show(f"({name}) round {i + 1}", r)
+            print("      CPU ms/request: " + ", ".join(f"{k} {v:.3f}" for k, v in per.items())
+                  + f"; {load_average()}")
+    print(f"wrk command (last): {runs[f'e{n}'][-1].command}")
+    rps = {k: median([r.rps for r in v]) for k, v in runs.items()}
+    p99 = {k: median([r.p99_ms for r in v]) for k, v in runs.items()}
+    print(f"\nmedians over {args.rounds} alternating rounds, {args.connections} connections, {args.duration:g} s "
+          f"each; {load_average()}:")
+    for k in targets:
+        per = {name: median([c[name] for c in cpu[k]]) for name in cpu[k][0]}
+        proxy_cpu = sum(v for name, v in per.items() if name not in ("site", "redis", "wrk"))
+        print(f"  ({k}) {labels[k]:<30} {rps[k]:9.1f} req/s  p99 {p99[k]:8.2f} ms  proxy CPU {proxy_cpu:.3f} "
+              f"ms/request ({', '.join(f'{name} {v:.3f}' for name, v in per.items())})")
+    print(f"  1 process:  d/l1 {rps['d'] / rps['l1']:.3f}, c/l1 {rps['c'] / rps['l1']:.3f}")
+    print(f"  {n} processes: e{n}/l{n} {rps[f'e{n}'] / rps[f'l{n}']:.3f}")
+    print(f"  scaling 1 -> {n}: lean l{n}/l1 {rps[f'l{n}'] / rps['l1']:.3f}, etiquette e{n}/d "
+          f"{rps[f'e{n}'] / rps['d']:.3f} (the machine has {os.cpu_count()} cores, shared with wrk and the site)")
+    return 0
+
+
 def exact(args: argparse.Namespace, tmp: Path) -> int:
     log = tmp / "site.log"
     site = start_logged_site(log)
@@ -264,19 +337,25 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=5.0, help="seconds per wrk run (default 5)")
     ap.add_argument("--connections", type=int, default=None, help="wrk connections (16; --exact: 64)")
     ap.add_argument("--exact", action="store_true", help="--workers 2 on one Redis, one site at rate 100")
+    ap.add_argument("--scaling", action="store_true", help="1 and N processes against as many lean mitmproxies")
     ap.add_argument("--workers", type=int, default=2, help="worker processes in arm (e) (default 2)")
     ap.add_argument("--before", metavar="DIR", help="arms d0 and e0: (d) and (e) of another checkout (see above)")
     ap.add_argument("--arms", type=lambda s: s.split(","), help="only these arms, e.g. c,d,d0 (default b,c,d,e "
                     "and, with --before, d0,e0)")
     args = ap.parse_args()
+    if args.scaling and not 2 <= args.workers <= 8:
+        ap.error("--scaling: --workers in 2..8")
     if not 1 <= args.rounds <= 20 or not 0.5 <= args.duration <= 120:
         ap.error("rounds in 1..20, duration in 0.5..120 s")
     args.connections = args.connections or (64 if args.exact else 16)
     if args.arms and (set(args.arms) - {"b", "c", "d", "e", "d0", "e0"}
                       or (not args.before and {"d0", "e0"} & set(args.arms))):
         ap.error("--arms: a comma-separated choice of b, c, d, e, and d0, e0 with --before")
-    header("workers: shared state on Redis" + (" (exactness)" if args.exact else ""))
+    header("workers: shared state on Redis" + (" (exactness)" if args.exact else "")
+           + (" (scaling against the lean mitmproxy)" if args.scaling else ""))
     with tempfile.TemporaryDirectory(prefix="etiquette-bench-") as tmp:
+        if args.scaling:
+            return scaling(args, Path(tmp))
         return exact(args, Path(tmp)) if args.exact else compare(args, Path(tmp))
 
 

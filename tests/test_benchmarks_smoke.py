@@ -135,3 +135,29 @@ def test_state_check_benchmark_runs_at_tiny_size() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "rebuild_from_log (empty store)" in proc.stdout and "damage()" in proc.stdout
+
+
+def test_the_lean_floor_imports_no_code_of_ours_and_forwards_a_request() -> None:
+    """overhead.py's (b') is mitmproxy alone: its script imports neither `addons` nor
+    `etiquette_proxy`, and a request through it reaches the bench site."""
+    import ast
+
+    tree = ast.parse((ROOT / "benchmarks" / "_lean_master.py").read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {(node.module or "").split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert not imported & {"addons", "etiquette_proxy"}, imported
+    assert "mitmproxy" in imported
+    probe = (
+        "import sys, tempfile, urllib.request; from pathlib import Path; sys.path.insert(0, 'benchmarks')\n"
+        "from _harness import start_lean, start_site, started\n"
+        "with tempfile.TemporaryDirectory() as tmp:\n"
+        "    site = start_site(); lean = start_lean(Path(tmp) / 'lean')\n"
+        "    with started(site, lean):\n"
+        "        opener = urllib.request.build_opener(urllib.request.ProxyHandler({'http': lean.url}))\n"
+        "        body = opener.open(site.url + '/page/1', timeout=30).read()\n"
+        "    print(len(body))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=150, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "1024"

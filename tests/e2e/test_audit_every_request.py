@@ -7,9 +7,11 @@ the hash chain (SPEC §3, §11).
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 
+from etiquette_proxy.audit.hash_chain import split_line
 from etiquette_proxy.audit.log import REQUIRED_KEYS
 from tests.e2e.proxy import ETIQUETTE, FAST_PACING, clean_env
 from tests.e2e.sites import Answer
@@ -54,3 +56,12 @@ def test_every_request_of_a_mixed_crawl_has_one_chained_line_matching_the_site(s
     assert check.returncode == 0, check.stdout + check.stderr
     assert f"{len(proxy.audit()):,} chained line(s)" in check.stdout
 
+    # Byte for byte what json.dumps writes for each line's record (the encoder is orjson where it
+    # writes the same bytes): parsing a line and dumping it again gives its bytes back.
+    for raw in proxy.audit_path.read_bytes().splitlines():
+        parts = split_line(raw)
+        assert parts is not None, raw
+        body, _, seq = parts
+        record = {k: v for k, v in json.loads(raw).items() if k not in ("seq", "chain")}
+        text = json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=str)
+        assert body == (text[:-1] + f',"seq":{seq}').encode("utf-8", errors="replace"), raw
