@@ -17,7 +17,8 @@ from addons.fields import fields_named
 from addons.notes import FlowNotes, notes_of, skip
 from addons.runtime import Runtime
 from addons.side_fetch import SideFetchError
-from mitmproxy import connection, http
+from mitmproxy import connection, http, tls
+from mitmproxy.proxy import server_hooks
 
 from etiquette_proxy.operate.controls import site_matches
 from etiquette_proxy.pacing.budget import SiteBudget
@@ -70,7 +71,7 @@ class Pacing:
         try:
             await self._hold(flow, notes)
         except Exception as e:  # noqa: BLE001
-            self._give_back(notes)
+            self._give_back(flow, notes)
             fail_closed(flow, "pacing", e)
 
     async def _hold(self, flow: http.HTTPFlow, notes: FlowNotes) -> None:
@@ -89,17 +90,33 @@ class Pacing:
             notes.facts[TICKET] = adm.ticket
             if adm.lease is not None:
                 notes.facts[LEASE] = adm.lease
+            self.service.departing.started(client.id, (flow.request.host, flow.request.port), notes.site,
+                                           adm.ticket, via_proxy=bool(self.rt.config.upstream.proxy))
 
-    def _give_back(self, notes: FlowNotes) -> None:
-        self.service.give_back(notes.site, notes.facts.pop(TICKET, None), notes.facts.pop(LEASE, None))
+    def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
+        # Its request leaves now, or over TLS once the handshake is done (tls_established_server).
+        self.service.departing.connected(data.client.id, data.server.address, ready=not data.server.tls)
+
+    def tls_established_server(self, data: tls.TlsData) -> None:
+        self.service.departing.ready(data.context.client.id, data.conn.address)
+
+    def server_disconnected(self, data: server_hooks.ServerConnectionHookData) -> None:
+        self.service.departing.disconnected(data.client.id, data.server.address)
+
+    def _give_back(self, flow: http.HTTPFlow, notes: FlowNotes) -> None:
+        ticket = notes.facts.pop(TICKET, None)
+        if ticket is not None:
+            self.service.departing.over(flow.client_conn.id, notes.site, ticket)
+        self.service.give_back(notes.site, ticket, notes.facts.pop(LEASE, None))
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         notes = notes_of(flow)
         ticket = notes.facts.get(TICKET)
         if ticket is None or flow.response is None or notes.local:  # the slot passes on
-            self._give_back(notes)
+            self._give_back(flow, notes)
             return
         del notes.facts[TICKET]
+        self.service.departing.over(flow.client_conn.id, notes.site, ticket)
         self.service.give_back(notes.site, None, notes.facts.pop(LEASE, None))
         # One pass over the raw fields: last value wins, except that a repeated Retry-After /
         # RateLimit / RateLimit-Policy gives every value, comma-joined, so the parsers see all.
@@ -122,11 +139,12 @@ class Pacing:
             await self.service.shared.publish(*publish)
 
     def error(self, flow: http.HTTPFlow) -> None:
-        self._give_back(notes_of(flow))
+        self._give_back(flow, notes_of(flow))
 
     def client_disconnected(self, client: connection.Client) -> None:
         # MITMPROXY-NOTES: fires at once, while the request hook of its flows may still be held.
         self.service.client_gone(id(client))
+        self.service.departing.client_gone(client.id)
 
     async def before_robots_fetch(self, site: str) -> None:
         """RobotsGate's fetch takes a turn like any request; raises when it must not be sent."""
@@ -134,6 +152,7 @@ class Pacing:
         if adm.action != "go" or adm.ticket is None:
             raise SideFetchError(f"not sent: {_reason(adm) if adm.action != 'go' else adm.would_reason}")
         # The token is spent as it leaves; the slot is given back at once (no response hook).
+        self.service.departed(site.lower(), adm.ticket)
         self.service.give_back(site.lower(), adm.ticket, adm.lease)
 
     def save_all(self) -> None:

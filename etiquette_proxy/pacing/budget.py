@@ -162,7 +162,7 @@ class SiteBudget:
     # sites every 8 bytes here are 0.8 MB. What equal sites share (settings, clock, restraint)
     # is one context; the line's head and re-check flag live on the line.
     __slots__ = ("throttle", "_ctx", "_tokens", "_tokens_at", "_queue", "_in_flight", "_next_ticket",
-                 "_sends", "_departs")
+                 "_sends", "_departs", "_leaving")
 
     def __init__(self, site: str, settings: PacingSettings | None = None, clock: Clock = wall,
                  random: Callable[[], float] = _random.random):
@@ -187,6 +187,8 @@ class SiteBudget:
         # When requests left lately, for what a throttling answer teaches (learner.py); None
         # while the site has sent nothing within the learner's window.
         self._departs: Departures | None = None
+        # Started requests whose departure the caller reports (`leaving`): ticket -> start.
+        self._leaving = _NO_TICKETS
 
     @property
     def settings(self) -> PacingSettings:
@@ -306,7 +308,8 @@ class SiteBudget:
             return self._breaker_refusal(ticket, now, now)
         place = len(self._queue)
         start = self._token_start(now, place + 1.0)
-        if place == 0 and start <= now + _EPS and len(self._in_flight) < self.max_concurrency():
+        if (place == 0 and start <= now + _EPS and len(self._in_flight) < self.max_concurrency()
+                and self._may_leave()):
             return self._start(ticket, now, now)
         if start - now > self.settings.max_hold + _EPS:
             return self._refusal(ticket, now, now, start - now,
@@ -324,7 +327,7 @@ class SiteBudget:
         pause, breaker or RateLimit hint in force, a token and a slot free. None otherwise
         (then the full path decides; tests/core/pacing/test_budget_fast.py compares both)."""
         throttle = self.throttle
-        if (self._queue or throttle.hint_rate is not None or now < throttle.paused_until
+        if (self._queue or self._leaving or throttle.hint_rate is not None or now < throttle.paused_until
                 or now < throttle.breaker_until or now < self._tokens_at):
             return None
         throttle.forget_ceiling(now)
@@ -380,7 +383,7 @@ class SiteBudget:
         cap = self.max_concurrency()
         while (head := self._head()) is not None:
             arrival = self._queue[head]
-            slot = len(self._in_flight) < cap
+            slot = len(self._in_flight) < cap and self._may_leave()
             start = self._token_start(now) if slot else math.inf
             if start <= now + _EPS:
                 decided.append(self._start(head, arrival, now))
@@ -404,7 +407,7 @@ class SiteBudget:
             return now
         arrival = self._queue[head]
         deadline = arrival + self.settings.max_hold
-        if len(self._in_flight) >= self.max_concurrency():
+        if len(self._in_flight) >= self.max_concurrency() or not self._may_leave():
             return deadline
         start = self._token_start(now)
         return start if start <= self._limit_of(arrival) else min(start, deadline)
@@ -431,6 +434,36 @@ class SiteBudget:
         due = self.due() if ticket == self._head() else None
         wait_s = (due if due is not None else arrival + self.settings.max_hold) - now
         return self._wait(ticket, arrival, now, wait_s)
+
+    def leaving(self, ticket: int) -> None:
+        """`ticket` has started and its caller will say when it really leaves (`departed`):
+        until then it holds the bucket (SPEC §5: a token is spent when the request leaves for
+        the site, not when it is decided), so a proxy slow between the two never lets the
+        next request follow it closer than the rate allows. At most a burst may be leaving."""
+        if ticket in self._in_flight:
+            if self._leaving is _NO_TICKETS:
+                self._leaving = {}
+            self._leaving[ticket] = self._in_flight[ticket]
+
+    def departed(self, ticket: int) -> bool:
+        """The request left for the site now: the bucket counts from this moment (it holds at
+        most a burst less one token now, as if the token were taken now). True when the line
+        may move (the caller wakes it)."""
+        leaving = self._leaving
+        if ticket not in leaving:
+            return False
+        del leaving[ticket]
+        if not leaving:
+            self._leaving = _NO_TICKETS
+        now = self._ctx.clock()
+        if now >= self._tokens_at:
+            self._settle(now)
+            self._set_bucket(min(self._tokens_now(now), max(0.0, self._burst_f() - 1.0)), now)
+        return True
+
+    def _may_leave(self) -> bool:
+        """Whether one more request may start now as far as the requests still leaving go."""
+        return len(self._leaving) < self._burst_f()
 
     def cancel(self, ticket: int) -> None:
         """The client went away: drop its request unsent; its place and token go to the next."""
@@ -861,6 +894,10 @@ class SiteBudget:
         start = flying.pop(ticket)
         if not flying:
             self._in_flight = _NO_TICKETS
+        if ticket in self._leaving:  # over before it was said to leave: it holds nothing now
+            del self._leaving[ticket]
+            if not self._leaving:
+                self._leaving = _NO_TICKETS
         return start
 
     def _wait(self, ticket: int, arrival: float, now: float, wait_s: float) -> Turn:

@@ -39,6 +39,7 @@ from typing import Any, Literal, Protocol
 
 from etiquette_proxy.clock import Clock, wall
 from etiquette_proxy.pacing.budget import SiteBudget, Turn
+from etiquette_proxy.pacing.departing import Departing
 from etiquette_proxy.pacing.per_site import budget_registry
 from etiquette_proxy.pacing.restraints import Restraints, restraint_note
 from etiquette_proxy.pacing.shared_admission import OPERATOR, STOPPING, SharedAdmission
@@ -128,6 +129,8 @@ class PacingService:
         self._timers: dict[str, tuple[float, Timer]] = {}  # site -> (due, timer): its line next moves
         self._stop_watch: asyncio.Task[None] | None = None
         self.shared = SharedAdmission(lambda: self.around.shared, around.stopping, self.pump, monotonic, sleep)
+        # Started requests not yet on their way to the site (departing.py): told by the caller.
+        self.departing = Departing(self.departed)
 
     # -- budgets -------------------------------------------------------------------------------
 
@@ -207,7 +210,9 @@ class PacingService:
         turn = budget.reserve()
         if observe:
             return _observed(budget, turn, paused)
-        if turn.action == "wait" and not always_hold and budget.settings.when_waiting == "answer":
+        if turn.action == "go":
+            budget.leaving(turn.ticket)  # its token is spent when it leaves: `departed`
+        elif turn.action == "wait" and not always_hold and budget.settings.when_waiting == "answer":
             return self._answer_now(site, budget, turn)
         if turn.action == "wait":
             held_at = self._monotonic()
@@ -313,6 +318,8 @@ class PacingService:
             for turn in budget.release_due():
                 future = parked.get(turn.ticket)
                 if future is not None and not future.done():
+                    if turn.action == "go":
+                        budget.leaving(turn.ticket)  # its token is spent when it leaves: `departed`
                     future.set_result(turn)
                 elif turn.action == "go":  # nobody waits for it any more: free the slot at once
                     budget.release(turn.ticket)
