@@ -161,23 +161,8 @@ class PacingService:
     def status(self, site: str) -> dict[str, object]:
         """Dashboard fields: the site's rate, ceiling, pause, breaker and line (a site out of
         memory: from its stored state)."""
-        b = self.budgets.view(self.around.config, site.lower())
-        if b is None:
-            return {}
-        out: dict[str, object] = {"rate": round(b.rate, 4), "held": b.held(), "in_flight": b.in_flight()}
-        if (ceiling := b.ceiling) is not None:
-            out["ceiling"] = round(ceiling, 4)
-        if learned := b.learned():  # SPEC §5: the limit the site taught, and how
-            out["learned"] = learned
-            if b.throttle.concurrency is not None:
-                out["concurrency"] = b.throttle.concurrency
-        if (paused := b.paused_for_s()) > 0:
-            out["paused_s"] = round(paused, 1)
-            out["pause_reason"] = b.pause_reason()
-        if b.is_breaker_open():
-            out["breaker_open"] = True
-            out["breaker_s"] = round(b.breaker_for_s(), 1)
-        return out
+        budget = self.budgets.view(self.around.config, site.lower())
+        return {} if budget is None else budget_status(budget)
 
     def restrain(self, site: str, budget: SiteBudget) -> str | None:
         """Apply other features' restraints; the reason of a pause among them, if any."""
@@ -406,6 +391,24 @@ class PacingService:
 
     def save_all(self) -> None:
         self.budgets.save_all()
+
+
+def budget_status(b: SiteBudget) -> dict[str, object]:
+    """A budget's dashboard fields (SPEC §11)."""
+    out: dict[str, object] = {"rate": round(b.rate, 4), "held": b.held(), "in_flight": b.in_flight()}
+    if (ceiling := b.ceiling) is not None:
+        out["ceiling"] = round(ceiling, 4)
+    if learned := b.learned():  # SPEC §5: the limit the site taught, and how
+        out["learned"] = learned
+        if b.throttle.concurrency is not None:
+            out["concurrency"] = b.throttle.concurrency
+    if (paused := b.paused_for_s()) > 0:
+        out["paused_s"] = round(paused, 1)
+        out["pause_reason"] = b.pause_reason()
+    if b.is_breaker_open():
+        out["breaker_open"] = True
+        out["breaker_s"] = round(b.breaker_for_s(), 1)
+    return out
 
 
 def _observed(budget: SiteBudget, turn: Turn, paused: str | None) -> Admission:
