@@ -90,15 +90,23 @@ class Pacing:
             notes.facts[TICKET] = adm.ticket
             if adm.lease is not None:
                 notes.facts[LEASE] = adm.lease
-            self.service.departing.started(client.id, (flow.request.host, flow.request.port), notes.site,
-                                           adm.ticket, via_proxy=bool(self.rt.config.upstream.proxy))
+            if (self.service.departing.started(client.id, (flow.request.host, flow.request.port), notes.site,
+                                               adm.ticket, via_proxy=bool(self.rt.config.upstream.proxy))
+                    and not self.service.leave_now(notes.site)):
+                await self.service.depart(notes.site)  # on a connection already open: it leaves now
 
-    def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
+    async def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
         # Its request leaves now, or over TLS once the handshake is done (tls_established_server).
-        self.service.departing.connected(data.client.id, data.server.address, ready=not data.server.tls)
+        await self._depart(self.service.departing.connected(data.client.id, data.server.address,
+                                                            ready=not data.server.tls))
 
-    def tls_established_server(self, data: tls.TlsData) -> None:
-        self.service.departing.ready(data.context.client.id, data.conn.address)
+    async def tls_established_server(self, data: tls.TlsData) -> None:
+        await self._depart(self.service.departing.ready(data.context.client.id, data.conn.address))
+
+    async def _depart(self, leaving: list[tuple[str, int]]) -> None:
+        for site, _ in leaving:  # the request is written right after this hook
+            if not self.service.leave_now(site):
+                await self.service.depart(site)
 
     def server_disconnected(self, data: server_hooks.ServerConnectionHookData) -> None:
         self.service.departing.disconnected(data.client.id, data.server.address)
@@ -152,7 +160,8 @@ class Pacing:
         if adm.action != "go" or adm.ticket is None:
             raise SideFetchError(f"not sent: {_reason(adm) if adm.action != 'go' else adm.would_reason}")
         # The token is spent as it leaves; the slot is given back at once (no response hook).
-        self.service.departed(site.lower(), adm.ticket)
+        if not self.service.leave_now(site.lower()):
+            await self.service.depart(site.lower())
         self.service.give_back(site.lower(), adm.ticket, adm.lease)
 
     def save_all(self) -> None:

@@ -72,7 +72,7 @@ class SiteBudget(ContractBudget):
         pause, breaker or RateLimit hint in force, a token and a slot free. None otherwise
         (then the full path decides; tests/core/pacing/test_budget_fast.py compares both)."""
         throttle = self.throttle
-        if (self._queue or self._leaving or throttle.hint_rate is not None or now < throttle.paused_until
+        if (self._queue or throttle.hint_rate is not None or now < throttle.paused_until
                 or now < throttle.breaker_until or now < self._tokens_at):
             return None
         throttle.forget_ceiling(now)

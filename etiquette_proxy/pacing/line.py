@@ -144,8 +144,7 @@ class WaitingLine(Slots):
             return self._breaker_refusal(ticket, now, now)
         place = len(self._queue)
         start = self._token_start(now, place + 1.0)
-        if (place == 0 and start <= now + _EPS and len(self._in_flight) < self.max_concurrency()
-                and self._may_leave()):
+        if place == 0 and start <= now + _EPS and len(self._in_flight) < self.max_concurrency():
             return self._start(ticket, now, now)
         if start - now > self.settings.max_hold + _EPS:
             return self._refusal(ticket, now, now, start - now,
@@ -185,7 +184,7 @@ class WaitingLine(Slots):
         cap = self.max_concurrency()
         while (head := self._head()) is not None:
             arrival = self._queue[head]
-            slot = len(self._in_flight) < cap and self._may_leave()
+            slot = len(self._in_flight) < cap
             start = self._token_start(now) if slot else math.inf
             if start <= now + _EPS:
                 decided.append(self._start(head, arrival, now))
@@ -209,7 +208,7 @@ class WaitingLine(Slots):
             return now
         arrival = self._queue[head]
         deadline = arrival + self.settings.max_hold
-        if len(self._in_flight) >= self.max_concurrency() or not self._may_leave():
+        if len(self._in_flight) >= self.max_concurrency():
             return deadline
         start = self._token_start(now)
         return start if start <= self._limit_of(arrival) else min(start, deadline)

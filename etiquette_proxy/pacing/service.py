@@ -15,9 +15,10 @@ flow into `admit(...)` and the `Admission` back into a forwarded request or a lo
   admits flows and robots.txt fetches (SPEC §4: robots.txt counts against the budget).
 - A parked request is released early when its client goes away (`client_gone`: dropped, never
   sent) or the proxy stops (`stopping`: answered locally, "proxy stopping").
-- `departed(site, ticket)`: the request left for the site; the budget spends its token then
-  (SPEC §5), so gaps at the site never shrink below the interval when the proxy is slow
-  between deciding and sending.
+- `leave_now(site)` / `depart(site)`: a started request is about to leave for the site
+  (departing.py says when); it passes the site's departure gate, in arrival order, and its
+  token is spent then (SPEC §5), so gaps at the site never shrink below the interval when the
+  proxy is slow between deciding and sending.
 - `answered(...)`: what the site said, through the 429 contract (`SiteBudget.on_response`);
   state goes to the store on every throttle, at most every few seconds otherwise.
 
@@ -130,7 +131,9 @@ class PacingService:
         self._stop_watch: asyncio.Task[None] | None = None
         self.shared = SharedAdmission(lambda: self.around.shared, around.stopping, self.pump, monotonic, sleep)
         # Started requests not yet on their way to the site (departing.py): told by the caller.
-        self.departing = Departing(self.departed)
+        self.departing = Departing()
+        self._gates: dict[str, list[int]] = {}  # site -> [requests at its departure gate]
+        self._gate_locks: dict[str, asyncio.Lock] = {}
 
     # -- budgets -------------------------------------------------------------------------------
 
@@ -195,9 +198,7 @@ class PacingService:
         turn = budget.reserve()
         if observe:
             return _observed(budget, turn, paused)
-        if turn.action == "go":
-            budget.leaving(turn.ticket)  # its token is spent when it leaves: `departed`
-        elif turn.action == "wait" and not always_hold and budget.settings.when_waiting == "answer":
+        if turn.action == "wait" and not always_hold and budget.settings.when_waiting == "answer":
             return self._answer_now(site, budget, turn)
         if turn.action == "wait":
             held_at = self._monotonic()
@@ -244,11 +245,38 @@ class PacingService:
         return Admission("gone", waited_s=waited_s,
                          reason=f"client went away after {waited_s:.1f}s held; not sent to the site")
 
-    def departed(self, site: str, ticket: int) -> None:
-        """The request left for the site now: its token is spent at this moment (SPEC §5)."""
+    def leave_now(self, site: str) -> bool:
+        """A started request leaves for `site` now if nobody is at its departure gate and the
+        departures keep the rate (its token is spent now: True); else `await depart(site)`."""
+        if site in self._gate_locks:
+            return False
         budget = self.budget(site)
-        if budget.departed(ticket):
-            self.pump(site, budget)
+        if budget.departure_wait() > 0:
+            return False
+        budget.departed()
+        return True
+
+    async def depart(self, site: str) -> None:
+        """The site's departure gate: in arrival order, wait until leaving now keeps the site's
+        rate and burst (SPEC §5: a token is spent when the request leaves), then spend it.
+        While the proxy stops nobody waits here (held requests are being answered)."""
+        lock = self._gate_locks.get(site)
+        if lock is None:
+            lock = self._gate_locks[site] = asyncio.Lock()
+            self._gates[site] = [0]
+        count = self._gates[site]
+        count[0] += 1
+        try:
+            async with lock:
+                for _ in range(100):  # bounded: each round waits what is left
+                    wait = self.budget(site).departure_wait()
+                    if wait <= 0 or await self.shared.sleep(wait, None):
+                        break
+                self.budget(site).departed()
+        finally:
+            count[0] -= 1
+            if not count[0] and self._gate_locks.get(site) is lock:
+                del self._gate_locks[site], self._gates[site]
 
     def give_back(self, site: str, ticket: int | None, lease: str | None = None) -> None:
         """The request is over (or never left): its shared lease and its slot pass on."""
@@ -303,8 +331,6 @@ class PacingService:
             for turn in budget.release_due():
                 future = parked.get(turn.ticket)
                 if future is not None and not future.done():
-                    if turn.action == "go":
-                        budget.leaving(turn.ticket)  # its token is spent when it leaves: `departed`
                     future.set_result(turn)
                 elif turn.action == "go":  # nobody waits for it any more: free the slot at once
                     budget.release(turn.ticket)

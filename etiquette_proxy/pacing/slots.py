@@ -1,10 +1,15 @@
-"""A site's concurrency: the requests started and not yet answered, and those still leaving (SPEC §5).
+"""A site's concurrency and its departures: requests in flight, and when the next may leave (SPEC §5).
 
 The second layer of a site's budget (budget.py), over its bucket: `pacing.max_concurrency`
-(restrained by other features, never above a concurrency the site taught: learner.py), the
-requests in flight, and among them those that started but have not left yet (`leaving`): a
-token is spent when the request leaves for the site, not when it is decided, so the bucket
-counts the next interval from the departure (`departed`).
+(restrained by other features, never above a concurrency the site taught: learner.py) and the
+requests in flight. And the departures: a token is spent when the request leaves for the site,
+not when it is decided. Between the two a proxy under load can spend seconds (the woken
+request waits its turn on the event loop, a connection to the site opens), so requests decided
+an interval apart could leave closer together. The moments requests really left are kept as
+a second schedule at the same rate and burst (GCRA: one "theoretical arrival time"):
+`departure_wait()` is how long a request about to leave still waits, `departed()` records it.
+Decisions still run at the bucket, so a steady delay costs no throughput; only the spacing at
+the site is held.
 """
 
 from __future__ import annotations
@@ -26,14 +31,14 @@ _NO_TICKETS = cast(dict[int, float], MappingProxyType({}))
 class Slots(TokenBucket):
     """The bucket, plus the requests at the site (in flight) and those still leaving."""
 
-    __slots__ = ("_in_flight", "_next_ticket", "_leaving")
+    __slots__ = ("_in_flight", "_next_ticket", "_left_tat")
 
     def __init__(self, settings: PacingSettings, clock: Clock, random: Callable[[], float]):
         super().__init__(settings, clock, random)
         self._in_flight = _NO_TICKETS  # ticket -> start
         self._next_ticket = 1
-        # Started requests whose departure the caller reports (`leaving`): ticket -> start.
-        self._leaving = _NO_TICKETS
+        # When the next departure may leave, burst aside (GCRA on the departures' own times).
+        self._left_tat = -math.inf
 
     def in_flight(self) -> int:
         """Requests started and not yet answered."""
@@ -47,35 +52,20 @@ class Slots(TokenBucket):
         learned = self.throttle.concurrency
         return cap if learned is None or learned >= cap else learned
 
-    def leaving(self, ticket: int) -> None:
-        """`ticket` has started and its caller will say when it really leaves (`departed`):
-        until then it holds the bucket (SPEC §5: a token is spent when the request leaves for
-        the site, not when it is decided), so a proxy slow between the two never lets the
-        next request follow it closer than the rate allows. At most a burst may be leaving."""
-        if ticket in self._in_flight:
-            if self._leaving is _NO_TICKETS:
-                self._leaving = {}
-            self._leaving[ticket] = self._in_flight[ticket]
-
-    def departed(self, ticket: int) -> bool:
-        """The request left for the site now: the bucket counts from this moment (it holds at
-        most a burst less one token now, as if the token were taken now). True when the line
-        may move (the caller wakes it)."""
-        leaving = self._leaving
-        if ticket not in leaving:
-            return False
-        del leaving[ticket]
-        if not leaving:
-            self._leaving = _NO_TICKETS
+    def departure_wait(self) -> float:
+        """Seconds a started request about to leave for the site still waits (0: it leaves now)
+        so that departures keep the site's rate and burst (SPEC §5)."""
+        tat = self._left_tat
+        if tat == -math.inf:
+            return 0.0
         now = self._ctx.clock()
-        if now >= self._tokens_at:
-            self._settle(now)
-            self._set_bucket(min(self._tokens_now(now), max(0.0, self._burst_f() - 1.0)), now)
-        return True
+        wait = tat - (self._burst_f() - 1.0) / self._effective_rate(now) - now
+        return wait if wait > _EPS else 0.0
 
-    def _may_leave(self) -> bool:
-        """Whether one more request may start now as far as the requests still leaving go."""
-        return len(self._leaving) < self._burst_f()
+    def departed(self) -> None:
+        """A request left for the site now: its token is spent at this moment."""
+        now = self._ctx.clock()
+        self._left_tat = max(self._left_tat, now) + 1.0 / self._effective_rate(now)
 
     def release(self, ticket: int) -> None:
         """The request is over (answered, failed or abandoned): free its concurrency slot."""
@@ -89,8 +79,4 @@ class Slots(TokenBucket):
         start = flying.pop(ticket)
         if not flying:
             self._in_flight = _NO_TICKETS
-        if ticket in self._leaving:  # over before it was said to leave: it holds nothing now
-            del self._leaving[ticket]
-            if not self._leaving:
-                self._leaving = _NO_TICKETS
         return start

@@ -94,12 +94,11 @@ def start(svc: PacingService, client: object | None = None,
     return asyncio.get_running_loop().create_task(svc.admit(SITE, client, connected, **kw))
 
 
-def test_held_requests_start_one_interval_after_each_departure_in_arrival_order():
+def test_held_requests_start_one_interval_apart_in_arrival_order_one_woken_at_a_time():
     async def test() -> None:
         svc, loop = service()
         first = await svc.admit(SITE)
         assert first.action == "go" and first.ticket is not None
-        svc.departed(SITE, first.ticket)
         later = [start(svc) for _ in range(3)]
         await settle()
         assert not any(t.done() for t in later)
@@ -109,42 +108,52 @@ def test_held_requests_start_one_interval_after_each_departure_in_arrival_order(
             await loop.advance(0.001)
             assert task.done() and task.result().action == "go"
             assert all(not t.done() for t in later[i + 1:])  # releasing one wakes one
-            svc.departed(SITE, task.result().ticket)  # type: ignore[arg-type]
     run(test)
 
 
 def test_the_token_is_spent_when_the_request_leaves_not_when_it_is_decided():
     async def test() -> None:
         svc, loop = service()
-        first = await svc.admit(SITE)
+        await svc.admit(SITE)
         second = start(svc)
         await loop.advance(0.7)  # the first is slow to leave (a busy proxy, a slow connect)
-        svc.departed(SITE, first.ticket)  # type: ignore[arg-type]
-        await loop.advance(0.99)  # 1.69 s after the decision, 0.99 after it left
-        assert not second.done()
-        await loop.advance(0.01)
-        assert second.done() and second.result().action == "go"
+        assert svc.leave_now(SITE)
+        await loop.advance(0.3)
+        assert second.done() and second.result().action == "go"  # decided at the bucket's pace
+        assert not svc.leave_now(SITE)  # ... but leaves no sooner than an interval after the first
+        leaving = asyncio.get_running_loop().create_task(svc.depart(SITE))
+        await loop.advance(0.699)
+        assert not leaving.done()
+        await loop.advance(0.002)  # (a fake clock at 1.8e9 s counts in steps of 2e-7 s)
+        assert leaving.done()
     run(test)
 
 
-def test_while_a_request_is_leaving_no_other_starts_and_one_over_before_leaving_frees_it():
+def test_requests_at_the_departure_gate_leave_in_arrival_order_an_interval_apart():
     async def test() -> None:
-        svc, loop = service()
-        first = await svc.admit(SITE)
-        second = start(svc)
-        await loop.advance(5.0)  # tokens enough, but the first has not left yet
-        assert not second.done()
-        svc.give_back(SITE, first.ticket)  # answered locally after its turn: it never left
+        svc, loop = service("pacing.burst=2")
+        assert svc.leave_now(SITE) and svc.leave_now(SITE)  # a burst leaves at once
+        left: list[int] = []
+
+        async def leave(i: int) -> None:
+            await svc.depart(SITE)
+            left.append(i)
+
+        for i in range(3):
+            asyncio.get_running_loop().create_task(leave(i))
         await settle()
-        assert second.done() and second.result().action == "go"
+        assert left == [] and not svc.leave_now(SITE)  # nobody passes the ones waiting
+        await loop.advance(1.0)
+        assert left == [0]
+        await loop.advance(1.0)
+        assert left == [0, 1]
     run(test)
 
 
 def test_a_held_request_whose_client_went_away_is_dropped_and_its_place_passes_on():
     async def test() -> None:
         svc, loop = service()
-        first = await svc.admit(SITE)
-        svc.departed(SITE, first.ticket)  # type: ignore[arg-type]
+        await svc.admit(SITE)
         here = {"gone": True}
         gone = start(svc, client="c1", connected=lambda: here["gone"])
         other = start(svc)
@@ -174,8 +183,7 @@ def test_held_requests_are_answered_when_the_proxy_stops():
 def test_when_waiting_answer_refuses_at_once_but_a_robots_fetch_still_waits():
     async def test() -> None:
         svc, loop = service("pacing.when_waiting=answer")
-        first = await svc.admit(SITE)
-        svc.departed(SITE, first.ticket)  # type: ignore[arg-type]
+        await svc.admit(SITE)
         refused = await svc.admit(SITE)
         assert refused.action == "refuse" and "pacing.when_waiting: answer" in refused.reason
         assert refused.retry_after_s == 1
