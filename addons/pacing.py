@@ -1,17 +1,17 @@
 """Pacing: every site's budget held to, and the 429 contract kept (SPEC §5), as flows see it.
 
-The core's `PacingService` (etiquette_proxy/pacing/service.py) does the waiting and the
-deciding; this addon translates: the request hook asks `admit` and forwards the request or
-answers locally 503 `paused`; the moment the request leaves for the site is told
-(`departed`: when the upstream connection it goes out on is open, or at once on a connection
-already open) so its token is spent then; responseheaders tells the service what the site
-answered; error, a client that went away and the proxy's stop are passed on. robots.txt
+The core's `PacingService` (etiquette_proxy/pacing/service.py) waits and decides; this addon
+translates: the request hook asks `admit`, then forwards the request or answers 503 `paused`;
+the moment it leaves (its request hook's end on an open connection, server_connected, or
+tls_established_server) passes the site's departure gate, where its token is spent;
+responseheaders says what the site answered; errors and clients gone are passed on. robots.txt
 fetches (RobotsGate(before_fetch=...)) are admitted by the same sequence.
 """
 
 from __future__ import annotations
 
 import math
+
 from addons.answers import answer_locally, fail_closed
 from addons.fields import fields_named
 from addons.notes import FlowNotes, notes_of, skip
@@ -90,23 +90,17 @@ class Pacing:
             notes.facts[TICKET] = adm.ticket
             if adm.lease is not None:
                 notes.facts[LEASE] = adm.lease
-            if (self.service.departing.started(client.id, (flow.request.host, flow.request.port), notes.site,
-                                               adm.ticket, via_proxy=bool(self.rt.config.upstream.proxy))
-                    and not self.service.leave_now(notes.site)):
-                await self.service.depart(notes.site)  # on a connection already open: it leaves now
+            if self.service.departing.started(client.id, (flow.request.host, flow.request.port), notes.site,
+                                              adm.ticket, via_proxy=bool(self.rt.config.upstream.proxy)):
+                await self.service.leave([(notes.site, adm.ticket)])  # on a connection already open
 
     async def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
         # Its request leaves now, or over TLS once the handshake is done (tls_established_server).
-        await self._depart(self.service.departing.connected(data.client.id, data.server.address,
-                                                            ready=not data.server.tls))
+        await self.service.leave(self.service.departing.connected(data.client.id, data.server.address,
+                                                                  ready=not data.server.tls))
 
     async def tls_established_server(self, data: tls.TlsData) -> None:
-        await self._depart(self.service.departing.ready(data.context.client.id, data.conn.address))
-
-    async def _depart(self, leaving: list[tuple[str, int]]) -> None:
-        for site, _ in leaving:  # the request is written right after this hook
-            if not self.service.leave_now(site):
-                await self.service.depart(site)
+        await self.service.leave(self.service.departing.ready(data.context.client.id, data.conn.address))
 
     def server_disconnected(self, data: server_hooks.ServerConnectionHookData) -> None:
         self.service.departing.disconnected(data.client.id, data.server.address)
@@ -160,8 +154,7 @@ class Pacing:
         if adm.action != "go" or adm.ticket is None:
             raise SideFetchError(f"not sent: {_reason(adm) if adm.action != 'go' else adm.would_reason}")
         # The token is spent as it leaves; the slot is given back at once (no response hook).
-        if not self.service.leave_now(site.lower()):
-            await self.service.depart(site.lower())
+        await self.service.leave([(site.lower(), adm.ticket)])
         self.service.give_back(site.lower(), adm.ticket, adm.lease)
 
     def save_all(self) -> None:

@@ -12,7 +12,10 @@ answers who leaves now; the caller passes each through the site's departure gate
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+import asyncio
+from collections.abc import Awaitable, Callable, Hashable
+
+from etiquette_proxy.pacing.budget import SiteBudget
 
 Address = Hashable
 Leaving = tuple[str, int]  # (site, ticket)
@@ -80,3 +83,54 @@ class Departing:
 
     def __len__(self) -> int:
         return sum(len(w) for w in self._waiting.values())
+
+
+class DepartureGates:
+    """Each site's departure gate: started requests leave in arrival order, each once leaving
+    keeps the site's rate and burst (`SiteBudget.departure_wait`), and spend their token then."""
+
+    def __init__(self, budget: Callable[[str], SiteBudget],
+                 sleep: Callable[[float, None], Awaitable[str]]):
+        self._budget = budget  # the site's budget now
+        self._sleep = sleep  # waits; "" when done, else why not to wait on (the proxy stops)
+        # site -> its gate (FIFO) and [how many requests are at it]: only while anyone is
+        self._gates: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+
+    async def leave(self, leaving: list[tuple[str, int]]) -> None:
+        """These started requests (site, ticket) leave now, each through its site's gate."""
+        for site, _ in leaving:
+            if not self.leave_now(site):
+                await self.depart(site)
+
+    def leave_now(self, site: str) -> bool:
+        """A started request leaves for `site` now if nobody is at its departure gate and the
+        departures keep the rate (its token is spent now: True); else `await depart(site)`."""
+        if site in self._gates:
+            return False
+        budget = self._budget(site)
+        if budget.departure_wait() > 0:
+            return False
+        budget.departed()
+        return True
+
+    async def depart(self, site: str) -> None:
+        """The site's departure gate: in arrival order, wait until leaving now keeps the site's
+        rate and burst (SPEC §5: a token is spent when the request leaves), then spend it.
+        While the proxy stops nobody waits here (held requests are being answered)."""
+        gate = self._gates.get(site)
+        if gate is None:
+            gate = self._gates[site] = (asyncio.Lock(), [0])
+        lock, count = gate
+        count[0] += 1
+        try:
+            async with lock:
+                for _ in range(100):  # bounded: each round waits what is left
+                    wait = self._budget(site).departure_wait()
+                    if wait <= 0 or await self._sleep(wait, None):
+                        break
+                self._budget(site).departed()
+        finally:
+            count[0] -= 1
+            if not count[0] and self._gates.get(site) is gate:
+                del self._gates[site]
+

@@ -15,10 +15,10 @@ flow into `admit(...)` and the `Admission` back into a forwarded request or a lo
   admits flows and robots.txt fetches (SPEC §4: robots.txt counts against the budget).
 - A parked request is released early when its client goes away (`client_gone`: dropped, never
   sent) or the proxy stops (`stopping`: answered locally, "proxy stopping").
-- `leave_now(site)` / `depart(site)`: a started request is about to leave for the site
-  (departing.py says when); it passes the site's departure gate, in arrival order, and its
-  token is spent then (SPEC §5), so gaps at the site never shrink below the interval when the
-  proxy is slow between deciding and sending.
+- `leave([(site, ticket)])`: started requests about to leave for the site (departing.py says
+  when) pass the site's departure gate, in arrival order, and their tokens are spent then
+  (SPEC §5), so gaps at the site never shrink below the interval when the proxy is slow
+  between deciding and sending.
 - `answered(...)`: what the site said, through the 429 contract (`SiteBudget.on_response`);
   state goes to the store on every throttle, at most every few seconds otherwise.
 
@@ -40,7 +40,7 @@ from typing import Any, Literal, Protocol
 
 from etiquette_proxy.clock import Clock, wall
 from etiquette_proxy.pacing.budget import SiteBudget, Turn
-from etiquette_proxy.pacing.departing import Departing
+from etiquette_proxy.pacing.departing import DepartureGates, Departing
 from etiquette_proxy.pacing.per_site import budget_registry
 from etiquette_proxy.pacing.restraints import Restraints, restraint_note
 from etiquette_proxy.pacing.shared_admission import OPERATOR, STOPPING, SharedAdmission
@@ -132,8 +132,9 @@ class PacingService:
         self.shared = SharedAdmission(lambda: self.around.shared, around.stopping, self.pump, monotonic, sleep)
         # Started requests not yet on their way to the site (departing.py): told by the caller.
         self.departing = Departing()
-        self._gates: dict[str, list[int]] = {}  # site -> [requests at its departure gate]
-        self._gate_locks: dict[str, asyncio.Lock] = {}
+        # Each site's departure gate: its token is spent as the request leaves (SPEC §5).
+        self.gates = DepartureGates(self.budget, self.shared.sleep)
+        self.leave = self.gates.leave
 
     # -- budgets -------------------------------------------------------------------------------
 
@@ -244,39 +245,6 @@ class PacingService:
                              retry_after_s=max(1, math.ceil(turn.wait_s - waited_s)))
         return Admission("gone", waited_s=waited_s,
                          reason=f"client went away after {waited_s:.1f}s held; not sent to the site")
-
-    def leave_now(self, site: str) -> bool:
-        """A started request leaves for `site` now if nobody is at its departure gate and the
-        departures keep the rate (its token is spent now: True); else `await depart(site)`."""
-        if site in self._gate_locks:
-            return False
-        budget = self.budget(site)
-        if budget.departure_wait() > 0:
-            return False
-        budget.departed()
-        return True
-
-    async def depart(self, site: str) -> None:
-        """The site's departure gate: in arrival order, wait until leaving now keeps the site's
-        rate and burst (SPEC §5: a token is spent when the request leaves), then spend it.
-        While the proxy stops nobody waits here (held requests are being answered)."""
-        lock = self._gate_locks.get(site)
-        if lock is None:
-            lock = self._gate_locks[site] = asyncio.Lock()
-            self._gates[site] = [0]
-        count = self._gates[site]
-        count[0] += 1
-        try:
-            async with lock:
-                for _ in range(100):  # bounded: each round waits what is left
-                    wait = self.budget(site).departure_wait()
-                    if wait <= 0 or await self.shared.sleep(wait, None):
-                        break
-                self.budget(site).departed()
-        finally:
-            count[0] -= 1
-            if not count[0] and self._gate_locks.get(site) is lock:
-                del self._gate_locks[site], self._gates[site]
 
     def give_back(self, site: str, ticket: int | None, lease: str | None = None) -> None:
         """The request is over (or never left): its shared lease and its slot pass on."""

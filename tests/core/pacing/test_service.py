@@ -117,11 +117,11 @@ def test_the_token_is_spent_when_the_request_leaves_not_when_it_is_decided():
         await svc.admit(SITE)
         second = start(svc)
         await loop.advance(0.7)  # the first is slow to leave (a busy proxy, a slow connect)
-        assert svc.leave_now(SITE)
+        assert svc.gates.leave_now(SITE)
         await loop.advance(0.3)
         assert second.done() and second.result().action == "go"  # decided at the bucket's pace
-        assert not svc.leave_now(SITE)  # ... but leaves no sooner than an interval after the first
-        leaving = asyncio.get_running_loop().create_task(svc.depart(SITE))
+        assert not svc.gates.leave_now(SITE)  # ... but leaves no sooner than an interval after the first
+        leaving = asyncio.get_running_loop().create_task(svc.gates.depart(SITE))
         await loop.advance(0.699)
         assert not leaving.done()
         await loop.advance(0.002)  # (a fake clock at 1.8e9 s counts in steps of 2e-7 s)
@@ -132,17 +132,17 @@ def test_the_token_is_spent_when_the_request_leaves_not_when_it_is_decided():
 def test_requests_at_the_departure_gate_leave_in_arrival_order_an_interval_apart():
     async def test() -> None:
         svc, loop = service("pacing.burst=2")
-        assert svc.leave_now(SITE) and svc.leave_now(SITE)  # a burst leaves at once
+        assert svc.gates.leave_now(SITE) and svc.gates.leave_now(SITE)  # a burst leaves at once
         left: list[int] = []
 
         async def leave(i: int) -> None:
-            await svc.depart(SITE)
+            await svc.gates.depart(SITE)
             left.append(i)
 
         for i in range(3):
             asyncio.get_running_loop().create_task(leave(i))
         await settle()
-        assert left == [] and not svc.leave_now(SITE)  # nobody passes the ones waiting
+        assert left == [] and not svc.gates.leave_now(SITE)  # nobody passes the ones waiting
         await loop.advance(1.0)
         assert left == [0]
         await loop.advance(1.0)
