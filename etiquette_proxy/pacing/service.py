@@ -134,7 +134,6 @@ class PacingService:
         self.departing = Departing()
         # Each site's departure gate: its token is spent as the request leaves (SPEC §5).
         self.gates = DepartureGates(self.budget, self.shared.sleep)
-        self.leave = self.gates.leave
 
     # -- budgets -------------------------------------------------------------------------------
 
@@ -245,6 +244,12 @@ class PacingService:
                              retry_after_s=max(1, math.ceil(turn.wait_s - waited_s)))
         return Admission("gone", waited_s=waited_s,
                          reason=f"client went away after {waited_s:.1f}s held; not sent to the site")
+
+    async def leave(self, leaving: list[tuple[str, int]]) -> None:
+        """Started requests (site, ticket) leave now, through their sites' departure gates
+        (observe mode: at once, as they started)."""
+        if not self.around.observe:
+            await self.gates.leave(leaving)
 
     def give_back(self, site: str, ticket: int | None, lease: str | None = None) -> None:
         """The request is over (or never left): its shared lease and its slot pass on."""

@@ -249,3 +249,14 @@ def test_an_operator_pause_through_another_instance_refuses_and_frees_the_local_
         assert adm.action == "operator" and adm.operator_s == pytest.approx(120.0)
         assert svc.budget(SITE).in_flight() == 0
     run(test)
+
+
+def test_observe_mode_starts_and_lets_every_request_leave_at_once_saying_what_it_would_do():
+    async def test() -> None:
+        svc, _ = service()
+        svc.around.observe = True
+        first, second = await svc.admit(SITE), await svc.admit(SITE)
+        assert first.action == second.action == "go" and second.would_wait_s == 1.0
+        await svc.leave([(SITE, first.ticket), (SITE, second.ticket)])  # type: ignore[list-item]
+        await asyncio.wait_for(svc.leave([(SITE, second.ticket)]), 1.0)  # type: ignore[list-item]  # no gate
+    run(test)
