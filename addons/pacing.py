@@ -91,7 +91,7 @@ class Pacing:
             if adm.lease is not None:
                 notes.facts[LEASE] = adm.lease
             if self.service.departing.started(client.id, (flow.request.host, flow.request.port), notes.site,
-                                              adm.ticket, via_proxy=bool(self.rt.config.upstream.proxy)):
+                                              adm.ticket, via_proxy=self.service.via_proxy()):
                 await self.service.leave([(notes.site, adm.ticket)])  # on a connection already open
 
     async def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
@@ -119,7 +119,8 @@ class Pacing:
             return
         del notes.facts[TICKET]
         self.service.departing.over(flow.client_conn.id, notes.site, ticket)
-        self.service.give_back(notes.site, None, notes.facts.pop(LEASE, None))
+        if (lease := notes.facts.pop(LEASE, None)) is not None:
+            self.service.give_back(notes.site, None, lease)
         # One pass over the raw fields: last value wins, except that a repeated Retry-After /
         # RateLimit / RateLimit-Policy gives every value, comma-joined, so the parsers see all.
         headers = fields_named(flow.response.headers.fields, _READ, joined=_JOINED)
@@ -130,7 +131,8 @@ class Pacing:
         outcome, extra = decision_fields(notes.site, answered.decision)
         if outcome is not None:
             notes.outcome, notes.reason = outcome, answered.decision.reason
-        notes.extra.update(extra)
+        if extra:
+            notes.extra.update(extra)
         if answered.publish is not None:
             notes.facts[PUBLISH] = answered.publish
 

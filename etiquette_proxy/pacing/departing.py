@@ -72,6 +72,10 @@ class Departing:
         waiting = self._waiting.get(client)
         if not waiting:
             return
+        if len(waiting) == 1:  # a client's one request at a time (HTTP/1): nearly always
+            if waiting[0][1] == site and waiting[0][2] == ticket:
+                del self._waiting[client]
+            return
         waiting[:] = [w for w in waiting if (w[1], w[2]) != (site, ticket)]
         if not waiting:
             del self._waiting[client]

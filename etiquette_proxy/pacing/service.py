@@ -34,9 +34,8 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from etiquette_proxy.clock import Clock, wall
 from etiquette_proxy.pacing.budget import SiteBudget, Turn
@@ -56,6 +55,7 @@ PAUSED_RETRY_S = 60  # Retry-After for a feature's pause (a restraint has no end
 GONE = "gone"          # its client went away: dropped, never sent
 _STOP = "stopping"     # the proxy stops: answered locally 503 `paused`
 _NOBODY: Mapping[int, asyncio.Future[Turn | str]] = MappingProxyType({})  # a site with nobody parked
+_NOTHING: Mapping[str, object] = MappingProxyType({})
 
 
 class Surroundings(Protocol):
@@ -75,9 +75,9 @@ class Timer(Protocol):
     def cancel(self) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
-class Admission:
-    """The service's answer for one request.
+class Admission(NamedTuple):
+    """The service's answer for one request (a named tuple: one is made for every request,
+    and a frozen dataclass sets each field through object.__setattr__).
 
     `go`: forward it (`ticket`, and `lease` with Redis, to give back when it ends);
     `refuse`: answer 503 `paused` with `reason` and `retry_after_s`; `gone`: its client went
@@ -97,8 +97,7 @@ class Admission:
     would_wait_s: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Answered:
+class Answered(NamedTuple):
     """What a site's answer taught (None when it could not be read), and the 429 contract to
     share with every instance before the response goes on (SPEC §10; None: nothing to share)."""
 
@@ -120,6 +119,8 @@ class PacingService:
         self._monotonic = monotonic    # how long a request was held
         self._call_later = call_later  # None: the running loop's
         self._config: Any = None
+        self._proxy_of: Any = None  # the config `via_proxy` last read, and its answer
+        self._proxy = False
         # Every site's budget: bounded by state.max_sites_in_memory, a site at rest leaves
         # memory (its 429 contract saved) and is rebuilt from config + state on its next request.
         self.budgets: SiteRegistry[SiteBudget] = budget_registry(
@@ -155,6 +156,13 @@ class PacingService:
         self._timers.clear()
         self._config = self.around.config
         self.budgets.reset(self._config)  # saves every budget; each is rebuilt on its next use
+
+    def via_proxy(self) -> bool:
+        """Whether requests go out through an upstream proxy (`upstream.proxy`), per config."""
+        config = self.around.config
+        if self._proxy_of is not config:
+            self._proxy_of, self._proxy = config, bool(config.get("upstream.proxy"))
+        return self._proxy
 
     def rate_of(self, site: str) -> float | None:
         """The site's effective rate (audit `rate`), or None before its first request."""
@@ -435,10 +443,12 @@ def _settle(future: asyncio.Future[Turn | str], outcome: Turn | str) -> None:
         future.set_result(outcome)
 
 
-def decision_fields(site: str, decision: ThrottleDecision) -> tuple[str | None, dict[str, object]]:
+def decision_fields(site: str, decision: ThrottleDecision) -> tuple[str | None, Mapping[str, object]]:
     """What a site's answer taught, for its audit line: the outcome (`throttled`: the site's
     own 429/503 passes through to the client; None: unchanged) and the extra fields, with the
     pause and breaker ends a restart rebuilds from (SPEC §12). Logs what the site asked."""
+    if not (decision.throttled or decision.reason or decision.notes):
+        return None, _NOTHING  # most answers teach nothing
     for note in decision.notes:
         log.warning("%s: %s", site, note)
     extra: dict[str, object] = {}
