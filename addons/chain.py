@@ -40,7 +40,7 @@ SYNC_HOOKS = ("load", "configure")
 # Hooks in which a member decides whether a request leaves: an exception there fails closed.
 GATE_HOOKS = frozenset({"http_connect", "requestheaders", "request"})
 ASYNC_HOOKS = ("running", "done", "client_connected", "client_disconnected", "server_connected",
-               "server_disconnected", "http_connect", "requestheaders", "request", "responseheaders",
+               "server_disconnected", "tls_established_server", "http_connect", "requestheaders", "request", "responseheaders",
                "response", "error")
 
 
@@ -111,6 +111,9 @@ class Chain:
 
     async def server_disconnected(self, data: Any) -> None:
         await self._run("server_disconnected", data)
+
+    async def tls_established_server(self, data: Any) -> None:
+        await self._run("tls_established_server", data)
 
     async def http_connect(self, flow: Any) -> None:
         await self._run("http_connect", flow)

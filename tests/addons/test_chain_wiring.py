@@ -56,7 +56,7 @@ def test_every_audit_line_carries_pacings_rate_and_reaches_the_board(tmp_path):
     assert all(by[kind].rates is rates for kind in (RobotsGate, HealthWatch, OperatorControls, AuditWriter, Dashboard))
     by[Pacing].budget(SITE)  # the site is known: its rate is pacing's
     by[HealthWatch].restraints.restrain(SITE, Restraint("trap", rate_factor=0.25))
-    by[Pacing]._restrain(SITE, by[Pacing].budget(SITE))
+    by[Pacing].service.restrain(SITE, by[Pacing].budget(SITE))
     rt.record({"site": SITE, "outcome": "fetched", "rate": rates.of(SITE)})
     snapshot = by[Dashboard].snapshot()
     assert rates.of(SITE) == 2.0 and snapshot["sites"][0]["site"] == SITE

@@ -35,7 +35,7 @@ def page_arrivals(site: Site) -> list[Arrival]:
 def logged_for(proxy: Proxy, site: Site) -> list[str]:
     """The pacing addon's log lines about `site` (what it clamped or ignored)."""
     return [line for line in proxy.stderr().splitlines()
-            if "addons.pacing" in line and f"127.0.0.1:{site.port}:" in line]
+            if "etiquette_proxy.pacing.service" in line and f"127.0.0.1:{site.port}:" in line]
 
 
 def gaps(arrivals: list[Arrival]) -> list[float]:

@@ -1,0 +1,175 @@
+"""A site's budget learning from its answers: the 429 contract and the rate-limit fields (SPEC §5).
+
+The fourth layer of a site's budget (budget.py), over its bucket, slots and line:
+`on_response` applies a 429 (or 503 with Retry-After): a pause, a lowered rate under a ceiling
+(learner.py: the rate the site actually served), a breaker after repeated ones; the RateLimit
+fields slow the bucket down before a 429; successes step the rate back up. Persistence is the
+contract's (`to_state` / `from_state`): what must survive a restart and be shared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from etiquette_proxy.headers import LowerFields
+from etiquette_proxy.pacing.bucket import _EPS
+from etiquette_proxy.pacing.learner import quota_wait
+from etiquette_proxy.pacing.line import WaitingLine
+from etiquette_proxy.pacing.ratelimit_fields import RateHint, read_rate_hint_lowered
+from etiquette_proxy.pacing.retry_after import RetryAfter, parse_retry_after
+from etiquette_proxy.pacing.throttle import Measured, ThrottleDecision, is_shared
+
+# (rate, ceiling) -> the decision of an answer that taught nothing (ContractBudget._decision).
+_CALM: dict[tuple[float, float | None], ThrottleDecision] = {}
+
+
+class ContractBudget(WaitingLine):
+    """The bucket, slots and line, taught by the site's answers."""
+
+    __slots__ = ()
+
+    def on_response(self, ticket: int | None, status: int,
+                    headers: Mapping[str, str]) -> ThrottleDecision:
+        """Apply the 429 contract and the site's rate-limit fields; frees the request's slot."""
+        now = self._ctx.clock()
+        self._settle(now)
+        started = self._land(ticket) if ticket is not None else None
+        # A response to a request that left before the last 429 was answered carries no new lesson.
+        echo = started is not None and started <= self.throttle.last_throttle_at
+        fields = _lowered(headers)
+        raw_retry = _text(fields.get("retry-after"))
+        throttled = status == 429 or (status == 503 and raw_retry is not None)
+        hint = read_rate_hint_lowered(fields, now, self.settings.max_retry_after)
+        if throttled:
+            retry = parse_retry_after(raw_retry, now, self.settings.max_retry_after)
+            return self._on_throttle(now, status, retry, hint, echo, started)
+        return self._on_answer(now, status, hint, echo)
+
+    # -- persistence -----------------------------------------------------------------------
+
+    def taught_nothing(self) -> bool:
+        """True while the site has taught nothing: its 429 contract is the shared calm one, so
+        nothing of it is stored or to store (the budget's state is its contract)."""
+        return is_shared(self.throttle)
+
+    def remembers_anything(self) -> bool:
+        """True when there is state worth persisting (a pause, ceiling, lowered rate …)."""
+        return self.throttle.remembers_anything(self._ctx.clock())
+
+    def _full_at_rest(self, now: float) -> bool:
+        self._settle(now)
+        if self._tokens_now(now) < self._burst_f() - _EPS:
+            return False
+        rate = self._effective_rate(now)
+        return all(sent_rate >= rate for _, sent_rate in self._recent_sends(now))
+
+    def to_state(self) -> dict[str, Any]:
+        """JSON-able state: the 429 contract (`ThrottleState.to_state`)."""
+        return self.throttle.to_state()
+
+    def from_state(self, state: Any) -> None:
+        """Restore `to_state()` output; raise ValueError (budget unchanged) if it is not ours."""
+        now = self._ctx.clock()
+        self._own_throttle().from_state(state, now)
+        self._set_bucket(min(self._tokens, self._burst_f()), now)
+        self._slowed()
+
+    # -- the 429 contract ------------------------------------------------------------------
+
+    def _on_throttle(self, now: float, status: int, retry: RetryAfter, hint: RateHint | None,
+                     echo: bool, started: float | None = None) -> ThrottleDecision:
+        throttle = self._own_throttle()
+        pause, reason, notes = throttle.asked_pause(retry, hint)
+        if echo:
+            # Sent before the 429 that already halved the rate: honour its pause, count nothing.
+            self._pause(now, pause, reason)
+            reason = f"{reason or 'throttled'} (sent before the last 429; not counted again)"
+            return self._decision(True, now, pause, retry, reason, notes)
+        # The rate that drew the 429: the slowest we sent at lately (see count_throttle).
+        slowest = min([self._effective_rate(now)] + [r for _, r in self._recent_sends(now)])
+        pause, reason, breaker = throttle.count_throttle(
+            now, status, pause, reason, lambda: slowest, self._measured(started, slowest))
+        self._forget_sends()
+        self._set_bucket(0.0, now)  # the next request waits a full interval at least
+        self._pause(now, pause, reason)
+        return self._decision(True, now, pause, retry, reason, notes, breaker=breaker)
+
+    def _measured(self, started: float | None, rate: float) -> Measured | None:
+        """What the site was sent just before the throttled request (started at `started`) left:
+        the departures in the learner's window before it, and how many were at the site then."""
+        departs = self._departs
+        if started is None or departs is None:
+            return None
+        served, window = departs.served(started, rate)
+        return Measured(served, window, departs.at_site_when(started))
+
+    def _on_answer_hinted(self, now: float, status: int, hint: RateHint | None,
+                          echo: bool) -> ThrottleDecision:
+        """`_on_answer`'s full path (tests/core/pacing/test_budget_fast.py takes it for every
+        answer and compares)."""
+        reasons: list[str] = []
+        pause = 0.0
+        if hint is not None and hint.asks_anything:
+            if hint.pause_s:
+                pause = hint.pause_s
+                self._set_bucket(0.0, now)  # the quota is spent
+                self._pause(now, pause, hint.reason)
+            if hint.max_rate is not None:
+                self._bank(now)
+                self._own_throttle().hint(now, hint.max_rate, hint.hold_s)
+                self._slowed()
+            reasons.append(hint.reason)
+            if (spent := quota_wait(self._departs, hint.policy, now)) > 0:
+                pause = max(pause, spent)
+                self._pause(now, spent, f"{hint.reason}: the last {hint.policy[0]:g} requests"  # type: ignore[index]
+                                        " are still in its window")
+        self._recover(now, status, echo)
+        return self._decision(False, now, pause, None, "; ".join(reasons),
+                              hint.notes if hint else ())
+
+    def _recover(self, now: float, status: int, echo: bool) -> None:
+        """SPEC §5: a success to a request sent after the last 429 steps the rate back up."""
+        if 200 <= status < 400 and not echo:
+            cap = self.throttle.recovery_cap()
+            if self.throttle.rate < cap:
+                self._bank(now)
+                self._own_throttle().recover(cap)
+
+    def _pause(self, now: float, pause: float, reason: str) -> None:
+        self._own_throttle().pause(now, pause, reason)
+        self._slowed()
+
+    def _decision(self, throttled: bool, now: float, pause: float, retry: RetryAfter | None,
+                  reason: str, notes: tuple[str, ...], breaker: bool = False) -> ThrottleDecision:
+        rate = self._effective_rate(now)
+        if not (throttled or pause or retry is not None or reason or notes or breaker):
+            # Most answers teach nothing: one shared, immutable decision per (rate, ceiling).
+            key = (rate, self.throttle.ceiling)
+            calm = _CALM.get(key)
+            if calm is None:
+                if len(_CALM) >= 256:
+                    _CALM.clear()
+                calm = _CALM[key] = ThrottleDecision(throttled=False, rate=rate, ceiling=key[1])
+            return calm
+        throttle = self.throttle
+        return ThrottleDecision(
+            throttled=throttled, rate=rate, ceiling=throttle.ceiling,
+            pause_s=round(pause, 3), retry_after=retry.raw if retry else None,
+            breaker_open=breaker, reason=reason, notes=notes, lesson=throttle.lesson if throttled else "",
+            paused_until=throttle.paused_until if throttle.paused_until > now else None,
+            breaker_until=throttle.breaker_until if throttle.breaker_until > now else None,
+        )
+
+
+def _lowered(headers: Mapping[str, str]) -> Mapping[str, str]:
+    if type(headers) is LowerFields:
+        return headers  # keyed in lower case already
+    if isinstance(headers, dict):
+        return {str(k).lower(): v for k, v in headers.items()}
+    return headers
+
+
+def _text(value: str | bytes | None) -> str | None:
+    return value.decode("latin-1") if isinstance(value, bytes) else value
+
