@@ -13,28 +13,21 @@ import time
 from collections.abc import Awaitable, Callable
 from urllib.parse import urljoin, urlsplit
 
+from mitmproxy import http
+
 from addons.answers import answer_locally, fail_closed
 from addons.fields import field_value, has_field
 from addons.notes import notes_of, request_url, skip
 from addons.runtime import Runtime
 from addons.side_fetch import SideFetchError, fetch
-from mitmproxy import http
-
 from etiquette_proxy.audit.log import audit_record
 from etiquette_proxy.clock import wall
 from etiquette_proxy.pacing.rates import Rates
 from etiquette_proxy.pacing.restraints import Restraints, crawl_delay_restraint
-from etiquette_proxy.robots.policy import (
-    NAMESPACE,
-    FetchResult,
-    RobotsEntry,
-    RobotsPolicy,
-    RobotsSettings,
-    StoredTextLost,
-    entry_registry,
-    product_token,
-)
+from etiquette_proxy.robots.entry import RobotsEntry, StoredTextLost
+from etiquette_proxy.robots.policy import NAMESPACE, FetchResult, RobotsPolicy, RobotsSettings, entry_registry
 from etiquette_proxy.robots.purposes import declared
+from etiquette_proxy.robots.reading import product_token
 from etiquette_proxy.robots.tdmrep import PATH as TDMREP_PATH
 from etiquette_proxy.robots.tdmrep import PURPOSE as TDM_PURPOSE
 from etiquette_proxy.robots.tdmrep import TdmFile, TdmReservations, parse_file
