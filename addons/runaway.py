@@ -17,13 +17,14 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from mitmproxy import http
+
 from addons.answers import answer_locally, fail_closed
 from addons.notes import notes_of, skip
 from addons.runtime import Runtime
-from mitmproxy import http
-
 from etiquette_proxy.pacing.restraints import Restraints
-from etiquette_proxy.runaway.guard import RunawayGuard, Trap, guard_registry
+from etiquette_proxy.runaway.guard import RunawayGuard, guard_registry
+from etiquette_proxy.runaway.traps import Trap
 from etiquette_proxy.sites import SiteRegistry
 from etiquette_proxy.state.redis_store import SharedStateUnavailable
 from etiquette_proxy.target import resolve_target
