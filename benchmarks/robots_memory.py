@@ -9,7 +9,7 @@ entry registry bounded at 200,000, each robots.txt fetched, kept, saved and aske
 per crawler).
 
 Per shape: RSS grown per origin and in all (origins named as the proxy names them), how many origins
-stay compiled and what the rules cache counts for each (`estimated`: RobotsPolicy._size), so how
+stay compiled and what the rules cache counts for each (`estimated`: RulesCache._size), so how
 many of them its budget (PARSED_BUDGET) holds; with --traced, the bytes tracemalloc sees freed
 when the cache lets go of every compiled origin (`held`: what they really hold, the tables that
 share patterns apart), and estimated / held. `--before DIR` runs the same against another

@@ -192,7 +192,7 @@ def test_the_count_stays_exact_when_the_pattern_table_forgets_in_the_middle_of_a
 @pytest.mark.parametrize("seed", range(0, 24, 3))
 def test_what_the_cache_counts_changes_which_origins_stay_compiled_and_nothing_decided(
         seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With the bytes each origin's place really holds counted (RobotsPolicy._size) under budgets
+    """With the bytes each origin's place really holds counted (RulesCache._size) under budgets
     too small for every origin, other origins stay compiled than in the reference: the verdicts,
     delays, signals, entries, stored rows and robots.txt answers are the same (the dashboard's
     list of resting origins and a `sites forget` of one not in the first tier are what differ)."""
