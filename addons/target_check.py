@@ -20,18 +20,18 @@ endpoint (http://etiquette.proxy/, answered before this check) still reads its t
 from __future__ import annotations
 
 import asyncio
-import socket
+
+from mitmproxy import connection, http
 
 from addons import mitm_patches
 from addons.answers import answer_locally
 from addons.notes import notes_of, skip
 from addons.runtime import Runtime
-from mitmproxy import connection, http
-
 from etiquette_proxy.request_head import (
     OwnAddress,
     head_problem,
     head_size,
+    machine_names,
     own_fields,
     protocol_problem,
     without_own_fields,
@@ -58,7 +58,7 @@ class TargetCheck:
         self.own = OwnAddress(host, port)
         if self.own.wildcard:
             # Resolving the host name may wait on DNS: never on the event loop.
-            task = asyncio.get_running_loop().run_in_executor(None, _machine_names)
+            task = asyncio.get_running_loop().run_in_executor(None, machine_names)
             task.add_done_callback(lambda done: self._named(host, port, done))
 
     def _named(self, host: str, port: int, done: asyncio.Future[frozenset[str]]) -> None:
@@ -134,15 +134,3 @@ class TargetCheck:
                                       named_by="the CONNECT target")
         return authority_mismatch(request.scheme, request.host, request.port, request.host_header)
 
-
-def _machine_names() -> frozenset[str]:
-    """This machine's host names and the addresses they resolve to (a wildcard bind answers on
-    all of them); read once when the proxy starts listening, in a thread."""
-    names = {socket.gethostname(), socket.getfqdn()}
-    for name in list(names):
-        try:
-            found = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
-        except OSError:
-            continue
-        names.update(str(entry[4][0]) for entry in found)
-    return frozenset(canonical_host(name) for name in names if name)

@@ -125,7 +125,6 @@ def snapshot_child(n: int, bound: int, skip: set[str]) -> dict[str, Any]:
     from addons.robots_gate import RobotsGate
     from addons.runaway import RunawayWatch
     from addons.runtime import Runtime
-
     from etiquette_proxy.config import load_config
     from etiquette_proxy.robots.policy import FetchResult, RobotsSettings
     from etiquette_proxy.visibility.metrics import CONTENT_TYPE_LATEST, render_metrics
@@ -150,7 +149,7 @@ def snapshot_child(n: int, bound: int, skip: set[str]) -> dict[str, Any]:
             budget = pacing.budget(site)
             turn = budget.reserve()
             budget.on_response(turn.ticket, 200, {"content-type": "text/html"})
-            guard = runaway.guard(site)
+            guard = runaway.service.guard(site)
             guard.observe_request(f"/page/{k}")
             guard.observe_answer(200)
             health.book.site(site).observe_response(200, {"content-type": "text/html"}, page, len(page), 0.05,

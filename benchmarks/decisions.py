@@ -60,8 +60,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -71,7 +71,12 @@ from _harness import check, header, percentile  # noqa: E402
 from etiquette_proxy.audit.log import AuditLog, audit_record  # noqa: E402
 from etiquette_proxy.config import load_config  # noqa: E402
 from etiquette_proxy.headers import LowerFields  # noqa: E402
-from etiquette_proxy.robots.policy import FetchResult, RobotsPolicy, RobotsSettings, product_token  # noqa: E402
+from etiquette_proxy.robots.policy import FetchResult, RobotsPolicy, RobotsSettings  # noqa: E402
+
+try:  # robots/reading.py; a checkout from before the robots split has it in policy.py
+    from etiquette_proxy.robots.reading import product_token
+except ImportError:
+    from etiquette_proxy.robots.policy import product_token  # type: ignore[attr-defined,no-redef]
 
 ROBOTS_TXT = b"""User-agent: *
 Disallow: /private/

@@ -9,7 +9,7 @@ entry registry bounded at 200,000, each robots.txt fetched, kept, saved and aske
 per crawler).
 
 Per shape: RSS grown per origin and in all (origins named as the proxy names them), how many origins
-stay compiled and what the rules cache counts for each (`estimated`: RobotsPolicy._size), so how
+stay compiled and what the rules cache counts for each (`estimated`: RulesCache._size), so how
 many of them its budget (PARSED_BUDGET) holds; with --traced, the bytes tracemalloc sees freed
 when the cache lets go of every compiled origin (`held`: what they really hold, the tables that
 share patterns apart), and estimated / held. `--before DIR` runs the same against another
@@ -162,7 +162,8 @@ def request_path_us(policy: Any, entries: Any, config: Any, settings: Any, crawl
     times = []
     for origin in origins:
         if evicted:
-            policy._drop(policy._parsed[origin])  # noqa: SLF001 - outside the time taken
+            cache = getattr(policy, "rules", policy)  # (the rules cache: its own object since robots/cache.py)
+            cache._drop(cache._parsed[origin])  # noqa: SLF001 - outside the time taken
         t0 = time.perf_counter()
         entry = entries.find(config, origin)
         policy.is_fresh(entry)
@@ -175,6 +176,8 @@ def request_path_us(policy: Any, entries: Any, config: Any, settings: Any, crawl
 def child(shape: str, n: int, traced: bool, timed: bool) -> dict[str, object]:
     """One shape, in its own process."""
     same_checkout(OTHER_CHECKOUT)
+    import importlib.util
+
     import etiquette_proxy.robots.policy as robots
     from etiquette_proxy.config import load_config
     from etiquette_proxy.robots.policy import FetchResult, RobotsPolicy, RobotsSettings, entry_registry
@@ -208,18 +211,25 @@ def child(shape: str, n: int, traced: bool, timed: bool) -> dict[str, object]:
     build_s = time.perf_counter() - t0
     gc.collect()
     grown = rss_mb() - base
-    compiled = len(policy._parsed)  # noqa: SLF001
-    estimated = policy._parsed_bytes / max(1, compiled)  # noqa: SLF001
+    # The rules cache and the modules holding its budget and shared tables: robots/cache.py,
+    # memory.py and entry.py, or (a checkout before the split) the policy and policy.py.
+    cache = getattr(policy, "rules", policy)
+    split = importlib.util.find_spec("etiquette_proxy.robots.cache") is not None
+    modules = ([importlib.import_module(f"etiquette_proxy.robots.{m}") for m in ("cache", "memory", "entry")]
+               if split else [robots])
+    budget = modules[0].PARSED_BUDGET
+    compiled = len(cache._parsed)  # noqa: SLF001
+    estimated = cache._parsed_bytes / max(1, compiled)  # noqa: SLF001
     out: dict[str, object] = {
         "shape": shape, "origins": n, "text_bytes": len(template.format(n // 2).encode()),
         "rss_per_origin": round(grown * 2**20 / n), "rss_grown_mb": round(grown, 1),
         "compiled": compiled, "first_tier": len(entries),
-        "estimated_per_origin": round(estimated), "budget_mb": robots.PARSED_BUDGET // 2**20,
-        "fit_in_budget": int(robots.PARSED_BUDGET // max(1.0, estimated)), "build_s": round(build_s, 1),
+        "estimated_per_origin": round(estimated), "budget_mb": budget // 2**20,
+        "fit_in_budget": int(budget // max(1.0, estimated)), "build_s": round(build_s, 1),
     }
     if timed:
         # origins compiled and resting (the most recently used: whatever the budget kept), then others
-        kept = [origin for origin in list(policy._parsed)[-400:] if origin not in entries]  # noqa: SLF001
+        kept = [origin for origin in list(cache._parsed)[-400:] if origin not in entries]  # noqa: SLF001
         count = 5 if make is huge else 200
         out["path_compiled_us"] = request_path_us(policy, entries, config, settings, crawlers[0], kept[-count:], False)
         out["path_reparsed_us"] = request_path_us(policy, entries, config, settings, crawlers[0],
@@ -229,17 +239,19 @@ def child(shape: str, n: int, traced: bool, timed: bool) -> dict[str, object]:
         # What the compiled origins hold: the bytes freed when the cache lets go of them all.
         # The tables sharing patterns, groups and what entries say keep what they keep; what
         # they hold only lately (each first holder's own object) goes too.
-        for name in ("_PATTERNS", "_GROUPS", "_SAYS"):
-            table = getattr(robots, name, None)
-            getattr(table, "_recent", table).clear()
-        own = getattr(policy, "_says_alike", None)
+        for module in modules:
+            for name in ("_PATTERNS", "_GROUPS", "_SAYS", "PATTERNS", "GROUPS", "SAYS"):
+                table = getattr(module, name, None)
+                if table is not None:
+                    table._recent.clear()  # noqa: SLF001
+        own = getattr(cache, "says_alike", getattr(cache, "_says_alike", None))
         if own is not None:
             own._recent.clear()  # noqa: SLF001
         gc.collect()
         before = tracemalloc.get_traced_memory()[0]
-        policy._parsed.clear()  # noqa: SLF001
-        policy._more.clear()  # noqa: SLF001
-        policy._recalled = None  # noqa: SLF001
+        cache._parsed.clear()  # noqa: SLF001
+        cache._more.clear()  # noqa: SLF001
+        setattr(cache, "recalled" if split else "_recalled", None)
         gc.collect()
         held = (before - tracemalloc.get_traced_memory()[0]) / max(1, compiled)
         out["held_per_origin"] = round(held)

@@ -171,7 +171,7 @@ def sites_child(n: int, decisions: int, requests: int, marked: bool = False,
     out["rss_health_mb"] = round(rss_mb() - before, 1)
     out["rss_total_mb"] = round(rss_mb(), 1)
     # robots: the registry's first tier, and the entries resting beside their compiled rules
-    resting = sum(1 for rules in policy._parsed.values() if rules.resting is not None)  # noqa: SLF001
+    resting = sum(1 for rules in getattr(policy, "rules", policy)._parsed.values() if rules.resting is not None)  # noqa: SLF001
     out["in_memory"] = (f"robots {len(entries)} + {resting} beside their rules, budgets {len(budgets)}, "
                         f"runaway {len(guards)}, health {len(book.scored_sites())}")
 
@@ -245,7 +245,7 @@ def sites_child(n: int, decisions: int, requests: int, marked: bool = False,
     rng = random.Random(n)
     # Sites in memory (their robots.txt entry and budget both): the decision of a site in use.
     index = {s: i for i, s in enumerate(names)}
-    in_memory = set(entries) | {origin for origin, rules in policy._parsed.items()  # noqa: SLF001
+    in_memory = set(entries) | {origin for origin, rules in getattr(policy, "rules", policy)._parsed.items()  # noqa: SLF001
                                 if rules.resting is not None}
     hot = [index[s] for s in budgets if f"http://{s}" in in_memory]
     out["hot_sites"] = len(hot)

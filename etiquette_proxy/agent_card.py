@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from etiquette_proxy.robots.policy import product_token
+from etiquette_proxy.robots.reading import product_token
 
 _CONTACT_SCHEMES = ("mailto:", "https:", "tel:")
 

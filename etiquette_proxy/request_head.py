@@ -20,9 +20,12 @@ stays with the proxy).
 from __future__ import annotations
 
 import ipaddress
+import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
+
+from etiquette_proxy.target import canonical_host
 
 OWN_PREFIX = b"x-etiquette-"
 FIELD_OVERHEAD = 32  # RFC 9113 §6.5.2: octets counted per field beyond its name and value
@@ -112,6 +115,19 @@ class OwnAddress:
             # loopback addresses (127.0.0.2 against a bind to 127.0.0.1) do not meet.
             return not (_is_address(host) and _is_address(bound))
         return False
+
+
+def machine_names() -> frozenset[str]:
+    """This machine's host names and the addresses they resolve to (a wildcard bind answers on
+    all of them): may wait on DNS, so read once when the proxy starts listening, in a thread."""
+    names = {socket.gethostname(), socket.getfqdn()}
+    for name in list(names):
+        try:
+            found = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+        except OSError:
+            continue
+        names.update(str(entry[4][0]) for entry in found)
+    return frozenset(canonical_host(name) for name in names if name)
 
 
 def _address_form(host: str) -> str:

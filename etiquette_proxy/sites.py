@@ -19,7 +19,7 @@ With `persisted` (a `Persisted`: namespace, load, dump, at_rest) the values are 
 - With `rest`/`recall` (a second tier in memory, for values built without the config), an
   evicted value is kept compactly elsewhere and recalled before the state store is read: the
   value it left memory as, as keeping it would have given (robots.txt entries beside their
-  compiled rules, robots/policy.py). `find` answers a resting value from that tier without
+  compiled rules, robots/cache.py). `find` answers a resting value from that tier without
   moving it back (no eviction per request past the bound), and with `settle` moves a value it
   finds in the first tier to the second once it may rest there; `peek` sees the first tier
   only.

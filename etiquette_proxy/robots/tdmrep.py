@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from etiquette_proxy.robots.policy import _matches  # robots.txt matching: TDMRep re-uses it
+from etiquette_proxy.robots.matcher import matches  # robots.txt matching: TDMRep re-uses it
 from etiquette_proxy.robots.purposes import PurposeRefusal, SaidNoMemory
 from etiquette_proxy.target import normalise_escapes, robots_forms
 
@@ -68,7 +68,7 @@ class TdmFile:
         spelling reserving reserves, as for robots.txt, SPEC §4)."""
         decided: TdmRule | None = None
         for form in robots_forms(target):
-            rule = next((r for r in self.rules if _matches(r.location, form)), None)
+            rule = next((r for r in self.rules if matches(r.location, form)), None)
             if rule is not None and rule.reserved:
                 return rule
             decided = decided or rule

@@ -10,6 +10,8 @@ import types
 from typing import Any
 
 import pytest
+from mitmproxy.test import tflow, tutils
+
 from addons import answers
 from addons.audit_log import AuditWriter
 from addons.chain import GATE_HOOKS, Chain, members
@@ -20,8 +22,6 @@ from addons.revalidation import Revalidation
 from addons.robots_gate import RobotsGate
 from addons.runaway import RunawayWatch
 from addons.runtime import Runtime
-from mitmproxy.test import tflow, tutils
-
 from etiquette_proxy.audit.log import AuditLog
 from etiquette_proxy.config import load_config_file
 
@@ -146,7 +146,7 @@ def test_a_hook_that_does_not_judge_requests_is_logged_once_and_the_chain_goes_o
     assert seen == [200, 200, 200] and len(caplog.records) == 1
 
 
-INNER = [(RobotsGate, "_gate"), (Pacing, "_hold"), (RunawayWatch, "guard"), (GoneMemory, "_check")]
+INNER = [(RobotsGate, "_gate"), (Pacing, "_hold"), (RunawayWatch, "service.guard"), (GoneMemory, "_check")]
 
 
 @pytest.mark.parametrize(("kind", "inner"), INNER, ids=[k.__name__ for k, _ in INNER])
@@ -158,7 +158,11 @@ def test_gates_that_catch_their_own_errors_fail_closed_the_same_way(tmp_path, ca
     def broken(*args: Any, **kw: Any) -> None:
         raise Boom("inside")
 
-    monkeypatch.setattr(member, inner, broken)
+    *path, name = inner.split(".")  # a method of the member, or of the core service it drives
+    target = member
+    for part in path:
+        target = getattr(target, part)
+    monkeypatch.setattr(target, name, broken)
     caplog.set_level(logging.WARNING)
     for _ in range(3):
         f = tflow.tflow()

@@ -1,5 +1,5 @@
 """The robots gate's dashboard fields under `pacing.group_by: host` found by looking up the
-site's two origins (addons/robots_gate.py status) against the walk over every origin in memory
+site's two origins (robots/service.py RobotsService.status) against the walk over every origin in memory
 it replaces: the same fields for random sets of origins, in memory or resting."""
 
 from __future__ import annotations

@@ -6,8 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from etiquette_proxy.config import load_config
+from etiquette_proxy.robots.cache import RulesCache
+from etiquette_proxy.robots.entry import RobotsEntry
 from etiquette_proxy.robots.policy import NAMESPACE as ROBOTS
-from etiquette_proxy.robots.policy import FetchResult, RobotsEntry, RobotsPolicy, RobotsSettings, entry_registry
+from etiquette_proxy.robots.policy import FetchResult, RobotsPolicy, RobotsSettings, entry_registry
 from etiquette_proxy.runaway.guard import NAMESPACE as RUNAWAY
 from etiquette_proxy.runaway.guard import guard_registry
 from etiquette_proxy.state.memory import MemoryState
@@ -131,7 +133,7 @@ def test_a_newer_entry_is_never_shadowed_by_the_one_resting() -> None:
     assert not policy.verdict(old, "/old/x", "bot").allowed  # compiled
     for i in range(3):  # evicted: rests beside its rules
         entries.put(CONFIG, f"http://o{i}.example:80", _fetched(policy, f"http://o{i}.example:80", b""))
-    assert origin not in entries and policy.recall(origin) == old
+    assert origin not in entries and policy.rules.recall(origin) == old
 
     for body, status in ((b"User-agent: *\nDisallow: /new/\n", 200), (b"", 404), (b"", 503)):
         new = _fetched(policy, origin, body, status)
@@ -148,7 +150,7 @@ def test_a_newer_entry_is_never_shadowed_by_the_one_resting() -> None:
     entries.save(origin)
     assert entries.find(load_config("state: {max_sites_in_memory: 2}\n"), origin) == newest  # reset
     entries.drop(origin)
-    assert policy.recall(origin) is None
+    assert policy.rules.recall(origin) is None
 
 
 def test_an_entry_without_compiled_rules_is_read_from_the_state_store() -> None:
@@ -164,25 +166,41 @@ def test_an_entry_without_compiled_rules_is_read_from_the_state_store() -> None:
     assert entries.find(CONFIG, origin) == entry and state.reads == 1
 
 
-class NoMemoPolicy(RobotsPolicy):
-    """The policy without its recalled-rules shortcut: every verdict looks its rules up."""
+class NoMemoCache(RulesCache):
+    """The rules cache without its recalled-rules shortcut: every verdict looks its rules up."""
 
     def recall(self, origin: str) -> RobotsEntry | None:
         entry = super().recall(origin)
-        self._recalled = None
+        self.recalled = None
         return entry
 
     def settle(self, origin: str, entry: RobotsEntry) -> bool:
         settled = super().settle(origin, entry)
-        self._recalled = None
+        self.recalled = None
         return settled
 
 
-class NoSettlePolicy(NoMemoPolicy):
+class NoSettleCache(NoMemoCache):
     """Nor does an entry found in the registry's first tier move beside its rules."""
 
     def settle(self, origin: str, entry: RobotsEntry) -> bool:
         return False
+
+
+class NoMemoPolicy(RobotsPolicy):
+    """The policy over a rules cache without its recalled-rules shortcut."""
+
+    def __init__(self, clock: Any) -> None:
+        super().__init__(clock)
+        self.rules = NoMemoCache()
+
+
+class NoSettlePolicy(RobotsPolicy):
+    """The policy over a rules cache that never settles an entry beside its rules."""
+
+    def __init__(self, clock: Any) -> None:
+        super().__init__(clock)
+        self.rules = NoSettleCache()
 
 
 def test_the_recalled_rules_shortcut_decides_and_orders_as_the_lookup_it_skips() -> None:
@@ -202,7 +220,7 @@ def test_the_recalled_rules_shortcut_decides_and_orders_as_the_lookup_it_skips()
         policy = cls(clock=FakeClock())
         entries = entry_registry(lambda: state, policy)  # noqa: B023 - used within the iteration
         texts: list[str] = []  # texts read back (a second token's rules), apart from the entries read
-        policy.read_text_from(lambda origin: (texts.append(origin),  # noqa: B023
+        policy.rules.read_text_from(lambda origin: (texts.append(origin),  # noqa: B023
                                               CountingState.get(state, ROBOTS, origin))[1])  # noqa: B023
         origins = [f"http://s{i}.example:80" for i in range(12)]
         seen: list[tuple[Any, ...]] = []
@@ -221,7 +239,7 @@ def test_the_recalled_rules_shortcut_decides_and_orders_as_the_lookup_it_skips()
             verdicts = [policy.verdict_for_target(entry, t, token) for t in TARGETS]
             delay = policy.crawl_delay(entry, token, RobotsSettings())
             read = len(texts)
-            seen.append((origin, entry.to_state(), verdicts, delay, list(policy._parsed)))  # noqa: SLF001
+            seen.append((origin, entry.to_state(), verdicts, delay, list(policy.rules._parsed)))  # noqa: SLF001
             del texts[read:]  # the comparison's own
         runs.append((seen, state.reads, len(texts)))
     assert runs[0] == runs[1]

@@ -467,7 +467,7 @@ def test_a_429_without_retry_after_pauses_until_the_ratelimit_reset(clock):
 ])
 def test_robots_delay_lowers_the_rate_through_the_crawl_delay_restraint(clock, robots_txt, rate):
     # SPEC §4: Crawl-delay / Request-rate lower the site's rate, capped by robots.max_crawl_delay;
-    # the robots gate turns the policy's delay into a rate cap (addons/robots_gate.py).
+    # the robots gate turns the policy's delay into a rate cap (robots/service.py RobotsService.verdict).
     policy = RobotsPolicy(clock)
     settings = RobotsSettings()
     entry = policy.after_fetch("http://s:80", FetchResult(200, f"User-agent: *\n{robots_txt}\n".encode()),

@@ -15,24 +15,21 @@ from typing import Any
 from protego import Protego
 
 from etiquette_proxy.clock import Clock, wall
+from etiquette_proxy.robots.entry import Kind
+from etiquette_proxy.robots.matcher import matches as _matches
+from etiquette_proxy.robots.matcher import path_of as _path_of
+from etiquette_proxy.robots.matcher import quote_path as _quote_path
 from etiquette_proxy.robots.policy import (
     _ALLOWED_VERDICT,
     NAMESPACE,
     FetchResult,
-    Kind,
-    Prepared,
     RobotsSettings,
     RobotsVerdict,
-    _asked_delay,
-    _matches,
     _no_build,
-    _path_of,
-    _quote_path,
-    decode_body,
-    literal,
-    prepare,
 )
 from etiquette_proxy.robots.purposes import PurposeRefusal, Said, SaidNoMemory, header_refusal, refusal
+from etiquette_proxy.robots.reading import Prepared, decode_body, literal, prepare
+from etiquette_proxy.robots.rules import asked_delay as _asked_delay
 from etiquette_proxy.sites import Persisted, SiteRegistry
 from etiquette_proxy.state.interface import StateStore
 from etiquette_proxy.target import robots_forms

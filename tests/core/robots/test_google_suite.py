@@ -14,7 +14,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from etiquette_proxy.robots.policy import FetchResult, RobotsPolicy, RobotsSettings, agent_name
+from etiquette_proxy.robots.policy import FetchResult, RobotsPolicy, RobotsSettings
+from etiquette_proxy.robots.reading import agent_name
 
 SUITE = json.loads((Path(__file__).parent.parent / "data" / "google_robotstxt_suite.json").read_text())
 HTTP_CASES = [c for c in SUITE["cases"] if "not_http" not in c]

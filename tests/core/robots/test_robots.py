@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from etiquette_proxy.robots.policy import (
-    FetchResult,
-    RobotsEntry,
-    RobotsPolicy,
-    RobotsSettings,
-    decode_body,
-    product_token,
-)
+from etiquette_proxy.robots.entry import RobotsEntry
+from etiquette_proxy.robots.policy import FetchResult, RobotsPolicy, RobotsSettings
+from etiquette_proxy.robots.reading import decode_body, product_token
 
 ORIGIN = "http://example.test:80"
 S = RobotsSettings()
@@ -254,21 +249,23 @@ def test_bom_and_cr_only_rules_still_apply(clock):
 
 
 def test_parsed_rules_are_kept_for_the_least_recently_used_origins(clock, monkeypatch):
-    import etiquette_proxy.robots.policy as robots
+    from protego import Protego
 
-    monkeypatch.setattr(robots, "PARSED_LIMIT", 3)
+    import etiquette_proxy.robots.cache as cache
+
+    monkeypatch.setattr(cache, "PARSED_LIMIT", 3)
     policy = RobotsPolicy(clock)
     entries = [policy.after_fetch(f"http://s{i}.example",
                                   FetchResult(200, f"User-agent: *\nDisallow: /{i}/\n".encode()),
                                   None, RobotsSettings()) for i in range(6)]
     parsed = []
-    real_parse = robots.Protego.parse
-    monkeypatch.setattr(robots.Protego, "parse", lambda text: parsed.append(text) or real_parse(text))
+    real_parse = Protego.parse
+    monkeypatch.setattr(Protego, "parse", lambda text: parsed.append(text) or real_parse(text))
     hot = entries[0]
     for e in entries[1:]:
         assert not policy.verdict(e, f"/{entries.index(e)}/x", "bot").allowed
         assert not policy.verdict(hot, "/0/x", "bot").allowed  # used between every other origin
-    assert len(policy._parsed) == 3  # bounded
+    assert len(policy.rules._parsed) == 3  # bounded
     assert parsed.count(hot.text) == 1  # parsed once: an LRU, not a clear-all
     # A new robots.txt for the origin is parsed afresh, never answered from the old rules.
     newer = policy.after_fetch(hot.origin, FetchResult(200, b"User-agent: *\nDisallow: /new/\n"), hot,

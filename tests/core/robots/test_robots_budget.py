@@ -1,5 +1,5 @@
-"""The compiled-rules cache's budget (robots/policy.py PARSED_BUDGET) counts what each origin's
-place really holds (RobotsPolicy._size): for robots.txt files of every shape the benchmark
+"""The compiled-rules cache's budget (robots/cache.py PARSED_BUDGET) counts what each origin's
+place really holds (RulesCache._size, robots/memory.py): for robots.txt files of every shape the benchmark
 measures (benchmarks/robots_memory.py: scale.py's tiny file, a shop, a news site, a large wiki,
 a pathological 500 KiB file, the news file asked by five crawlers), the count is within
 -5% / +35% of the bytes tracemalloc sees freed when the cache lets go of the origins; on random
@@ -13,18 +13,18 @@ from __future__ import annotations
 import gc
 import importlib.util
 import random
-import sys
 import tempfile
 import tracemalloc
 from pathlib import Path
-from typing import Any
 
 import pytest
 from protego import Protego
 
-import etiquette_proxy.robots.policy as robots
 from etiquette_proxy.clock import FakeClock
 from etiquette_proxy.config import load_config
+from etiquette_proxy.robots import cache, memory
+from etiquette_proxy.robots import entry as entries_module
+from etiquette_proxy.robots.matcher import CompiledGroup
 from etiquette_proxy.robots.policy import FetchResult, RobotsPolicy, RobotsSettings, entry_registry
 from etiquette_proxy.state.local import DiskState
 
@@ -58,7 +58,7 @@ class Crawl:
 
     def counted(self) -> int:
         """What the cache counts, checked against the sum of what each place holds."""
-        policy = self.policy
+        policy = self.policy.rules
         assert policy._parsed_bytes == sum(policy._size(e) for e in policy._parsed.values())  # noqa: SLF001
         return policy._parsed_bytes  # noqa: SLF001
 
@@ -66,13 +66,13 @@ class Crawl:
         """The bytes freed when the cache lets go of every compiled origin (tracemalloc on). The
         tables' kept objects stay (counted by no origin); their recent ones, each a first
         holder's own, go first."""
-        for table in (robots._PATTERNS, robots._GROUPS, robots._SAYS, self.policy._says_alike):  # noqa: SLF001
+        for table in (memory.PATTERNS, memory.GROUPS, entries_module.SAYS, self.policy.rules.says_alike):
             table._recent.clear()  # noqa: SLF001
         gc.collect()
         before = tracemalloc.get_traced_memory()[0]
-        for entry in list(self.policy._parsed.values()):  # noqa: SLF001
-            self.policy._clear(entry)  # noqa: SLF001 - (an entry in the registry's first tier carries its rules)
-        self.policy._parsed.clear()  # noqa: SLF001
+        for entry in list(self.policy.rules._parsed.values()):  # noqa: SLF001
+            self.policy.rules._clear(entry)  # noqa: SLF001 - (an entry in the registry's first tier carries its rules)
+        self.policy.rules._parsed.clear()  # noqa: SLF001
         gc.collect()
         return before - tracemalloc.get_traced_memory()[0]
 
@@ -99,7 +99,7 @@ def test_the_cache_counts_what_the_origins_of_each_shape_hold(shape: str, n: int
             for token, purposes in crawlers:
                 for path in shapes.PATHS:  # the first compiles, the next finds it resting
                     crawl.ask(origin, token, purposes, path)
-        assert len(crawl.policy._parsed) == n  # noqa: SLF001 - all compiled, all resting
+        assert len(crawl.policy.rules._parsed) == n  # noqa: SLF001 - all compiled, all resting
         assert len(crawl.entries) == 0
         counted = crawl.counted()
         held = crawl.held()
@@ -131,7 +131,7 @@ def test_the_count_holds_through_shared_files_tokens_and_evictions(
     budget by it, and what the cache holds is never more than 5% above it (nor far below)."""
     rng = random.Random(seed)
     budget = rng.choice([15_000, 60_000, 200_000])
-    monkeypatch.setattr(robots, "PARSED_BUDGET", budget)
+    monkeypatch.setattr(cache, "PARSED_BUDGET", budget)
     crawl = Crawl(limit=rng.choice([1, 10, 1000]))
     run = f"r{seed}x{rng.randrange(10**9)}"  # patterns no earlier test left in the tables
     families = [f"{run}-f{k}" for k in range(4)]
@@ -150,7 +150,7 @@ def test_the_count_holds_through_shared_files_tokens_and_evictions(
             token = rng.choice(["bot", "bot", "otherbot", "thirdbot"])
             crawl.ask(origin, token, rng.choice([(), ("ai-train",)]), rng.choice(["/tmp/x", "/page/1.php"]))
             counted = crawl.counted()
-            assert len(crawl.policy._parsed) <= 1 or counted <= budget  # noqa: SLF001
+            assert len(crawl.policy.rules._parsed) <= 1 or counted <= budget  # noqa: SLF001
         counted = crawl.counted()
         held = crawl.held()
     finally:
@@ -165,7 +165,7 @@ def _copy(text: str) -> str:
 
 
 def test_a_value_two_origins_hold_is_kept_and_the_first_keeps_its_own() -> None:
-    table = robots._Shared(limit=4, kept_limit=2)  # noqa: SLF001
+    table = memory.Shared(limit=4, kept_limit=2)
     first, again, second, third = (_copy("/wp-admin/") for _ in range(4))
     assert first == second == third and first is not second
     assert table.share(first, first, "a") is first and not table.holds(first, first)
@@ -195,7 +195,7 @@ def test_the_object_one_origin_holds_is_never_the_one_kept() -> None:
     """The very object passed again by another origin (two parses giving one object alike), or
     by the same origin after `recent` forgot it: the holders keep counting it, the table keeps
     its own copy."""
-    table = robots._Shared(limit=2, kept_limit=8)  # noqa: SLF001
+    table = memory.Shared(limit=2, kept_limit=8)
     same = _copy("%3F-same")
     assert table.share(same, same, "a") is same
     kept = table.share(same, same, "b")
@@ -208,8 +208,8 @@ def test_the_object_one_origin_holds_is_never_the_one_kept() -> None:
     fresh = _copy("/other/")
     assert table.share(fresh, fresh, "c") is fresh
     assert table.share(other, other, "d") is not other and not table.holds(other, other)
-    group = robots._Group("bot", "*", 0, None, None, None, None, ())  # noqa: SLF001
-    key = robots._group_key(group)  # noqa: SLF001
+    group = CompiledGroup("bot", "*", 0, None, None, None, None, ())
+    key = memory.group_key(group)
     table.share(key, group, "a")
     kept_group = table.share(key, group, "b")
     assert kept_group is not group and not table.holds(key, group) and table.holds(key, kept_group)
@@ -233,9 +233,9 @@ def test_a_pattern_every_parse_gives_alike_keeps_the_count_exact(
     origin's object counted as the table's from then on and the count drifted by its 64 bytes
     (test_robots_compact's `3792 == 3728` in a full run: an earlier test's policy had left
     `http://s1.example:80` in the tables, then this policy's s1 and s2 compiled such a pattern)."""
-    for name, (limit, kept_limit) in {"_PATTERNS": (8192, 8192), "_GROUPS": (4096, 1024),
-                                      "_SAYS": (4096, 1024)}.items():  # what no earlier test left
-        monkeypatch.setattr(robots, name, robots._Shared(limit, kept_limit))  # noqa: SLF001
+    for module, name, limit, kept_limit in ((memory, "PATTERNS", 8192, 8192), (memory, "GROUPS", 4096, 1024),
+                                            (entries_module, "SAYS", 4096, 1024)):  # what no earlier test left
+        monkeypatch.setattr(module, name, memory.Shared(limit, kept_limit))
     parsed = [r.value._pattern for r in Protego.parse(f"User-agent: *\nDisallow: {pattern}\n")._user_agents["*"]._rules]
     again = [r.value._pattern for r in Protego.parse(f"User-agent: *\nDisallow: {pattern}\n")._user_agents["*"]._rules]
     assert parsed[0] is again[0] and len(parsed[0]) > 1  # the premise: one object for every parse
@@ -251,8 +251,8 @@ def test_a_pattern_every_parse_gives_alike_keeps_the_count_exact(
             crawl.ask(origin, token, (), "/private/x")
             for each in crawls:
                 each.counted()
-    assert parsed[0] in robots._PATTERNS._kept  # noqa: SLF001 - two origins hold it: kept
-    assert robots._PATTERNS._kept[parsed[0]] is not parsed[0]  # noqa: SLF001 - the table's own
+    assert parsed[0] in memory.PATTERNS._kept  # noqa: SLF001 - two origins hold it: kept
+    assert memory.PATTERNS._kept[parsed[0]] is not parsed[0]  # noqa: SLF001 - the table's own
 
 
 def test_what_one_origin_alone_holds_is_never_kept() -> None:
@@ -268,8 +268,8 @@ def test_what_one_origin_alone_holds_is_never_kept() -> None:
         for token in ("bot", "otherbot", "thirdbot", "bot"):
             for path in shapes.PATHS:
                 crawl.ask(origin, token, (), path)
-        crawl.policy._drop(crawl.policy._parsed[origin])  # noqa: SLF001 - evicted, then parsed again
+        crawl.policy.rules._drop(crawl.policy.rules._parsed[origin])  # noqa: SLF001 - evicted, then parsed again
         crawl.ask(origin, "bot")
-    kept = robots._PATTERNS._kept  # noqa: SLF001
+    kept = memory.PATTERNS._kept  # noqa: SLF001
     assert not any(run in p for p in kept)
     assert crawl.counted() > 0

@@ -1,4 +1,4 @@
-"""Compact robots.txt entries (robots/policy.py: what entries say alike shared, the rules compiled
+"""Compact robots.txt entries (robots/entry.py and cache.py: what entries say alike shared, the rules compiled
 inside the entry, its text left to the state store once it rests) against the entries and
 policy they replace (reference_policy.py, the code before): on random fetches — rules with
 wildcards, %-escapes, several groups, signal lines; 404s, 5xx and timeouts that keep the good
@@ -23,6 +23,8 @@ import etiquette_proxy.robots.policy as compact
 import tests.core.robots.reference_policy as reference
 from etiquette_proxy.clock import FakeClock
 from etiquette_proxy.config import load_config
+from etiquette_proxy.robots import cache, memory
+from etiquette_proxy.robots import entry as entry_module
 from etiquette_proxy.robots.policy import NAMESPACE, FetchResult, RobotsSettings
 from etiquette_proxy.state.memory import MemoryState
 from tests.core.robots.test_robots_compiled import robots_txt, url
@@ -155,14 +157,14 @@ def test_compact_entries_decide_store_and_show_as_the_entries_they_replace(seed:
         expected = old.run(op)
         assert new.run(op) == expected, (seed, i, op)
         assert new.stored() == old.stored(), (seed, i, op)
-        assert new.policy._parsed_bytes == sum(  # noqa: SLF001
-            new.policy._size(e) for e in new.policy._parsed.values())  # noqa: SLF001
+        assert new.policy.rules._parsed_bytes == sum(  # noqa: SLF001
+            new.policy.rules._size(e) for e in new.policy.rules._parsed.values())  # noqa: SLF001
     # Rows written by either load in the other, the same.
     for origin, row in new.stored().items():
         if row is not None:
             assert json.loads(json.dumps(reference.RobotsEntry.from_state(row).to_state())) == row
-            assert json.loads(json.dumps(compact.RobotsEntry.from_state(row).to_state())) == row
-            assert compact.RobotsEntry.from_state(row) == new.entries.find(new.config, origin)
+            assert json.loads(json.dumps(entry_module.RobotsEntry.from_state(row).to_state())) == row
+            assert entry_module.RobotsEntry.from_state(row) == new.entries.find(new.config, origin)
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -173,31 +175,31 @@ def test_the_count_stays_exact_when_the_pattern_table_forgets_in_the_middle_of_a
     the one string urllib's quoter caches ("%3F"), the very object on every parse: an origin
     holding it counted, then forgotten by `recent`, was kept when two other origins compiled it
     again, and the first origin's count drifted (seed 8: `3792 == 3728` under pytest-xdist)."""
-    for name, (limit, kept_limit) in {"_PATTERNS": (8192, 8192), "_GROUPS": (4096, 1024),
-                                      "_SAYS": (4096, 1024)}.items():  # what no earlier test left
-        monkeypatch.setattr(compact, name, compact._Shared(limit, kept_limit))  # noqa: SLF001
+    for module, name, limit, kept_limit in ((memory, "PATTERNS", 8192, 8192), (memory, "GROUPS", 4096, 1024),
+                                            (entry_module, "SAYS", 4096, 1024)):  # what no earlier test left
+        monkeypatch.setattr(module, name, memory.Shared(limit, kept_limit))
     for i in range(8192):  # an earlier test's patterns, up to the bound
         earlier = f"/earlier-{i}/"
-        compact._PATTERNS.share(earlier, earlier, "http://earlier.example:80")  # noqa: SLF001
+        memory.PATTERNS.share(earlier, earlier, "http://earlier.example:80")
     limit = random.Random(seed).choice([1, 2, 4, 50])
     old, new = World(reference, limit), World(compact, limit)
     for i, op in enumerate(operations(seed, 400)):
         assert new.run(op) == old.run(op), (seed, i, op)
-        assert new.policy._parsed_bytes == sum(  # noqa: SLF001
-            new.policy._size(e) for e in new.policy._parsed.values()), (seed, i, op)  # noqa: SLF001
+        assert new.policy.rules._parsed_bytes == sum(  # noqa: SLF001
+            new.policy.rules._size(e) for e in new.policy.rules._parsed.values()), (seed, i, op)  # noqa: SLF001
 
 
 @pytest.mark.parametrize("seed", range(0, 24, 3))
 def test_what_the_cache_counts_changes_which_origins_stay_compiled_and_nothing_decided(
         seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With the bytes each origin's place really holds counted (RobotsPolicy._size) under budgets
+    """With the bytes each origin's place really holds counted (RulesCache._size) under budgets
     too small for every origin, other origins stay compiled than in the reference: the verdicts,
     delays, signals, entries, stored rows and robots.txt answers are the same (the dashboard's
     list of resting origins and a `sites forget` of one not in the first tier are what differ)."""
     rng = random.Random(seed)
     limit = rng.choice([1, 2, 4, 50])
     budget = rng.choice([1500, 4000, 8000])
-    monkeypatch.setattr(compact, "PARSED_BUDGET", budget)
+    monkeypatch.setattr(cache, "PARSED_BUDGET", budget)
     monkeypatch.setattr(reference, "PARSED_BUDGET", budget)
     old, new = World(reference, limit), World(compact, limit)
     for i, op in enumerate(operations(seed, 400)):
@@ -206,24 +208,24 @@ def test_what_the_cache_counts_changes_which_origins_stay_compiled_and_nothing_d
         if op[0] not in ("status", "forget"):
             assert got == expected, (seed, i, op)
         assert new.stored() == old.stored(), (seed, i, op)
-        parsed = new.policy._parsed  # noqa: SLF001
-        assert new.policy._parsed_bytes == sum(new.policy._size(e) for e in parsed.values())  # noqa: SLF001
-        assert len(parsed) <= 1 or new.policy._parsed_bytes <= budget  # noqa: SLF001
+        parsed = new.policy.rules._parsed  # noqa: SLF001
+        assert new.policy.rules._parsed_bytes == sum(new.policy.rules._size(e) for e in parsed.values())  # noqa: SLF001
+        assert len(parsed) <= 1 or new.policy.rules._parsed_bytes <= budget  # noqa: SLF001
     for origin, row in new.stored().items():
         if row is not None:
-            assert compact.RobotsEntry.from_state(row) == new.entries.find(new.config, origin)
+            assert entry_module.RobotsEntry.from_state(row) == new.entries.find(new.config, origin)
 
 
 def test_an_entry_rests_without_its_text_and_reads_it_back_only_where_needed() -> None:
     world = World(compact, 1)
     reads: list[str] = []
-    world.policy.read_text_from(lambda origin: reads.append(origin) or world.state.get(NAMESPACE, origin))
+    world.policy.rules.read_text_from(lambda origin: reads.append(origin) or world.state.get(NAMESPACE, origin))
     text = "User-agent: *\nDisallow: /private/\n\nUser-agent: otherbot\nDisallow: /other/\n"
     for origin in ORIGINS[:3]:
         world.run(("fetch", origin, FetchResult(200, text.encode())))
         world.run(("request", origin, None, "bot", ["/private/x", "/a"], ()))
     entry = world.entries.find(world.config, ORIGINS[0])
-    assert entry._says[compact._TEXT] is None  # noqa: SLF001 - out of memory
+    assert entry._says[entry_module.TEXT] is None  # noqa: SLF001 - out of memory
     for _ in range(3):  # its requests: nothing read
         assert not world.policy.verdict(entry, "/private/y", "bot").allowed
         assert world.policy.crawl_delay(entry, "bot", S) is None
@@ -234,7 +236,7 @@ def test_an_entry_rests_without_its_text_and_reads_it_back_only_where_needed() -
     assert reads == [ORIGINS[0]]
     assert entry.text == text and entry.to_state()["text"] == text  # a client's robots.txt, a save
     assert reads == [ORIGINS[0]] * 3
-    assert entry._says[compact._TEXT] is None  # noqa: SLF001 - still not kept
+    assert entry._says[entry_module.TEXT] is None  # noqa: SLF001 - still not kept
 
 
 def test_a_text_the_state_store_no_longer_holds_is_never_made_up() -> None:
@@ -247,14 +249,14 @@ def test_a_text_the_state_store_no_longer_holds_is_never_made_up() -> None:
     world.run(("request", origin, None, "bot", ["/old/x"], ()))
     world.run(("fetch", ORIGINS[1], FetchResult(404)))  # the first tier's one place
     resting = world.entries.find(world.config, origin)
-    assert resting is not None and resting._says[compact._TEXT] is None  # noqa: SLF001
+    assert resting is not None and resting._says[entry_module.TEXT] is None  # noqa: SLF001
     other = World(compact, 1)
     other.state = world.state  # one state dir, two processes
     newer = other.policy.after_fetch(origin, FetchResult(200, b"User-agent: *\nDisallow: /new/\n"), None, S)
     world.state.put(NAMESPACE, origin, newer.to_state())
-    with pytest.raises(compact.StoredTextLost):
+    with pytest.raises(entry_module.StoredTextLost):
         _ = resting.text
-    with pytest.raises(compact.StoredTextLost):  # its rules for another token need the text
+    with pytest.raises(entry_module.StoredTextLost):  # its rules for another token need the text
         world.policy.verdict(resting, "/x", "otherbot")
     found = world.entries.find(world.config, origin)
     assert found == newer and found is not resting
@@ -262,9 +264,9 @@ def test_a_text_the_state_store_no_longer_holds_is_never_made_up() -> None:
     assert world.policy.verdict(found, "/old/x", "bot").allowed
     world.state.forget(NAMESPACE, origin)  # nothing stored at all (a save that failed)
     resting = world.entries.find(world.config, origin)
-    assert resting is found and resting._says[compact._TEXT] is None  # noqa: SLF001 - resting now
+    assert resting is found and resting._says[entry_module.TEXT] is None  # noqa: SLF001 - resting now
     assert not world.policy.verdict(resting, "/new/x", "bot").allowed  # its rules need no text
-    with pytest.raises(compact.StoredTextLost):
+    with pytest.raises(entry_module.StoredTextLost):
         resting.to_state()
     assert world.entries.find(world.config, origin) is None  # as after an eviction: fetched again
 
@@ -287,7 +289,7 @@ def test_what_entries_say_alike_is_shared_and_odd_rows_keep_their_own() -> None:
     assert a._fetched is None and a.fetched_at == a.checked_at == a.expires_at - S.ttl  # noqa: SLF001
     row = {**a.to_state(), "failures": False, "stale": 0, "fetched_at": 5, "checked_at": 5.0,
            "expires_at": -0.0}
-    odd = compact.RobotsEntry.from_state(row)
+    odd = entry_module.RobotsEntry.from_state(row)
     assert odd.to_state() == row
     assert [type(odd.to_state()[k]) for k in ("failures", "stale", "fetched_at", "checked_at")] == [
         bool, int, int, float]
@@ -309,6 +311,6 @@ def test_a_resting_entry_replaced_after_another_process_saved_the_newer_one_goes
     with caplog.at_level(logging.WARNING):
         world.entries.put(world.config, origin, newer)
         world.entries.save(origin)
-    assert caplog.records == [] and world.policy._parsed == {}  # noqa: SLF001
+    assert caplog.records == [] and world.policy.rules._parsed == {}  # noqa: SLF001
     found = world.entries.find(world.config, origin)
     assert found is newer and not world.policy.verdict(found, "/new/x", "bot").allowed

@@ -1,6 +1,6 @@
 """The compiled robots.txt matcher against protego's own: identical verdicts, reasons, delays.
 
-RobotsPolicy keeps each origin's rules compiled (robots.py `_Group`) instead of a whole Protego
+RobotsPolicy keeps each origin's rules compiled (robots/matcher.py `CompiledGroup`) instead of a whole Protego
 object. Parsing and group selection stay protego's; the URL matching is a copy. These tests
 generate thousands of rule sets and paths — wildcards, `$` anchors, percent-encoding, queries,
 absolute URLs, several groups, misspelt directives — and require the same answer as
@@ -15,7 +15,8 @@ import pytest
 from protego import Protego
 from protego._utils import _quote_path
 
-from etiquette_proxy.robots.policy import FetchResult, RobotsPolicy, RobotsSettings, prepare
+from etiquette_proxy.robots.policy import FetchResult, RobotsPolicy, RobotsSettings
+from etiquette_proxy.robots.reading import prepare
 
 S = RobotsSettings()
 
@@ -159,14 +160,12 @@ def test_corner_patterns_agree_with_protego(clock, rule, field):
 
 
 def test_several_tokens_on_one_origin_are_each_compiled_once(clock, monkeypatch):
-    import etiquette_proxy.robots.policy as robots
-
     policy = RobotsPolicy(clock)
     text = "User-agent: foobot\nDisallow: /foo/\n\nUser-agent: *\nDisallow: /all/\n"
     entry = policy.after_fetch("http://one.example", FetchResult(200, text.encode()), None, S)
     parsed = []
-    real_parse = robots.Protego.parse
-    monkeypatch.setattr(robots.Protego, "parse", lambda t: parsed.append(t) or real_parse(t))
+    real_parse = Protego.parse
+    monkeypatch.setattr(Protego, "parse", lambda t: parsed.append(t) or real_parse(t))
     for _ in range(3):
         assert not policy.verdict(entry, "/foo/x", "foobot").allowed
         assert policy.verdict(entry, "/all/x", "foobot").allowed
@@ -176,22 +175,23 @@ def test_several_tokens_on_one_origin_are_each_compiled_once(clock, monkeypatch)
 
 
 def test_the_cache_keeps_to_its_byte_budget(clock, monkeypatch):
-    import etiquette_proxy.robots.policy as robots
+    import etiquette_proxy.robots.cache as cache
 
-    monkeypatch.setattr(robots, "PARSED_BUDGET", 20_000)
+    monkeypatch.setattr(cache, "PARSED_BUDGET", 20_000)
     policy = RobotsPolicy(clock)
     for i in range(200):
         body = f"User-agent: *\nDisallow: /a-{i}/\nDisallow: /b-{i}/\n".encode()
         entry = policy.after_fetch(f"http://s{i}.example", FetchResult(200, body), None, S)
         assert not policy.verdict(entry, f"/a-{i}/x", "bot").allowed
-    assert 0 < policy._parsed_bytes <= 20_000
-    assert policy._parsed_bytes == sum(policy._size(e) for e in policy._parsed.values())  # noqa: SLF001
-    assert 10 < len(policy._parsed) < 200
+    rules = policy.rules
+    assert 0 < rules._parsed_bytes <= 20_000
+    assert rules._parsed_bytes == sum(rules._size(e) for e in rules._parsed.values())  # noqa: SLF001
+    assert 10 < len(rules._parsed) < 200
 
 
 def test_plain_targets_are_quoted_as_protego_quotes_them():
-    """policy._quote_path's two-replace form for a plain path and query is protego's quoting."""
-    from etiquette_proxy.robots import policy
+    """matcher.quote_path's two-replace form for a plain path and query is protego's quoting."""
+    from etiquette_proxy.robots import matcher
 
     rng = random.Random(9309)
     pieces = ["/", "a", "Z", "0", "_", ".", "~", "=", "-", "?", "&", "%41", "%2f", " ", "#", ";",
@@ -203,6 +203,6 @@ def test_plain_targets_are_quoted_as_protego_quotes_them():
         targets.append("/" + "".join(rng.choice(alphabet) for _ in range(rng.randrange(12))))
     taken = 0
     for target in targets:
-        assert policy._quote_path(target) == _quote_path(target), target  # noqa: SLF001
-        taken += policy._PLAIN_TARGET(target) is not None  # noqa: SLF001
+        assert matcher.quote_path(target) == _quote_path(target), target
+        taken += matcher.PLAIN_TARGET(target) is not None
     assert taken > 200  # the generated targets exercise the fast form too

@@ -12,8 +12,9 @@ import pytest
 
 from etiquette_proxy.clock import FakeClock
 from etiquette_proxy.config import load_config
-from etiquette_proxy.runaway import guard as runaway
-from etiquette_proxy.runaway.guard import RetiredDetector, RetiredSettings, RunawayGuard, TrapDetector, TrapSettings
+from etiquette_proxy.runaway.guard import RunawayGuard
+from etiquette_proxy.runaway.retired import CalmRetired, RetiredDetector, RetiredSettings
+from etiquette_proxy.runaway.traps import TrapDetector, TrapSettings
 
 # Live answers most of the time (the shared path), junk that is no evidence either way, and
 # now and then a 404/410 or a 5xx (the guard takes its own detector).
@@ -44,7 +45,7 @@ def test_a_shared_detector_answers_as_a_detector_of_the_sites_own(seed: int, win
     compact = {site: RunawayGuard.from_config(config, site, clock) for site in sites}
     reference = {site: _own(config, site, clock) for site in sites}
     calm = compact[sites[0]].retired
-    assert all(type(g.retired) is runaway._CalmRetired for g in compact.values())  # noqa: SLF001
+    assert all(type(g.retired) is CalmRetired for g in compact.values())
     bad = rng.random() < 0.5  # half the runs: live answers long before any other
     for step in range(1500):
         site = rng.choice(sites)

@@ -10,14 +10,9 @@ from etiquette_proxy.clock import FakeClock
 from etiquette_proxy.config import defaults, load_config
 from etiquette_proxy.pacing.budget import SiteBudget
 from etiquette_proxy.pacing.restraints import fold
-from etiquette_proxy.runaway.guard import (
-    RetiredDetector,
-    RetiredSettings,
-    RunawayGuard,
-    TrapDetector,
-    TrapSettings,
-    robots_gone_warning,
-)
+from etiquette_proxy.runaway.guard import RunawayGuard
+from etiquette_proxy.runaway.retired import RetiredDetector, RetiredSettings, robots_gone_warning
+from etiquette_proxy.runaway.traps import TrapDetector, TrapSettings
 
 
 def feed(detector: RetiredDetector, statuses: list[object]) -> list[object]:

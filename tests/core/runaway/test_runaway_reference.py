@@ -16,23 +16,26 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterator
 from functools import partial
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any, NamedTuple
 
 import pytest
 
 from etiquette_proxy.clock import FakeClock
-from etiquette_proxy.runaway import guard
+from etiquette_proxy.runaway import guard, retired, traps
 from tests.core.reference_trace import RecordedDigests
 
 
 class Runaway(NamedTuple):
-    """The module a trace runs: etiquette_proxy.runaway.guard, or 5976120's (make_reference_digests)."""
+    """What a trace runs: the runaway package's classes (guard.py, retired.py, traps.py since
+    they were split), or 5976120's guard.py (make_reference_digests)."""
 
-    guard: ModuleType
+    guard: ModuleType | SimpleNamespace
 
 
-CURRENT = Runaway(guard)
+CURRENT = Runaway(SimpleNamespace(RunawayGuard=guard.RunawayGuard, RetiredDetector=retired.RetiredDetector,
+                                  RetiredSettings=retired.RetiredSettings, TrapDetector=traps.TrapDetector,
+                                  TrapSettings=traps.TrapSettings))
 # The generators' own list (not the module's), so that what they generate stays as the digests
 # were made, whatever the module under test says.
 TRAP_ACTIONS = ("log", "slow", "refuse-new")
@@ -176,7 +179,7 @@ def test_the_shared_empty_trap_detector_never_counts() -> None:
 
 def test_a_check_built_without_its_init_is_the_check_init_builds() -> None:
     counted = (("/a", "q", "1"),)
-    fast, made = guard._counted_check(counted), guard.TrapCheck(counted=counted)
+    fast, made = traps._counted_check(counted), traps.TrapCheck(counted=counted)
     assert fast == made and hash(fast) == hash(made) and repr(fast) == repr(made)
     assert (fast.refuse, fast.reason, fast.declared, fast.counted) == (False, "", (), counted)
     with pytest.raises(AttributeError):
