@@ -182,7 +182,7 @@ def members(rt: Runtime) -> list[Any]:
     payments = Payments(rt, before_fetch=pacing.before_robots_fetch)  # SPEC §5: the paid retry takes a turn
 
     async def robots_sitemaps(origin: str, site: str) -> tuple[str, ...]:
-        entry = await robots.entry_for(origin, site, None, robots.settings_for(site))
+        entry = await robots.service.entry_for(origin, site, None, robots.service.settings_for(site))
         return sitemaps_in_robots(entry.text) if entry.kind == "rules" else ()
 
     # SPEC §6 `revisit.sitemaps: fetch`: the proxy's own sitemap requests take the site's budget

@@ -9,7 +9,7 @@ puts the fields it returns on the flow's audit line:
 - a response is counted with its latency to the first byte of its headers, the few header
   fields the classifier reads and the head of its decoded body; an upstream error likewise;
   a local answer (the site saw nothing) only gets the site's `health` key;
-- canaries go out through the proxy's side fetch (addons/side_fetch.py) on the upstream path.
+- canaries go out through the proxy's side fetch (etiquette_proxy/side_fetch.py) on the upstream path.
 
 `POST http://etiquette.proxy/report-extraction` (parser health, beside the score) is a POST
 route on the dashboard (chain.py hands it `post_report`), answered before any gate sees it; the
@@ -25,10 +25,10 @@ from collections.abc import Mapping
 
 from mitmproxy import http
 
-from addons.fields import fields_named
+from etiquette_proxy.headers import fields_named
 from addons.notes import client_ended, notes_of, skip
 from addons.runtime import Runtime
-from addons.side_fetch import SideFetchError, SideResponse, fetch
+from etiquette_proxy.side_fetch import SideFetchError, SideResponse, fetch
 from addons.streaming import body_of
 from etiquette_proxy.bodies import BodyCopy
 from etiquette_proxy.clock import Clock, wall

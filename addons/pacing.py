@@ -13,10 +13,10 @@ from __future__ import annotations
 import math
 
 from addons.answers import answer_locally, fail_closed
-from addons.fields import fields_named
+from etiquette_proxy.headers import fields_named
 from addons.notes import FlowNotes, notes_of, skip
 from addons.runtime import Runtime
-from addons.side_fetch import SideFetchError
+from etiquette_proxy.side_fetch import SideFetchError
 from mitmproxy import connection, http, tls
 from mitmproxy.proxy import server_hooks
 

@@ -32,7 +32,7 @@ from addons.audit_log import DECISION_HEADER
 from addons.notes import FlowNotes, notes_of, skip, url_key
 from addons.runtime import PerSite, Runtime
 from addons.sitemaps import SitemapHooks
-from addons.side_fetch import SideFetchError, fetch
+from etiquette_proxy.side_fetch import SideFetchError, fetch
 from addons.streaming import body_of
 from mitmproxy import http
 

@@ -13,10 +13,10 @@ from collections.abc import Awaitable, Callable
 from mitmproxy import http
 
 from addons.answers import answer_locally, fail_closed
-from addons.fields import field_value, has_field
+from etiquette_proxy.headers import field_value, has_field
 from addons.notes import notes_of, request_url, skip
 from addons.runtime import Runtime
-from addons.side_fetch import SideFetchError, SideResponse, fetch
+from etiquette_proxy.side_fetch import SideFetchError, SideResponse, fetch
 from etiquette_proxy.pacing.rates import Rates
 from etiquette_proxy.pacing.restraints import Restraints
 from etiquette_proxy.robots.entry import RobotsEntry, StoredTextLost

@@ -18,7 +18,7 @@ from typing import Any
 
 from addons.notes import notes_of, skip
 from addons.runtime import PerSite, Runtime
-from addons.side_fetch import fetch
+from etiquette_proxy.side_fetch import fetch
 from mitmproxy import http
 
 from etiquette_proxy.audit.log import audit_record

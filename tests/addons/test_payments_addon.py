@@ -11,7 +11,7 @@ from addons.identity import RequestSigning
 from addons.notes import notes_of
 from addons.payments import Payments
 from addons.runtime import Runtime
-from addons.side_fetch import UpstreamPath
+from etiquette_proxy.side_fetch import UpstreamPath
 from mitmproxy import http
 from mitmproxy.test import tflow, tutils
 
