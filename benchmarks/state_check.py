@@ -27,7 +27,7 @@ from etiquette_proxy.audit.log import AuditLog, audit_record  # noqa: E402
 from etiquette_proxy.config import defaults  # noqa: E402
 from etiquette_proxy.state.local import DiskState, damage  # noqa: E402
 from etiquette_proxy.state.memory import MemoryState  # noqa: E402
-from etiquette_proxy.state.rebuild import SCAN_BYTES, rebuild_from_log  # noqa: E402
+from etiquette_proxy.pacing.rebuild import SCAN_BYTES, rebuild_from_log  # noqa: E402
 
 
 def write_log(path: str, megabytes: float, now: float) -> tuple[int, int]:

@@ -11,21 +11,11 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "etiquette_proxy"
 
 Edges = dict[str, dict[str, set[str]]]  # node -> node it imports -> files importing it
-
-# Edges other lanes of the same round remove; each has its strict xfail below, so the marker
-# must go the moment the edge does.
-PENDING = {
-    # state/rebuild.py reads pacing's throttle state back from the audit log: it belongs beside
-    # what it rebuilds, not in storage; addons/pacing.py (the pacing lane's) imports it.
-    ("state", "pacing"),
-}
-
 
 def module_name(path: Path, root: Path = ROOT) -> str:
     parts = list(path.relative_to(root).with_suffix("").parts)
@@ -99,10 +89,6 @@ def cycles(edges: Edges) -> list[list[str]]:
     return found
 
 
-def without(edges: Edges, removed: set[tuple[str, str]]) -> Edges:
-    return {s: {d: f for d, f in ds.items() if (s, d) not in removed} for s, ds in edges.items()}
-
-
 def describe(edges: Edges, component: list[str]) -> str:
     inside = set(component)
     return "; ".join(f"{s} -> {d} ({', '.join(sorted(edges[s][d]))})"
@@ -110,16 +96,9 @@ def describe(edges: Edges, component: list[str]) -> str:
 
 
 def test_no_cycles_between_subpackages() -> None:
-    edges = without(import_graph(), PENDING)
+    edges = import_graph()
     found = cycles(edges)
     assert not found, "import cycles: " + " | ".join(describe(edges, c) for c in found)
-
-
-@pytest.mark.parametrize("edge", sorted(PENDING), ids=["->".join(e) for e in sorted(PENDING)])
-@pytest.mark.xfail(strict=True, reason="removed by another lane this round; then drop it from PENDING")
-def test_pending_edge_is_gone(edge: tuple[str, str]) -> None:
-    source, target = edge
-    assert target not in import_graph().get(source, {}), f"{source} still imports {target}"
 
 
 def test_the_check_sees_a_cycle(tmp_path: Path) -> None:

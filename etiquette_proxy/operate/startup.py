@@ -17,7 +17,7 @@ from etiquette_proxy.audit.log import audit_record
 from etiquette_proxy.clock import Clock, wall
 from etiquette_proxy.state.interface import StateStore
 from etiquette_proxy.state.local import MovedAside
-from etiquette_proxy.state.rebuild import SCAN_BYTES, rebuild_from_log
+from etiquette_proxy.pacing.rebuild import SCAN_BYTES, rebuild_from_log
 from etiquette_proxy.state.redis_store import RedisShared
 from etiquette_proxy.visibility.page import HOST as OWN_SITE
 

@@ -46,7 +46,7 @@ from etiquette_proxy.pacing.shared_admission import OPERATOR, STOPPING, SharedAd
 from etiquette_proxy.pacing.throttle import ThrottleDecision
 from etiquette_proxy.sites import SiteRegistry
 from etiquette_proxy.state.interface import StateStore
-from etiquette_proxy.state.rebuild import asked_fields
+from etiquette_proxy.pacing.rebuild import asked_fields
 
 log = logging.getLogger(__name__)
 

@@ -60,7 +60,7 @@ class ThrottleDecision:
     notes: tuple[str, ...] = ()      # what was clamped or ignored in the site's fields
     # Wall-clock ends of the pause and breaker in force after this response (None: none). The
     # audit line carries them (`pause_until`, `breaker_until`) so that a restart that lost the
-    # state store rebuilds them from the log (SPEC §12, state/rebuild.py).
+    # state store rebuilds them from the log (SPEC §12, pacing/rebuild.py).
     paused_until: float | None = None
     breaker_until: float | None = None
     lesson: str = ""                 # how the site's limit was learned (status, /api/sites)

@@ -85,7 +85,7 @@ class DiskState:
 
 def damage(path: str) -> str | None:
     """Why the SQLite file at `path` cannot be used, or None. A missing or empty file is not
-    damaged (SQLite starts it afresh; what it held is rebuilt where it can be: state/rebuild.py)."""
+    damaged (SQLite starts it afresh; what it held is rebuilt where it can be: pacing/rebuild.py)."""
     try:
         size = os.path.getsize(path)
     except OSError:

@@ -484,7 +484,7 @@ class SiteBudget:
             throttled=throttled, rate=rate, ceiling=throttle.ceiling,
             pause_s=round(pause, 3), retry_after=retry.raw if retry else None,
             breaker_open=breaker, reason=reason, notes=notes, lesson=throttle.lesson if throttled else "",
-            # Since added: the pause's and breaker's ends, for the audit line (state/rebuild.py).
+            # Since added: the pause's and breaker's ends, for the audit line (pacing/rebuild.py).
             paused_until=throttle.paused_until if throttle.paused_until > now else None,
             breaker_until=throttle.breaker_until if throttle.breaker_until > now else None,
         )

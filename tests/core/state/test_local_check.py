@@ -24,7 +24,7 @@ def test_a_whole_store_and_an_empty_or_missing_file_are_not_damaged(tmp_path: Pa
     db = filled(tmp_path / "state")
     assert damage(str(db)) is None
     db.write_bytes(b"")
-    assert damage(str(db)) is None  # SQLite starts it afresh; the rebuild is state/rebuild.py's
+    assert damage(str(db)) is None  # SQLite starts it afresh; the rebuild is pacing/rebuild.py's
     assert damage(str(tmp_path / "nothing" / "cache.db")) is None
 
 

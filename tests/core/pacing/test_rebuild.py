@@ -20,7 +20,7 @@ from etiquette_proxy.pacing.per_site import NAMESPACE
 from etiquette_proxy.pacing.settings import PacingSettings
 from etiquette_proxy.pacing.throttle import ThrottleDecision
 from etiquette_proxy.state.memory import MemoryState
-from etiquette_proxy.state.rebuild import (
+from etiquette_proxy.pacing.rebuild import (
     PAUSE_UNTIL,
     asked_fields,
     log_files,
