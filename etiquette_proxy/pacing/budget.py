@@ -460,6 +460,16 @@ class SiteBudget:
             return self._on_throttle(now, status, retry, hint, echo, started)
         return self._on_answer(now, status, hint, echo)
 
+    def forget_learned(self) -> bool:
+        """`sites forget`: drop the limit the site taught (learner.py); its pauses stay. True
+        when there was one. Tokens earned at the old rate stay earned."""
+        if self.taught_nothing():
+            return False
+        now = self._ctx.clock()
+        self._settle(now)
+        self._bank(now)
+        return self.throttle.forget_lesson()
+
     # -- persistence -------------------------------------------------------------------------
 
     def taught_nothing(self) -> bool:

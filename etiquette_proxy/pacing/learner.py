@@ -25,6 +25,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from etiquette_proxy.pacing.settings import PacingSettings
+
 # The window departures are counted over: most sites count per second, and a window this
 # short reflects what the site saw just before it said no (seed 001: 2 served in the second
 # before the 429 → 2/s). At slow rates the window spans at least `_INTERVALS` intervals, so a
@@ -96,6 +98,12 @@ class Departures:
     def is_empty(self) -> bool:
         """True when no departure is remembered."""
         return not self.at
+
+
+def learned_under(settings: PacingSettings) -> list[float]:
+    """The settings a lesson depends on (`pacing.rate`, `burst`, `max_concurrency`), as stored
+    beside it: a lesson learned under other numbers is reset (SPEC §5, a config change)."""
+    return [float(settings.rate), settings.burst, settings.max_concurrency]
 
 
 def quota_wait(departs: Departures | None, policy: tuple[float, float] | None, now: float) -> float:
