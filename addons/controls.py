@@ -10,8 +10,9 @@ it find the proxy). Each action is one audit line with `event: operator`.
 - resume: lifts the operator's pause and a health pause (SPEC §8: "a human decision"). A pause
   or breaker the site asked for itself (429, Retry-After) stays: SPEC §5, not one request
   inside a pause the site asked for.
-- forget: lifts the operator's pause and drops what health learned (windows, baseline, band);
-  the 429 contract stays for the same reason.
+- forget: lifts the operator's pause, drops what health learned (windows, baseline, band)
+  and the limit the site taught pacing (learned rate, ceiling, concurrency: SPEC §5); the
+  pauses and breaker the site asked for stay for the same reason.
 
 With `state.backend: redis` (SPEC §10) a pause taken through any instance holds on all: it is
 written to Redis (on the server's clock) before the answer goes back to the command line, the
@@ -71,6 +72,7 @@ class SiteAsked(Protocol):
     """Pacing, as the controls see it: what the sites asked for themselves (SPEC §5)."""
 
     def site_asked(self, asked: str) -> list[str]: ...
+    def forget_learned(self, asked: str) -> list[str]: ...
 
 
 class HealthActions(Protocol):
@@ -170,6 +172,8 @@ class OperatorControls:
         except SharedStateUnavailable:
             return
         for action, site in actions:  # resumed or forgotten through another instance
+            if action == "forget" and self.pacing is not None:
+                self.pacing.forget_learned(site)
             for known in self._health_sites(site):
                 if action == "resume":
                     self.health.resume(known, "resumed by operator (through another proxy)")
@@ -312,6 +316,8 @@ class OperatorControls:
                     done.append(f"{known}: health pause lifted (half rate while it is judged again)")
                 elif action.action == "forget" and self.health.forget(known):
                     done.append(f"{known}: health history forgotten")
+            if action.action == "forget" and self.pacing is not None:
+                done += self.pacing.forget_learned(site)  # SPEC §5: the learned limit too
         self._save()
         stays = self._site_asked(site)
         reason = f"operator {action.action} {site}: " + ("; ".join(done) or "nothing to do")

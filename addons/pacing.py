@@ -44,7 +44,7 @@ from mitmproxy import connection, http
 
 from etiquette_proxy.operate.controls import site_matches
 from etiquette_proxy.pacing.budget import SiteBudget, Turn
-from etiquette_proxy.pacing.per_site import budget_registry
+from etiquette_proxy.pacing.per_site import NAMESPACE, budget_registry
 from etiquette_proxy.pacing.ratelimit_fields import _FIELDS as RATE_LIMIT_FIELDS  # what read_rate_hint reads
 from etiquette_proxy.pacing.rates import Rates
 from etiquette_proxy.pacing.restraints import Restraints, restraint_note
@@ -168,6 +168,18 @@ class Pacing:
                 out.append(f"{site}: paused by the site, {human_seconds(budget.paused_for_s())} left "
                            f"({budget.pause_reason()})")
         return out
+
+    def forget_learned(self, asked: str) -> list[str]:
+        """`sites forget`: drop the limits the sites matching `asked` taught (SPEC §5), in
+        memory and stored; their own pauses stay. What was dropped, per site."""
+        stored = (key for key, _ in self.rt.state.items(NAMESPACE))
+        done = []
+        for site in sorted({s for s in (*self.budgets, *stored) if site_matches(s, asked)}):
+            if self._budget(site).forget_learned():
+                self.budgets.save(site)
+                self._pump(site)
+                done.append(f"{site}: learned limit forgotten (pacing as configured)")
+        return done
 
     def _restrain(self, site: str, budget: SiteBudget) -> str | None:
         """Apply other features' restraints; the reason of a pause among them, if any."""
