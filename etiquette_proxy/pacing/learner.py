@@ -22,6 +22,7 @@ Pure: times are passed in, no clock, no sockets.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -40,6 +41,8 @@ _KEPT = 256
 # window closed at both ends sees N+1 requests in one window from a client spaced at exactly
 # N/s, so "at the ceiling" can already be one too many (seed 001: 2/s limit, rate 1.95/s).
 CEILING_MARGIN = 0.025
+# How fast the quickest-answer floor follows slower answers (Departures.late_by).
+_CREEP = 0.05
 
 
 def window_for(rate: float) -> float:
@@ -51,11 +54,32 @@ class Departures:
     """When requests left for one site lately, oldest first, with how many were at the site
     as each left (itself included). In-process only: a restart starts with none."""
 
-    __slots__ = ("at", "at_site")
+    __slots__ = ("at", "at_site", "quickest")
 
     def __init__(self) -> None:
         self.at: list[float] = []
         self.at_site: list[int] = []
+        # The quickest answer lately (s): what the way to the site and back costs at best.
+        self.quickest = math.inf
+
+    def late_by(self, answered_in: float, interval: float) -> float:
+        """How much later than the quickest answer lately a request that took `answered_in` to
+        answer may have reached the site (0 when it was as quick), at most one `interval`.
+
+        A request held up on its way (the proxy or the site descheduled for tens of ms on a
+        busy machine) reaches the site late while the next one leaves on time: two arrivals
+        closer than the pace, and a site counting N per second sees N+1 (seed 001: a 90 ms
+        stall, then a 429 at the learned 1.95/s). The answer comes back that much later too,
+        so spacing the next departure by it keeps the gaps the site sees. The floor creeps up
+        (1/20 of the excess per answer): a site that became slower for good is not taken as
+        "late" for long.
+        """
+        quickest = self.quickest
+        if answered_in <= quickest:
+            self.quickest = answered_in
+            return 0.0
+        self.quickest = quickest + (answered_in - quickest) * _CREEP
+        return min(answered_in - quickest, interval)
 
     def record(self, at: float, at_site: int, rate: float) -> None:
         """A request left at `at` with `at_site` requests at the site; forget what lies beyond
@@ -151,7 +175,12 @@ def lesson(*, now: float, code: str, asked_when: bool, served: int, window_s: fl
                       f"learned from {code} at {at} UTC: concurrency {limit} ({at_site} were at the site)")
     if served >= 1:
         measured = max(floor, min(served / window_s, slowest))
-        if ceiling is not None and measured >= ceiling:
+        # Within one request of what our own pace puts in the window is our pace (a count of
+        # 1 or 2 in two intervals depends on a departure sitting just inside or outside).
+        # (A ceiling only halved to, never measured, is far above such a pace: not this case.)
+        at_our_pace = (ceiling is not None and rate >= ceiling * (1.0 - 2 * CEILING_MARGIN)
+                       and served + 1 + 1e-9 >= rate * window_s)
+        if ceiling is not None and (measured >= ceiling or at_our_pace):
             # Refused again below a ceiling it had taught: what reaches the site is less even
             # than what leaves here (uneven delays on the way), so the margin was too thin;
             # the ceiling steps down by one margin (one more 429 per step, never a halving).
