@@ -64,7 +64,8 @@ class Departures:
 
     def late_by(self, answered_in: float, interval: float) -> float:
         """How much later than the quickest answer lately a request that took `answered_in` to
-        answer may have reached the site (0 when it was as quick), at most one `interval`.
+        answer may have reached the site, beyond what the margin absorbs (0 when it was as
+        quick), at most one `interval`.
 
         A request held up on its way (the proxy or the site descheduled for tens of ms on a
         busy machine) reaches the site late while the next one leaves on time: two arrivals
@@ -79,7 +80,9 @@ class Departures:
             self.quickest = answered_in
             return 0.0
         self.quickest = quickest + (answered_in - quickest) * _CREEP
-        return min(answered_in - quickest, interval)
+        # The margin below the ceiling already leaves `CEILING_MARGIN` of an interval per gap
+        # (half of what two gaps leave): a lag within it costs nothing, only the rest is spaced.
+        return min(max(0.0, answered_in - quickest - interval * CEILING_MARGIN), interval)
 
     def record(self, at: float, at_site: int, rate: float) -> None:
         """A request left at `at` with `at_site` requests at the site; forget what lies beyond
