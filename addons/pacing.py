@@ -44,6 +44,7 @@ from mitmproxy import connection, http
 
 from etiquette_proxy.operate.controls import site_matches
 from etiquette_proxy.pacing.budget import SiteBudget, Turn
+from etiquette_proxy.pacing.latency import LatencySignals
 from etiquette_proxy.pacing.per_site import NAMESPACE, budget_registry
 from etiquette_proxy.pacing.ratelimit_fields import _FIELDS as RATE_LIMIT_FIELDS  # what read_rate_hint reads
 from etiquette_proxy.pacing.rates import Rates
@@ -64,6 +65,7 @@ _READ = frozenset(name.encode("ascii") for name in (*_JOINED, *RATE_LIMIT_FIELDS
 
 
 TICKET = "pacing_ticket"
+DEPARTED = "pacing_departed"    # when the request left for the site (the latency signal)
 LEASE = "pacing_lease"          # the shared budget's concurrency lease (state.backend: redis)
 PUBLISH = "pacing_publish"      # a 429 contract to share before the response goes on
 SHARED_DOWN_RETRY_S = 5         # Retry-After while the shared state (Redis) cannot be asked
@@ -83,6 +85,8 @@ class Pacing:
         self.restraints = restraints if restraints is not None else Restraints()
         # Read-only for everyone else: the audit line's rate, the dashboard's.
         self.rates = Rates(runtime.configured_rate, self.rate_of)
+        # Response times as an early signal (pacing/latency.py): a "latency" restraint.
+        self.latency = LatencySignals(self.restraints)
         self._config: Any = None
         # Every site's budget: bounded by state.max_sites_in_memory, a site at rest leaves
         # memory (its 429 contract saved) and is rebuilt from config + state on its next request.
@@ -175,6 +179,7 @@ class Pacing:
         stored = (key for key, _ in self.rt.state.items(NAMESPACE))
         done = []
         for site in sorted({s for s in (*self.budgets, *stored) if site_matches(s, asked)}):
+            self.latency.forget(site)
             if self._budget(site).forget_learned():
                 self.budgets.save(site)
                 self._pump(site)
@@ -316,6 +321,8 @@ class Pacing:
         notes = notes_of(flow)
         try:
             await self._hold(flow, notes)
+            if TICKET in notes.facts and flow.response is None:
+                notes.facts[DEPARTED] = time.monotonic()  # latency signal: when it left
         except Exception as e:  # noqa: BLE001
             self._give_back(flow, notes)
             fail_closed(flow, "pacing", e)
@@ -575,6 +582,8 @@ class Pacing:
             return
         self._pump(site, budget)
         self._record(notes, decision)
+        if (left := notes.facts.pop(DEPARTED, None)) is not None:  # latency: an early signal
+            self.latency.observe(site, time.monotonic() - left, status)
         if decision.throttled and self.rt.shared is not None:
             notes.facts[PUBLISH] = (site, decision.pause_s, decision.reason,
                                     json.dumps(budget.to_state(), separators=(",", ":")))
