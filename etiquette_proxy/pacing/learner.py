@@ -178,12 +178,7 @@ def lesson(*, now: float, code: str, asked_when: bool, served: int, window_s: fl
                       f"learned from {code} at {at} UTC: concurrency {limit} ({at_site} were at the site)")
     if served >= 1:
         measured = max(floor, min(served / window_s, slowest))
-        # Within one request of what our own pace puts in the window is our pace (a count of
-        # 1 or 2 in two intervals depends on a departure sitting just inside or outside).
-        # (A ceiling only halved to, never measured, is far above such a pace: not this case.)
-        at_our_pace = (ceiling is not None and rate >= ceiling * (1.0 - 2 * CEILING_MARGIN)
-                       and served + 1 + 1e-9 >= rate * window_s)
-        if ceiling is not None and (measured >= ceiling or at_our_pace):
+        if ceiling is not None and measured >= ceiling:
             # Refused again below a ceiling it had taught: what reaches the site is less even
             # than what leaves here (uneven delays on the way), so the margin was too thin;
             # the ceiling steps down by one margin (one more 429 per step, never a halving).
