@@ -135,3 +135,13 @@ def test_state_check_benchmark_runs_at_tiny_size() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "rebuild_from_log (empty store)" in proc.stdout and "damage()" in proc.stdout
+
+
+def test_learn_limits_benchmark_runs_at_tiny_size() -> None:
+    # one kind of site for 3 s through the real proxy: the table's row is printed
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "learn_limits.py"), "--seconds", "3", "--kinds", "announcing"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "| announcing | " in proc.stdout and "command:" in proc.stdout

@@ -4,7 +4,6 @@ start taking 300 ms instead of a few is slowed before it says anything; a health
 
 from __future__ import annotations
 
-import concurrent.futures
 import itertools
 import threading
 import time
@@ -12,23 +11,10 @@ import time
 import pytest
 
 from tests.e2e.sites import Answer
+from tests.e2e.test_learn_limits import hammer
 from tests.e2e.test_pacing import fresh, page_arrivals, per_site  # noqa: F401 - `fresh` is a fixture
 
 pytestmark = pytest.mark.e2e
-
-
-def crawl(proxy, site, seconds: float, clients: int = 6) -> None:
-    """`clients` threads, each requesting pages one after another for `seconds`."""
-    deadline = time.monotonic() + seconds
-    counter = itertools.count()
-
-    def one(_: int) -> None:
-        with proxy.session() as s:
-            while time.monotonic() < deadline:
-                s.get(site.url(f"/p{next(counter)}"), timeout=30)
-
-    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
-        list(pool.map(one, range(clients)))
 
 
 def rate_at_site(site, since: float, until: float) -> float:
@@ -52,7 +38,7 @@ def test_a_site_whose_answers_slow_down_is_slowed_before_any_429(start_proxy, fr
 
     site.default = page  # type: ignore[assignment]
     proxy = start_proxy(sets=per_site(site, pacing__rate=10, pacing__burst=1, pacing__max_concurrency=6))
-    crawl(proxy, site, seconds=7.0)
+    hammer(proxy, site, 7.0, clients=6)
     assert slow_from, "the site never strained"
     # Unslowed, six clients at 300 ms would keep the site at its configured 10/s (6/0.3 = 20/s
     # possible); slowed by the ratio of its answer times, it gets a fraction of that.
@@ -70,7 +56,7 @@ def test_a_healthy_site_keeps_its_configured_rate(start_proxy, fresh):  # noqa: 
     site = fresh()
     proxy = start_proxy(sets=per_site(site, pacing__rate=10, pacing__burst=1, pacing__max_concurrency=6))
     started = time.monotonic()
-    crawl(proxy, site, seconds=5.0)
+    hammer(proxy, site, 5.0, clients=6)
     assert rate_at_site(site, started + 1.0, time.monotonic()) >= 0.85 * 10
     rates = {r["rate"] for r in proxy.audit() if r.get("rate") is not None}
     assert rates == {10.0}, rates
