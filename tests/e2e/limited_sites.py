@@ -50,9 +50,11 @@ class LimitedSite:
     def __post_init__(self) -> None:
         self._tokens, self._at = self.limit, time.monotonic()
         self.site.default = self  # type: ignore[assignment]
-        self.site.route("/robots.txt", Answer(404))
+        # robots.txt counts like any request (rate limiters count every request; the proxy
+        # spends a token on it too)
+        self.site.route("/robots.txt", lambda arrival: self(arrival, Answer(404)))
 
-    def __call__(self, arrival: Arrival) -> Answer:
+    def __call__(self, arrival: Arrival, page: Answer = PAGE) -> Answer:
         with self._lock:
             refused = self._refuses(arrival.at)
             headers = self._fields(arrival.at)
@@ -65,7 +67,7 @@ class LimitedSite:
             self.served.append(arrival.at)
             self._busy += 1
         try:
-            return Answer(PAGE.status, PAGE.body, {**PAGE.headers, **headers}, stall_s=self.hold_s)
+            return Answer(page.status, page.body, {**page.headers, **headers}, stall_s=self.hold_s)
         finally:
             if self.hold_s:
                 threading.Timer(self.hold_s, self._leave).start()
