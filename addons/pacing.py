@@ -11,6 +11,7 @@ fetches (RobotsGate(before_fetch=...)) are admitted by the same sequence.
 from __future__ import annotations
 
 import math
+import time
 
 from addons.answers import answer_locally, fail_closed
 from etiquette_proxy.headers import fields_named
@@ -22,6 +23,7 @@ from mitmproxy.proxy import server_hooks
 
 from etiquette_proxy.operate.controls import site_matches
 from etiquette_proxy.pacing.budget import SiteBudget
+from etiquette_proxy.pacing.per_site import NAMESPACE
 from etiquette_proxy.pacing.ratelimit_fields import _FIELDS as RATE_LIMIT_FIELDS  # what read_rate_hint reads
 from etiquette_proxy.pacing.rates import Rates
 from etiquette_proxy.pacing.restraints import Restraints
@@ -33,6 +35,7 @@ _JOINED = frozenset({"retry-after", "ratelimit", "ratelimit-policy"})  # every v
 # rate-limit fields of ratelimit_fields.py): only these are decoded from each response.
 _READ = frozenset(name.encode("ascii") for name in (*_JOINED, *RATE_LIMIT_FIELDS))
 TICKET = "pacing_ticket"
+DEPARTED = "pacing_departed"    # when the request left for the site (the latency signal)
 LEASE = "pacing_lease"          # the shared budget's concurrency lease (state.backend: redis)
 PUBLISH = "pacing_publish"      # a 429 contract to share before the response goes on
 
@@ -64,12 +67,27 @@ class Pacing:
                            f"({budget.pause_reason()})")
         return out
 
+    def forget_learned(self, asked: str) -> list[str]:
+        """`sites forget`: drop the limits the sites matching `asked` taught (SPEC §5), in
+        memory and stored; their own pauses stay. What was dropped, per site."""
+        stored = (key for key, _ in self.rt.state.items(NAMESPACE))
+        done = []
+        for site in sorted({s for s in (*self.budgets, *stored) if site_matches(s, asked)}):
+            self.service.latency.forget(site)
+            if self.service.budget(site).forget_learned():
+                self.budgets.save(site)
+                self.service.pump(site)
+                done.append(f"{site}: learned limit forgotten (pacing as configured)")
+        return done
+
     async def request(self, flow: http.HTTPFlow) -> None:
         if skip(flow):
             return
         notes = notes_of(flow)
         try:
             await self._hold(flow, notes)
+            if TICKET in notes.facts and flow.response is None:
+                notes.facts[DEPARTED] = time.monotonic()  # latency signal: when it left
         except Exception as e:  # noqa: BLE001
             self._give_back(flow, notes)
             fail_closed(flow, "pacing", e)
@@ -125,7 +143,9 @@ class Pacing:
         # RateLimit / RateLimit-Policy gives every value, comma-joined, so the parsers see all.
         headers = fields_named(flow.response.headers.fields, _READ, joined=_JOINED)
         status = notes.upstream_status or flow.response.status_code  # what the site said
-        answered = self.service.answered(notes.site, ticket, status, headers)
+        left = notes.facts.pop(DEPARTED, None)
+        took_s = None if left is None else time.monotonic() - left
+        answered = self.service.answered(notes.site, ticket, status, headers, took_s)
         if answered.decision is None:
             return
         outcome, extra = decision_fields(notes.site, answered.decision)

@@ -161,3 +161,13 @@ def test_the_lean_floor_imports_no_code_of_ours_and_forwards_a_request() -> None
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=150, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "1024"
+
+
+def test_learn_limits_benchmark_runs_at_tiny_size() -> None:
+    # one kind of site for 3 s through the real proxy: the table's row is printed
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "learn_limits.py"), "--seconds", "3", "--kinds", "announcing"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "| announcing | " in proc.stdout and "command:" in proc.stdout

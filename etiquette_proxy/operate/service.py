@@ -9,8 +9,9 @@ Each action is one audit line with `event: operator`.
 - resume: lifts the operator's pause and a health pause (SPEC §8: "a human decision"). A pause
   or breaker the site asked for itself (429, Retry-After) stays: SPEC §5, not one request
   inside a pause the site asked for.
-- forget: lifts the operator's pause and drops what health learned (windows, baseline, band);
-  the 429 contract stays for the same reason.
+- forget: lifts the operator's pause, drops what health learned (windows, baseline, band)
+  and the limit the site taught pacing (learned rate, ceiling, concurrency: SPEC §5); the
+  pauses and breaker the site asked for stay for the same reason.
 
 With `state.backend: redis` (SPEC §10) a pause taken through any instance holds on all: it is
 written to Redis (on the server's clock) before the answer goes back to the command line
@@ -77,6 +78,7 @@ class SiteAsked(Protocol):
     """Pacing, as the controls see it: what the sites asked for themselves (SPEC §5)."""
 
     def site_asked(self, asked: str) -> list[str]: ...
+    def forget_learned(self, asked: str) -> list[str]: ...
 
 
 class HealthActions(Protocol):
@@ -219,6 +221,8 @@ class OperatorService:
         except SharedStateUnavailable:
             return
         for action, site in actions:  # resumed or forgotten through another instance
+            if action == "forget" and self.pacing is not None:
+                self.pacing.forget_learned(site)
             for known in self._health_sites(site):
                 assert self.health is not None
                 if action == "resume":
@@ -333,6 +337,8 @@ class OperatorService:
                     done.append(f"{known}: health pause lifted (half rate while it is judged again)")
                 elif action.action == "forget" and self.health.forget(known):
                     done.append(f"{known}: health history forgotten")
+            if action.action == "forget" and self.pacing is not None:
+                done += self.pacing.forget_learned(site)  # SPEC §5: the learned limit too
         self._save()
         stays = self.pacing.site_asked(site) if self.pacing is not None else []  # SPEC §5 keeps them
         reason = f"operator {action.action} {site}: " + ("; ".join(done) or "nothing to do")

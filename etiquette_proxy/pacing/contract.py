@@ -44,7 +44,29 @@ class ContractBudget(WaitingLine):
         if throttled:
             retry = parse_retry_after(raw_retry, now, self.settings.max_retry_after)
             return self._on_throttle(now, status, retry, hint, echo, started)
+        if started is not None and self.throttle.ceiling is not None:
+            self._space_after_lag(now, started)
         return self._on_answer(now, status, hint, echo)
+
+    def _space_after_lag(self, now: float, started: float) -> None:
+        """At a learned ceiling (2.5 % below the site's limit), an answer slower than the
+        quickest lately means the request may have reached the site that much late: the next
+        departure waits that much longer (learner.Departures.late_by)."""
+        departs = self._departs
+        rate = self._effective_rate(now)
+        if departs is not None and (lag := departs.late_by(now - started, 1.0 / rate)) > 0:
+            self._bank(now)
+            self._set_bucket(self._tokens - lag * rate, self._tokens_at)
+
+    def forget_learned(self) -> bool:
+        """`sites forget`: drop the limit the site taught (learner.py); its pauses stay. True
+        when there was one. Tokens earned at the old rate stay earned."""
+        if self.taught_nothing():
+            return False
+        now = self._ctx.clock()
+        self._settle(now)
+        self._bank(now)
+        return self.throttle.forget_lesson()
 
     # -- persistence -----------------------------------------------------------------------
 

@@ -22,8 +22,11 @@ Pure: times are passed in, no clock, no sockets.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
+
+from etiquette_proxy.pacing.settings import PacingSettings
 
 # The window departures are counted over: most sites count per second, and a window this
 # short reflects what the site saw just before it said no (seed 001: 2 served in the second
@@ -38,6 +41,8 @@ _KEPT = 256
 # window closed at both ends sees N+1 requests in one window from a client spaced at exactly
 # N/s, so "at the ceiling" can already be one too many (seed 001: 2/s limit, rate 1.95/s).
 CEILING_MARGIN = 0.025
+# How fast the quickest-answer floor follows slower answers (Departures.late_by).
+_CREEP = 0.05
 
 
 def window_for(rate: float) -> float:
@@ -49,11 +54,35 @@ class Departures:
     """When requests left for one site lately, oldest first, with how many were at the site
     as each left (itself included). In-process only: a restart starts with none."""
 
-    __slots__ = ("at", "at_site")
+    __slots__ = ("at", "at_site", "quickest")
 
     def __init__(self) -> None:
         self.at: list[float] = []
         self.at_site: list[int] = []
+        # The quickest answer lately (s): what the way to the site and back costs at best.
+        self.quickest = math.inf
+
+    def late_by(self, answered_in: float, interval: float) -> float:
+        """How much later than the quickest answer lately a request that took `answered_in` to
+        answer may have reached the site, beyond what the margin absorbs (0 when it was as
+        quick), at most one `interval`.
+
+        A request held up on its way (the proxy or the site descheduled for tens of ms on a
+        busy machine) reaches the site late while the next one leaves on time: two arrivals
+        closer than the pace, and a site counting N per second sees N+1 (seed 001: a 90 ms
+        stall, then a 429 at the learned 1.95/s). The answer comes back that much later too,
+        so spacing the next departure by it keeps the gaps the site sees. The floor creeps up
+        (1/20 of the excess per answer): a site that became slower for good is not taken as
+        "late" for long.
+        """
+        quickest = self.quickest
+        if answered_in <= quickest:
+            self.quickest = answered_in
+            return 0.0
+        self.quickest = quickest + (answered_in - quickest) * _CREEP
+        # The margin below the ceiling already leaves `CEILING_MARGIN` of an interval per gap
+        # (half of what two gaps leave): a lag within it costs nothing, only the rest is spaced.
+        return min(max(0.0, answered_in - quickest - interval * CEILING_MARGIN), interval)
 
     def record(self, at: float, at_site: int, rate: float) -> None:
         """A request left at `at` with `at_site` requests at the site; forget what lies beyond
@@ -96,6 +125,12 @@ class Departures:
     def is_empty(self) -> bool:
         """True when no departure is remembered."""
         return not self.at
+
+
+def learned_under(settings: PacingSettings) -> list[float]:
+    """The settings a lesson depends on (`pacing.rate`, `burst`, `max_concurrency`), as stored
+    beside it: a lesson learned under other numbers is reset (SPEC §5, a config change)."""
+    return [float(settings.rate), settings.burst, settings.max_concurrency]
 
 
 def quota_wait(departs: Departures | None, policy: tuple[float, float] | None, now: float) -> float:

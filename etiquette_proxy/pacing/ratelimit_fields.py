@@ -29,7 +29,7 @@ What it suggests (SPEC §5, draft-ietf-httpapi-ratelimit-headers-12):
 
 `pk` (a partition key) and other parameters are read and ignored: the proxy's site is the
 partition it paces. Quotas counted in other units (`qu="content-bytes"`, `"concurrent-requests"`)
-say nothing about request rate: ignored. q=0 is a quota spent for the whole window: a pause of
+say nothing about request rate: ignored (the draft's unit is `"request"`, the default). q=0 is a quota spent for the whole window: a pause of
 W. Malformed values are ignored with a note; they never widen what the site's other fields allow.
 """
 
@@ -49,6 +49,7 @@ _MAX_SHOWN = 40
 # The pace stays this far below a policy's q/w (2.5 %): an even pace at exactly q/w puts q+1
 # requests in one window closed at both ends (the same margin as a learned ceiling, learner.py).
 _MARGIN = 0.025
+_REQUEST_UNITS = frozenset({"request", "requests"})
 
 
 @dataclass(frozen=True)
@@ -173,12 +174,18 @@ def _policies(value: str | bytes | None, notes: list[str]) -> dict[str, _Quota]:
     if value is None:
         return out
     for index, (item, params) in enumerate(_members(_text(value))):
-        unit = params.get("qu", '"requests"').strip('"')
-        if unit != "requests":
-            continue  # a byte or concurrency quota says nothing about request rate
+        # draft-12 §5.1.2: `qu` defaults to "request" (the unit registry's spelling; "requests"
+        # is read as the same). Bytes or concurrency say nothing about request rate.
+        unit = params.get("qu", '"request"').strip('"')
+        if unit not in _REQUEST_UNITS:
+            continue
         quota = params.get("q", item if _NUMBER.match(item) else None)
         window = _number(params.get("w"))
         q = _number(quota)
+        if q is not None and params.get("w") is None:
+            # draft-12: `w` is optional; a quota without a window says no pace (its RateLimit
+            # item still reads, with its own `t`).
+            continue
         if q is None or window is None or window <= 0:
             notes.append(f"RateLimit-Policy member {_show(item or str(index))} unreadable: ignored")
             continue

@@ -40,6 +40,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 from etiquette_proxy.clock import Clock, wall
 from etiquette_proxy.pacing.budget import SiteBudget, Turn
 from etiquette_proxy.pacing.departing import DepartureGates, Departing
+from etiquette_proxy.pacing.latency import LatencySignals
 from etiquette_proxy.pacing.per_site import budget_registry
 from etiquette_proxy.pacing.restraints import Restraints, restraint_note
 from etiquette_proxy.pacing.shared_admission import OPERATOR, STOPPING, SharedAdmission
@@ -115,6 +116,8 @@ class PacingService:
         self.around = around
         # Written by the features that restrain (one table for all), read before every decision.
         self.restraints = restraints if restraints is not None else Restraints()
+        # Response times as an early signal (pacing/latency.py): a "latency" restraint.
+        self.latency = LatencySignals(self.restraints)
         self._clock = clock            # the budgets' (wall: pauses are persisted)
         self._monotonic = monotonic    # how long a request was held
         self._call_later = call_later  # None: the running loop's
@@ -267,8 +270,10 @@ class PacingService:
             budget.release(ticket)
             self.pump(site, budget)
 
-    def answered(self, site: str, ticket: int, status: int, headers: Mapping[str, str]) -> Answered:
-        """What the site said (`status` and the fields SiteBudget.on_response reads)."""
+    def answered(self, site: str, ticket: int, status: int, headers: Mapping[str, str],
+                 took_s: float | None = None) -> Answered:
+        """What the site said (`status` and the fields SiteBudget.on_response reads), and how
+        long after the request left it answered (`took_s`: the latency signal)."""
         budget = self.budget(site)
         try:
             decision = budget.on_response(ticket, status, headers)
@@ -278,6 +283,8 @@ class PacingService:
             self.pump(site, budget)
             return Answered(None)
         self.pump(site, budget)
+        if took_s is not None:  # latency: an early signal, before any 429
+            self.latency.observe(site, took_s, status)
         publish = None
         if decision.throttled and self.around.shared is not None:
             publish = (site, decision.pause_s, decision.reason,

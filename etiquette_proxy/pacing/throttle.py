@@ -14,18 +14,20 @@ lowers the rate is called by the budget after it has banked the tokens earned at
 
 from __future__ import annotations
 
+import logging
 import math
 import random as _random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeGuard, cast
 
-from etiquette_proxy.pacing.learner import CEILING_MARGIN, lesson
+from etiquette_proxy.pacing.learner import CEILING_MARGIN, learned_under, lesson
 from etiquette_proxy.pacing.ratelimit_fields import RateHint
 from etiquette_proxy.pacing.retry_after import RetryAfter
 from etiquette_proxy.pacing.settings import PacingSettings
 
 # The rate stays this far below a ceiling (learner.py says why).
+log = logging.getLogger(__name__)
 _CEILING_MARGIN = CEILING_MARGIN
 _STATE_VERSION = 1
 # One shared object for "never" (each `-math.inf` expression would be a new 24-byte float).
@@ -197,6 +199,15 @@ class ThrottleState:
             cap = min(cap, self.ceiling * (1.0 - _CEILING_MARGIN))
         return cap
 
+    def forget_lesson(self) -> bool:
+        """Drop what the site taught of its limit (rate, ceiling, concurrency): the configured
+        numbers apply again. Pauses, the breaker and a RateLimit hint stay (SPEC §5: the site
+        asked for them). True when there was a lesson to drop."""
+        taught = (self.ceiling is not None or self.concurrency is not None
+                  or self.rate < self.settings.rate or bool(self.lesson))
+        self.rate, self.ceiling, self.concurrency, self.lesson = self.settings.rate, None, None, ""
+        return taught
+
     def recover(self, cap: float) -> None:
         """One success: the rate steps up by throttle.recovery_step, up to `cap`."""
         self.rate = min(self.rate + self.settings.recovery_step, cap)
@@ -229,6 +240,8 @@ class ThrottleState:
             # Only when learned: a state from before the learner reads back the same.
             **({"concurrency": self.concurrency} if self.concurrency is not None else {}),
             **({"lesson": self.lesson} if self.lesson else {}),
+            # The pacing settings the lesson was learned under: other settings reset it.
+            "learned_under": learned_under(self.settings),
         }
 
     def from_state(self, state: Any, now: float) -> None:
@@ -271,6 +284,13 @@ class ThrottleState:
         self.concurrency = concurrency
         self.lesson = _short(state.get("lesson"))
         self.forget_ceiling(now)
+        under = state.get("learned_under")
+        if under is not None and under != learned_under(s) and self.forget_lesson():
+            # A lesson learned under other pacing settings is the old config's: the operator
+            # changed the numbers, so the site starts from the new ones (a pause it asked for
+            # stays). A state without the mark (older versions) keeps its lesson.
+            log.info("pacing settings changed since the site's limit was learned (%s, now %s): "
+                     "lesson dropped", under, learned_under(s))
 
 
 class _CalmThrottle(ThrottleState):

@@ -132,7 +132,7 @@ _OUTCOME_SHORT = {"revalidated": "reval", "served-stored": "stored", "disallowed
 
 _KNOWN_LIVE = {"rate", "ceiling", "paused_s", "pause_reason", "breaker_open", "breaker_s", "held",
                "in_flight", "health", "robots", "traps", "retired", "restraints", "operator_pause_s",
-               "payment", "efficiency"}  # payment: its `spent_today` text (SPEC §9); efficiency: the `recrawl` field (SPEC §6)
+               "payment", "efficiency", "learned", "concurrency"}  # payment: `spent_today` (SPEC §9); efficiency: `recrawl` (SPEC §6)
 
 NEEDS = ("paused", "hostile", "degrading", "throttled", "refusals", "ok")
 
@@ -417,6 +417,21 @@ def _more_cell(live: Mapping[str, Any]) -> str:
     return _cell(f'<span class="dim">{text}</span>', title)
 
 
+def _learned_cell(live: Mapping[str, Any], ceiling: float | None) -> str:
+    """SPEC §5: the limit the site taught (ceiling, requests at once) and how it was learned."""
+    learned = live.get("learned") if isinstance(live.get("learned"), str) else ""
+    concurrency = _num(live.get("concurrency"))
+    parts = [human_rate(ceiling)] if ceiling is not None else []
+    if concurrency is not None:
+        parts.append(f"{concurrency:g} at once")
+    if not parts:
+        return _cell('<span class="dim">–</span>', "", "num")
+    text = _e(" · ".join(parts))
+    if learned:
+        text += f'<br><span class="dim">{_e(_short(learned, 48))}</span>'
+    return _cell(text, learned or "set by the last 429; recovery stops below it", "num")
+
+
 def _row(entry: Mapping[str, Any]) -> str:
     live = entry.get("live", {})
     need = need_of(entry)
@@ -428,8 +443,7 @@ def _row(entry: Mapping[str, Any]) -> str:
         + _cell(f'<b>{_e(entry.get("site", ""))}</b>', str(entry.get("site", "")))
         + _health_cell(entry) + _pause_cell(live)
         + _cell(_e(human_rate(rate)) + _e(held), "", "num")
-        + _cell(_e(human_rate(ceiling)) if ceiling is not None else '<span class="dim">–</span>',
-                "set by the last 429; recovery stops below it" if ceiling is not None else "", "num")
+        + _learned_cell(live, ceiling)
         + _slowed_cell(live) + _robots_cell(live)
         + _cell(str(entry.get("requests", 0)), "", "num") + _outcomes_cell(entry) + _saved_cell(entry)
         + _more_cell(live) + "</tr>")

@@ -30,14 +30,13 @@ def test_seed_001_one_429_then_held_just_below_the_sites_limit(start_proxy, fres
     assert windowed.in_pause(site.arrivals) == []
     pages = codes.count(200)
     assert len(page_arrivals(site)) == 40 and pages == 40 - len(windowed.pauses)
-    # Pages served per second of the site's log. At the learned 1.95/s the most this loop can
-    # get is 1.82/s (39 pages: 0.4 s before the 429, the site's 2 s pause, 37 intervals); late
-    # timers on a busy 2-core machine cost 5-60 ms a request (measured 1.78-1.82/s), so the
-    # bound here is 1.75/s; the fake-clock run (tests/core/pacing/test_pacing_seed001.py) gets
-    # 1.87/s against its 1.8 bound. The 2.5 % margin below the learned rate is what keeps a
-    # second 429 away when requests reach the site with uneven delays.
+    # Pages served per second of the site's log (issue target: 1.8). At the learned 1.95/s the
+    # most this loop can get is 1.825/s (39 pages: 0.4 s before the 429, the site's 2 s pause,
+    # 37 intervals); measured 1.80-1.815 on a busy 2-core machine. A request stalled on its
+    # way (tens of ms) no longer draws a second 429: its late answer spaces the next departure
+    # (learner.Departures.late_by).
     span = site.arrivals[-1].at - site.arrivals[0].at
-    assert pages / span >= 1.75, f"{pages / span:.3f} pages/s over {span:.1f}s: {at}"
+    assert pages / span >= 1.8, f"{pages / span:.3f} pages/s over {span:.1f}s: {at}"
     throttled = [r for r in proxy.audit() if r["outcome"] == "throttled"]
     assert len(throttled) == codes.count(429)
     if throttled:  # the audit line says what was learned: the rate served just before

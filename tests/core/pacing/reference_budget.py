@@ -342,6 +342,13 @@ class SiteBudget:
         if throttled:
             retry = parse_retry_after(raw_retry, now, self.settings.max_retry_after)
             return self._on_throttle(now, status, retry, hint, echo, started)
+        if started is not None and self.throttle.ceiling is not None and self._departs is not None:
+            # learner: at a learned ceiling, a slower answer than the quickest lately spaces the
+            # next departure by that much (Departures.late_by)
+            rate = self._restrained(self.throttle.working_rate(now))
+            if (lag := self._departs.late_by(now - started, 1.0 / rate)) > 0:
+                self._bank(now)
+                self._tokens -= lag * rate
         return self._on_answer(now, status, hint, echo)
 
     # -- persistence -------------------------------------------------------------------------

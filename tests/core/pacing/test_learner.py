@@ -364,3 +364,43 @@ def test_refused_again_at_the_learned_ceiling_steps_it_down_by_one_margin():
     assert taught.ceiling == pytest.approx(1.95) and taught.rate == pytest.approx(1.95 * 0.975)
     lower = _lesson(served=1, ceiling=2.0, rate=1.95)  # a lower measure is taken as it is
     assert lower.ceiling == 1.0
+
+
+def test_an_answer_slower_than_the_quickest_lately_spaces_the_next_departure():
+    d = Departures()
+    assert d.late_by(0.010, 0.5) == 0.0  # the first answer sets the floor
+    assert d.late_by(0.008, 0.5) == 0.0  # a quicker one lowers it
+    # 90 ms late on the way, less the 2.5 % of an interval the margin leaves
+    assert d.late_by(0.098, 0.5) == pytest.approx(0.090 - 0.5 * 0.025)
+    assert d.late_by(0.008 + 0.01, 0.5) == 0.0  # within the margin: nothing spaced
+    assert d.late_by(2.0, 0.5) == 0.5  # at most one interval
+    floor = d.quickest
+    for _ in range(200):  # a site slower for good: the floor follows, the lag fades
+        lag = d.late_by(0.2, 0.5)
+    assert d.quickest > floor and lag < 0.001
+
+
+def test_a_stall_on_the_way_does_not_draw_a_second_429_at_the_learned_ceiling():
+    # Seed 001's site at the learned 1.95/s; one request reaches it 90 ms late (the answer
+    # comes back 90 ms late too): the next departure waits those 90 ms, so the site never sees
+    # three within one second.
+    clock = FakeClock(T0)
+    site = SlidingWindow(2, retry_after="2")
+    b = SiteBudget("site.test:80", PacingSettings(rate=5.0), clock=clock, random=lambda: 0.5)
+    arrivals: list[float] = []
+    statuses: list[int] = []
+    for i in range(40):
+        turn = b.reserve()
+        while turn.action == "wait":
+            clock.advance(turn.wait_s)
+            turn = b.admit(turn.ticket)
+        way = 0.091 if i == 20 else 0.001
+        arrivals.append(clock() + way)
+        status, headers = site.arrive(clock() + way, 0.0)
+        statuses.append(status)
+        clock.advance(2 * way)
+        b.on_response(turn.ticket, status, headers)
+    assert statuses.count(429) == 1  # the first lesson only
+    assert b.ceiling == pytest.approx(2.0)  # one lesson, never stepped down
+    two = [c - a for a, c in zip(arrivals[3:], arrivals[5:], strict=False)]
+    assert min(two) > 1.0

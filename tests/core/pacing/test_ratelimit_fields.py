@@ -172,3 +172,25 @@ def test_a_one_second_window_is_paced_at_q_over_w_whatever_r_says(r):
 def test_a_quota_of_zero_is_a_pause_for_the_window_not_a_rate_of_zero():
     got = hint({"RateLimit-Policy": '"default";q=0;w=30'})
     assert got is not None and got.max_rate is None and got.pause_s == 30.0
+
+
+@pytest.mark.parametrize(("policy", "max_rate"), [
+    # draft-12 § Quota Unit: "request" is the registered unit and the default
+    ('"default";q=100;w=10;qu="request"', 9.75),
+    ('"default";q=100;w=10', 9.75),
+    ('"default";q=100;w=10;qu="requests"', 9.75),  # a common misspelling, read as the same
+    ('"default";q=100;w=10;qu="concurrent-requests"', None),  # concurrency, not a rate
+    ('default;q=100;w=10', 9.75),  # a Token item (earlier revisions) names the policy too
+])
+def test_the_quota_unit_request_is_a_request_rate(policy, max_rate):
+    got = hint({"RateLimit-Policy": policy})
+    if max_rate is None:
+        assert got is None or got.max_rate is None
+    else:
+        assert got is not None and got.max_rate == pytest.approx(max_rate)
+
+
+def test_a_policy_without_a_window_sets_no_pace_and_is_not_called_unreadable():
+    # draft-12: `w` is optional. Its live counters still read with their own `t`.
+    got = hint({"RateLimit-Policy": '"daily";q=1000', "RateLimit": '"daily";r=10;t=100'})
+    assert got is not None and got.max_rate == pytest.approx(0.1) and got.notes == ()

@@ -69,4 +69,6 @@ def test_state_stored_with_the_old_robots_rate_field_still_loads(robots_rate) ->
     assert t.reason_paused(T0 + 1) == "Retry-After: 30"
     state = t.to_state()
     assert "robots_rate" not in state
+    # written back with the settings its lesson now stands under (learner.learned_under)
+    assert state.pop("learned_under") == [4.0, 1, 2]
     assert state == {k: v for k, v in old.items() if k != "robots_rate"}

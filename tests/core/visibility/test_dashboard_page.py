@@ -114,3 +114,15 @@ def test_serve_reads_the_view_from_the_query():
 ])
 def test_only_the_health_bands_are_shown(health, band):
     assert health_of({"live": {"health": health}})[1] == band
+
+
+def test_the_learned_limit_and_how_it_was_learned_are_shown():
+    # SPEC §5: an operator sees why a site runs at the rate it does.
+    how = "learned from 429 at 14:02 UTC: 1.95/s (2 served in the 1s before), concurrency 2"
+    entry = site("x.test:443", rate=1.95, ceiling=2.0, concurrency=2, learned=how)
+    html = render_html({"sites": [entry], "recent": []})
+    row = re.search(r'<tr class="need\d" data-site="x.test:443".*?</tr>', html, re.S)
+    assert row is not None
+    assert "2/s · 2 at once" in row.group(0) and "learned from 429 at 14:02" in row.group(0)
+    assert f'title="{how}"' in row.group(0)
+    assert "learned:" not in row.group(0)  # not repeated among the fields the page does not know

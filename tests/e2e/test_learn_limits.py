@@ -1,0 +1,59 @@
+"""Each kind of limited site, through the real proxy (SPEC §5: the site's limit is learned), judged
+by the site's own log: at most one throttling answer (a burst counts once), not one arrival
+inside a pause it asked for, and a steady rate of at least 0.85 x its limit. Short runs (6 s,
+an eager config, four clients back to back); benchmarks/learn_limits.py runs the 45 s table."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import time
+
+import pytest
+
+from tests.e2e.limited_sites import KINDS, make
+from tests.e2e.test_pacing import fresh, per_site  # noqa: F401 - `fresh` is a fixture
+
+pytestmark = pytest.mark.e2e
+EAGER = {"pacing__rate": 10, "pacing__burst": 2, "pacing__max_concurrency": 4}
+LIMIT = 5.0
+SECONDS = 6.0
+
+
+def hammer(proxy, site, seconds: float, clients: int = 4) -> float:
+    """`clients` threads back to back for `seconds`; when they started (monotonic)."""
+    started = time.monotonic()
+    deadline = started + seconds
+    counter = itertools.count()
+
+    def one(_: int) -> None:
+        with proxy.session() as s:
+            while time.monotonic() < deadline:
+                s.get(site.url(f"/p{next(counter)}"), timeout=30)
+
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        list(pool.map(one, range(clients)))
+    return started
+
+
+# The kinds that meet the bar through the real proxy today. Not yet (benchmarks/learn_limits.py
+# prints their figures): a token bucket with a burst (what it served before its 429 includes
+# the burst: the first lesson is too high, a second 429 follows), a site whose 429s say
+# Retry-After: 0 under four eager clients (repeated zero pauses reach the breaker), and the
+# announcing site counting robots.txt (one 429, steady 0.76-0.84; the announcing site of
+# tests/e2e/test_pacing_learned.py meets it).
+MEETING = tuple(k for k in KINDS if k in ("sliding", "concurrency", "overload"))
+
+
+@pytest.mark.parametrize("kind", MEETING)
+def test_one_throttling_answer_at_most_then_near_the_sites_limit(start_proxy, fresh, kind):  # noqa: F811
+    site = fresh()
+    limited = make(site, kind, LIMIT)
+    proxy = start_proxy(sets=per_site(site, **EAGER))
+    started = hammer(proxy, site, SECONDS)
+    ended = time.monotonic()
+    at = [round(t - started, 2) for t, _ in limited.throttled]
+    assert limited.events(answered_in=0.2 + limited.hold_s) <= 1, at
+    assert limited.inside_pauses(site.arrivals) == []
+    steady = limited.steady(started + 3.0, ended)
+    assert steady >= 0.85, f"{kind}: {steady:.2f} x its limit; throttled at {at}"
