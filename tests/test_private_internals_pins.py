@@ -1,4 +1,4 @@
-"""diskcache's private `Cache._sql` (revalidation/store.py `_touch`) against its pin in pyproject.
+"""diskcache's private `Cache._sql` (revalidation/store_rows.py `_touch`) against its pin in pyproject.
 
 The store refreshes an entry's age with one SQL UPDATE through `_sql` on diskcache 5's schema
 (`Cache` table, `store_time`, `raw`); pyproject pins `diskcache>=5.6,<6` for that. This fails

@@ -12,6 +12,7 @@ from etiquette_proxy.revalidation.gone import GoneRecord
 from etiquette_proxy.revalidation.revisit import NAMESPACE as REVISIT
 from etiquette_proxy.revalidation.revisit import RevisitState
 from etiquette_proxy.revalidation import store as store_module
+from etiquette_proxy.revalidation import store_freshness
 from etiquette_proxy.revalidation.store import ValidatorStore
 from etiquette_proxy.revalidation.validators import StoredEntry
 
@@ -325,7 +326,7 @@ def test_an_unchanged_row_is_parsed_once_and_a_changed_one_again(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # get()'s hot set asks SQLite whether another connection wrote at most every HOT_CHECK_S
     # (1 ms); asked on every call here, so "another process wrote" is seen on the next get().
-    monkeypatch.setattr(store_module, "HOT_CHECK_S", 0.0)
+    monkeypatch.setattr(store_freshness, "HOT_CHECK_S", 0.0)
     with ValidatorStore(tmp_path / "s") as ours, ValidatorStore(tmp_path / "s") as theirs:
         e = make("https://e.com/p")
         assert ours.put(e, b"<html>hi</html>", {REVISIT: {"fingerprint": "a", "interval_s": 60.0,

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from etiquette_proxy.revalidation import store as store_module
+from etiquette_proxy.revalidation import store_freshness
 from etiquette_proxy.revalidation.store import ValidatorStore
 from etiquette_proxy.revalidation.validators import StoredEntry
 
@@ -22,7 +23,7 @@ def make(etag: str, body: bytes = b"<html>hi</html>") -> StoredEntry:
 def stores(tmp_path: Path, monkeypatch):  # type: ignore[no-untyped-def]
     """Two stores on one directory: two processes (workers) sharing the store; data_version
     asked on every get (the 1 ms between asks is what a slower read would see too)."""
-    monkeypatch.setattr(store_module, "HOT_CHECK_S", 0.0)
+    monkeypatch.setattr(store_freshness, "HOT_CHECK_S", 0.0)
     with ValidatorStore(tmp_path) as mine, ValidatorStore(tmp_path) as theirs:
         yield mine, theirs
 
@@ -128,7 +129,7 @@ def test_a_body_read_on_another_thread_is_not_kept(stores, monkeypatch) -> None:
 
 def test_kept_bodies_are_bounded_in_bytes(stores, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     mine, _ = stores
-    monkeypatch.setattr(store_module, "HOT_BODY_BYTES", 3 * len(BODY))
+    monkeypatch.setattr(store_freshness, "HOT_BODY_BYTES", 3 * len(BODY))
     entries = [StoredEntry.build(f"{URL}/{i}", [], [("ETag", '"a"')], BODY, now=1.8e9) for i in range(10)]
     for entry in entries:
         mine.put(entry, BODY)
@@ -142,7 +143,7 @@ def test_kept_bodies_are_bounded_in_bytes(stores, monkeypatch) -> None:  # type:
 
 def test_a_body_over_the_limit_is_read_every_time(stores, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     mine, _ = stores
-    monkeypatch.setattr(store_module, "HOT_BODY_MAX", len(BODY) - 1)
+    monkeypatch.setattr(store_freshness, "HOT_BODY_MAX", len(BODY) - 1)
     entry = make('"a"')
     mine.put(entry, BODY)
     reads = _reads(mine, monkeypatch)
@@ -209,8 +210,8 @@ def test_our_own_commit_asks_but_keeps_the_hot_set(stores, monkeypatch) -> None:
 
 def test_without_a_wal_index_every_check_asks(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """No -shm file to read (not WAL mode): data_version is asked as before, writes seen."""
-    monkeypatch.setattr(store_module, "HOT_CHECK_S", 0.0)
-    monkeypatch.setattr(store_module, "_map_wal_index", lambda path: None)
+    monkeypatch.setattr(store_freshness, "HOT_CHECK_S", 0.0)
+    monkeypatch.setattr(store_freshness, "_map_wal_index", lambda path: None)
     with ValidatorStore(tmp_path) as mine, ValidatorStore(tmp_path) as theirs:
         mine.get(URL)
         asks = _asks(mine, monkeypatch)

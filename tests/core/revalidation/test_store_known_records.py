@@ -13,6 +13,7 @@ import pytest
 
 from etiquette_proxy.clock import FakeClock
 from etiquette_proxy.revalidation import store as store_module
+from etiquette_proxy.revalidation import store_freshness
 from etiquette_proxy.revalidation.gone import NAMESPACE as GONE
 from etiquette_proxy.revalidation.gone import GoneRecord
 from etiquette_proxy.revalidation.revisit import NAMESPACE as REVISIT
@@ -138,7 +139,7 @@ def test_plain_dict_records_are_copies_never_kept(stores: tuple[ValidatorStore, 
 def test_kept_answers_are_bounded(stores: tuple[ValidatorStore, ValidatorStore],
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     ours, _ = stores
-    monkeypatch.setattr(store_module, "HOT_RECORDS", 3)
+    monkeypatch.setattr(store_freshness, "HOT_RECORDS", 3)
     for i in range(10):
         ours.get_record(GONE, f"{URL}/{i}", parse=GoneRecord.from_state)
     assert len(ours._known._keys) == 3  # noqa: SLF001
