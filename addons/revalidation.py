@@ -46,6 +46,7 @@ from etiquette_proxy.revalidation.fingerprint import (  # noqa: F401 - decoded_f
 from etiquette_proxy.revalidation.recent import Recent
 from etiquette_proxy.revalidation.revisit import NAMESPACE as REVISIT
 from etiquette_proxy.revalidation.revisit import RevisitPolicy, RevisitState
+from etiquette_proxy.revalidation.service import THREAD_ABOVE, stored_body
 from etiquette_proxy.revalidation.store import HOT_ENTRIES
 from etiquette_proxy.revalidation.validators import (
     Answer304,
@@ -75,9 +76,6 @@ log = logging.getLogger(__name__)
 # entries than the hot set holds, ~1.5 KB each at most (~6 MB).
 INJECTIONS_KEPT = HOT_ENTRIES
 
-# Bodies above this are read, hashed and fingerprinted in a worker thread: the event loop
-# serves every other flow meanwhile (a 10 MiB regex pass takes tens of milliseconds).
-THREAD_ABOVE = 256 * 1024
 REFETCH_TIMEOUT_S = 30.0
 
 _HAD_ENTRY = "etiquette_had_entry"  # a stored entry existed when the request went out
@@ -197,7 +195,7 @@ class Revalidation:
                 if self.rt.observe:
                     notes.would_do("served-stored", reason)
                     return
-                body = await self._body(entry)
+                body = await stored_body(store, entry)
                 if body is not None:
                     notes.outcome, notes.reason, notes.local = "served-stored", reason, True
                     # RFC 9111 §5.1: a stored response carries its Age.
@@ -216,7 +214,7 @@ class Revalidation:
         if self.rt.observe:
             flow.metadata[_WOULD_INJECT] = injection.entry
             return
-        body = await self._body(injection.entry)
+        body = await stored_body(store, injection.entry)
         if body is None:  # evicted or damaged since the entry was read: a plain fetch
             log.info("stored body for %s is missing or damaged; not revalidating", key)
             return
@@ -238,13 +236,6 @@ class Revalidation:
         names = tuple(name for name, _ in injection.headers)
         self._injections.put((id(entry), request_fields), (entry, injection, fields, names))
         return injection, fields, names
-
-    async def _body(self, entry: StoredEntry) -> bytes | None:
-        store = self.rt.store
-        assert store is not None
-        if entry.body_size > THREAD_ABOVE:
-            return await asyncio.to_thread(store.body, entry)
-        return store.body(entry)
 
     # -- response: 304 -> 200, unchanged, store and fingerprint ------------------------------
 

@@ -49,6 +49,7 @@ from etiquette_proxy.revalidation.sitemaps import (
     starts_with_url,
 )
 from etiquette_proxy.revalidation.store import ValidatorStore
+from etiquette_proxy.revalidation.validators import StoredEntry
 from etiquette_proxy.sites import site_settings
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,17 @@ LOGGED_KEPT = 1_000  # sitemap URLs whose problem was logged already
 INDEX_CHILDREN = 50  # sitemaps followed from one index per refresh (within the site's budget)
 SNIFF_BYTES = 64 * 1024  # a 200's first bytes looked at to tell a sitemap
 SITEMAP_FILES = "sitemapfile"  # store records: the URL keys read as sitemaps
+# Bodies above this are read, hashed and fingerprinted in a worker thread: the event loop
+# serves every other flow meanwhile (a 10 MiB regex pass takes tens of milliseconds).
+THREAD_ABOVE = 256 * 1024
 V = TypeVar("V")
+
+
+async def stored_body(store: ValidatorStore, entry: StoredEntry) -> bytes | None:
+    """store.body(entry), read in a worker thread when over THREAD_ABOVE (the loop goes on)."""
+    if entry.body_size > THREAD_ABOVE:
+        return await asyncio.to_thread(store.body, entry)
+    return store.body(entry)
 
 
 @dataclass(frozen=True)
