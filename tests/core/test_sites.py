@@ -8,7 +8,7 @@ from collections import OrderedDict
 
 import pytest
 
-from etiquette_proxy import sites as registry_module
+from etiquette_proxy import site_table as registry_module
 from etiquette_proxy.sites import Persisted, SiteRegistry, hashed_dict
 from etiquette_proxy.state.memory import MemoryState
 
