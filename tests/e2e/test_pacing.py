@@ -146,7 +146,9 @@ def test_a_held_herd_reaches_the_site_at_its_rate_and_the_rest_is_refused_at_onc
     assert len(served) + len(refused) == 200
     # Sent far faster than 20/s: the line passes 1.5 s (place 30) early, and from then on
     # arrivals are refused at once, saying their real expected wait, not after waiting.
-    at_arrival = [i for i in refused if "expected wait" in answers[i][2] and "place" in answers[i][2]]
+    # ("(place": decided at arrival; a request refused after it was held says "(0.3s held, place",
+    # which a busy machine's late timers can cause for a few at the head of the line.)
+    at_arrival = [i for i in refused if "expected wait" in answers[i][2] and "(place" in answers[i][2]]
     assert len(served) >= 30 and len(at_arrival) >= 50, (len(served), [answers[i][2] for i in refused])
     assert all("pacing.max_hold 1.5s" in answers[i][2] for i in at_arrival)
     # Decided on arrival, held for nothing (the client's own wait is the busy proxy accepting
