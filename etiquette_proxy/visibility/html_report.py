@@ -13,16 +13,11 @@ from collections.abc import Iterable
 from html import escape
 from typing import IO, Any
 
-from etiquette_proxy.visibility.report import (
-    RUBRIC,
-    Report,
-    SiteConduct,
-    _bytes,
-    parse_epoch,
-    write_output,
-)
+from etiquette_proxy.visibility.conduct import RUBRIC, Report, SiteConduct, parse_epoch
+from etiquette_proxy.visibility.report import write_output
 from etiquette_proxy.visibility.svg import Chart, thin, time_label
 from etiquette_proxy.visibility.timeline import NEEDS, SiteTimeline
+from etiquette_proxy.visibility.wording import _bytes
 
 BUCKETS = 120  # request bars across the run
 

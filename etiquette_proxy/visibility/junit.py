@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from xml.etree import ElementTree as ET
 
-from etiquette_proxy.visibility.report import NOTHING_SEEN, ConductVerdict
+from etiquette_proxy.visibility.conduct import NOTHING_SEEN, ConductVerdict
 
 SUITE = "etiquette-proxy conduct"
 CLASSNAME = "etiquette-proxy.conduct"

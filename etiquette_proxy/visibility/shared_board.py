@@ -19,7 +19,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from etiquette_proxy.visibility.board import SiteBoard, SiteTally, StatusProvider
+from etiquette_proxy.visibility.board import SiteBoard, StatusProvider
+from etiquette_proxy.visibility.site_tally import SiteTally
 
 KEY = "etiquette:board:"  # KEY + "index": sorted set id -> last publish; KEY + id: the board
 PUBLISH_SITES = 1000
