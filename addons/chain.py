@@ -24,7 +24,7 @@ from addons.runtime import Runtime
 from addons.settings import Settings
 from addons.site_grouping import SiteGrouping
 from addons.sitemaps import SitemapHooks
-from addons.streaming import BodyStreams, discard_request_body
+from addons.streaming import BodyDigests, BodyStreams, discard_request_body
 from addons.target_check import TargetCheck
 
 from etiquette_proxy.events import Broadcast
@@ -198,6 +198,7 @@ def members(rt: Runtime) -> list[Any]:
     return [
         Settings(rt, listening),  # options, config, state, audit log; starts each flow's notes
         PaidBodies(),  # SPEC §9: a paid answer's body back in place before any `response` hook reads it
+        BodyDigests(),  # SPEC §12: a streamed body's SHA-256 (hashed off the loop) awaited before `response` reads it
         StopGate(rt),  # SPEC §12: while stopping, new requests are answered, never started
         dashboard,  # http://etiquette.proxy/ answered here, before any gate sees it
         AuditLogGate(rt),  # SPEC §11: audit log not writable -> local 503, before anything reaches a site

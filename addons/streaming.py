@@ -27,8 +27,9 @@ between body bytes is timed by ConnectionLimits (`upstream.read_timeout`) on the
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Generator
+from collections.abc import Awaitable, Generator
 from typing import Any
 
 from mitmproxy import http
@@ -102,6 +103,19 @@ class RequestTee:
     def __call__(self, chunk: bytes) -> bytes:
         self.copy.feed(chunk)
         return chunk
+
+
+class BodyDigests:
+    """Before any `response` hook reads a streamed body's SHA-256 (the store's fingerprint of a
+    body too large to keep, SPEC §12), the flow awaits the hashing threads catching up with
+    it. Only this flow waits; the event loop never does (etiquette_proxy/bodies.py)."""
+
+    def response(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
+        copy = body_of(flow)
+        if copy is None:  # not streamed (a local answer, a 304, HEAD): nothing to wait for
+            return None
+        pending = copy.digest_pending()
+        return None if pending is None else asyncio.wrap_future(pending)
 
 
 class BodyStreams:

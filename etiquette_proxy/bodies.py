@@ -11,12 +11,14 @@ size, so health and the store read what they need without the proxy holding the 
 from __future__ import annotations
 
 import hashlib
+import os
+import threading
 import time
 import zlib
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Protocol
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from typing import Protocol
 
 ZLIB_CODINGS = ("gzip", "x-gzip", "deflate")
 
@@ -122,6 +124,15 @@ class BodyCopy:
         """The hex SHA-256 of every byte fed, when `hashed` and the body outgrew `keep`."""
         return self._sha.hexdigest() if self._sha is not None else None
 
+    def digest_pending(self) -> Future[None] | None:
+        """A future done once `sha256` can be read without waiting for a hash still being
+        computed off the loop; None when it can be read now."""
+        settled = getattr(self._sha, "settled", None)  # only an off-loop hash (OffLoopSha256) has one
+        if settled is None:
+            return None
+        pending: Future[None] = settled()
+        return None if pending.done() else pending
+
 
 def declared_length(content_length: str | None) -> int | None:
     """Content-Length as a number, None when absent or not one number (RFC 9112 §6.3)."""
@@ -147,28 +158,59 @@ def streams_request_body(content_length: str | None, transfer_encoding: str, str
 # SPEC §12 fingerprints a body too large to store by its SHA-256, computed as it streams. On
 # the event loop that is a large share of what forwarding a byte costs (one core: hashing
 # runs a few times faster than mitmproxy forwards); hashlib lets go of the GIL while it
-# hashes, so one worker thread does it beside the loop, in order, for every flow.
-_HASHING = ThreadPoolExecutor(1, thread_name_prefix="etiquette-body-hash")
-BATCH_BYTES = 256 * 1024  # chunks handed to the thread together: one hand-over per 256 KiB, not per chunk
-MAX_PENDING = 2  # batches waiting for the thread, per body: at most 768 KiB held per body
+# hashes a chunk, so it runs on a few threads beside the loop. Each body's bytes are hashed in
+# order by one job at a time (its queue of batches); different bodies hash at once on
+# different threads. The event loop never waits for a batch: it hands batches over and moves
+# on, and a body's digest is awaited (`settled`) before its `response` hooks read it.
+HASH_THREADS = min(2, os.cpu_count() or 1)
+BATCH_BYTES = 1024 * 1024  # chunks handed over together: one hand-over per MiB, not per chunk
+JOIN_BYTES = 8 * 1024 * 1024  # hashed in one update at most (the thread copies them together first)
+# Bytes handed over and not hashed yet, all bodies together. The threads hash several times
+# faster than the loop forwards, so this is reached only when they are starved of CPU; past
+# it a hand-over waits for that body's own queue (memory stays bounded, SPEC §12) rather
+# than letting it grow.
+QUEUED_LIMIT = 64 * 1024 * 1024
+
+
+class HashingPool:
+    """The threads bodies are hashed on, and the count of bytes waiting for them."""
+
+    def __init__(self, executor: Executor | None = None, *, queued_limit: int = QUEUED_LIMIT):
+        self._executor = executor
+        self.queued_limit = queued_limit
+        self.queued = 0  # bytes handed over, not hashed yet (all bodies)
+        self.lock = threading.Lock()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        if self._executor is None:  # started on first use: a proxy that streams no large body has no thread
+            self._executor = ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="etiquette-body-hash")
+        self._executor.submit(job)
+
+
+HASHING = HashingPool()
 
 
 class OffLoopSha256:
-    """A SHA-256 fed on the event loop and computed on the hashing thread, in order.
+    """A SHA-256 fed on the event loop and computed on the hashing pool, in order.
 
-    Chunks are handed over in batches of BATCH_BYTES (a hand-over costs about what hashing a
-    64 KiB chunk does). At most MAX_PENDING batches wait for the thread (memory stays bounded);
-    past that, `update` waits for the oldest, so a thread that falls behind slows the stream
-    instead of piling chunks up. `hexdigest` hands over the rest and waits for it.
+    `update` only collects chunks (no copy: the bytes objects themselves) and hands each
+    BATCH_BYTES over to this body's queue; one job at a time drains the queue on the pool, so
+    the hash sees every byte in the order fed. `settled` is a future done once everything fed
+    so far is hashed (the `response` hook awaits it); `hexdigest` waits for it (immediate once
+    `settled` is done).
     """
 
-    __slots__ = ("_sha", "_batch", "_batched", "_pending")
+    __slots__ = ("_sha", "_pool", "_batch", "_batched", "_queue", "_draining", "_settled", "_failed")
 
-    def __init__(self) -> None:
+    def __init__(self, pool: HashingPool | None = None) -> None:
         self._sha = hashlib.sha256()
+        self._pool = pool or HASHING
         self._batch: list[bytes] = []
         self._batched = 0
-        self._pending: deque[Future[None]] = deque()
+        self._queue: deque[tuple[list[bytes], int]] = deque()  # handed over, not hashed yet
+        self._draining = False  # a job of this body is on the pool
+        self._settled: Future[None] | None = None  # done when the queue is next empty
+        self._failed: BaseException | None = None  # hashing raised: there is no digest
 
     def update(self, data: bytes, /) -> None:
         self._batch.append(data)
@@ -177,22 +219,73 @@ class OffLoopSha256:
             self._hand_over()
 
     def _hand_over(self) -> None:
-        pending = self._pending
-        while pending and pending[0].done():
-            pending.popleft().result()
-        if len(pending) >= MAX_PENDING:
-            pending.popleft().result()
-        batch, self._batch, self._batched = self._batch, [], 0
-        pending.append(_HASHING.submit(_hash_all, self._sha, batch))
+        pool = self._pool
+        batch, size = self._batch, self._batched
+        self._batch, self._batched = [], 0
+        with pool.lock:
+            self._queue.append((batch, size))
+            pool.queued += size
+            over = pool.queued > pool.queued_limit
+            start = not self._draining
+            self._draining = True
+        if start:
+            pool.submit(self._drain)
+        if over:
+            self._caught_up().result()  # the threads are starved: memory before speed (SPEC §12)
 
-    def hexdigest(self) -> str:
+    def _drain(self) -> None:
+        """On the pool: hash this body's batches in order until its queue is empty.
+
+        Each turn takes every batch waiting (up to JOIN_BYTES) and hashes it in one update:
+        hashlib lets go of the GIL for the whole of it, and taking the GIL back from a busy
+        event loop can take a switch interval (5 ms), so a thread that fell behind catches up
+        in one turn instead of waiting for the GIL once per chunk."""
+        pool = self._pool
+        while True:
+            with pool.lock:
+                if not self._queue or self._failed is not None:
+                    pool.queued -= sum(size for _, size in self._queue)
+                    self._queue.clear()  # after a failure nothing more is hashed: no digest is given
+                    self._draining = False
+                    settled, self._settled = self._settled, None
+                    break
+                chunks, taken = self._queue.popleft()
+                while self._queue and taken + self._queue[0][1] <= JOIN_BYTES:
+                    more, size = self._queue.popleft()
+                    chunks += more
+                    taken += size
+            try:
+                self._sha.update(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+            except BaseException as e:  # noqa: BLE001 - kept for whoever asks for the digest
+                self._failed = e
+            with pool.lock:
+                pool.queued -= taken
+        if settled is not None:
+            _settle(settled, self._failed)
+
+    def settled(self) -> Future[None]:
+        """Done when every byte fed so far is hashed (the last partial batch handed over first)."""
         if self._batch:
             self._hand_over()
-        while self._pending:
-            self._pending.popleft().result()
+        return self._caught_up()
+
+    def _caught_up(self) -> Future[None]:
+        with self._pool.lock:
+            if self._draining:
+                if self._settled is None:
+                    self._settled = Future()
+                return self._settled
+        done: Future[None] = Future()
+        _settle(done, self._failed)
+        return done
+
+    def hexdigest(self) -> str:
+        self.settled().result()
         return self._sha.hexdigest()
 
 
-def _hash_all(sha: Any, batch: list[bytes]) -> None:
-    for data in batch:
-        sha.update(data)
+def _settle(future: Future[None], failed: BaseException | None) -> None:
+    if failed is None:
+        future.set_result(None)
+    else:
+        future.set_exception(failed)

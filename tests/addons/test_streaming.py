@@ -20,11 +20,13 @@ from addons.health import body_head
 from addons.notes import notes_of
 from addons.revalidation import Revalidation
 from addons.runtime import Runtime
-from addons.streaming import BODY, DISCARD, TAIL, BodyStreams, body_of
-from etiquette_proxy.bodies import BodyCopy
+from addons.streaming import BODY, DISCARD, TAIL, BodyDigests, BodyStreams, body_of
+from etiquette_proxy import bodies
+from etiquette_proxy.bodies import BodyCopy, HashingPool
 from etiquette_proxy.config import load_config_file
 from etiquette_proxy.revalidation.store import ValidatorStore
 from tests.addons.test_revalidation import URL, flow
+from tests.core.test_body_hashing import HeldExecutor
 
 
 @pytest.fixture
@@ -136,6 +138,51 @@ def test_a_storable_body_under_store_max_body_is_stored_as_before(rt: Runtime) -
     assert rt.store is not None
     entry = rt.store.get(URL)
     assert entry is not None and rt.store.body(entry) == b"c" * 1000 + b"d" * 2000
+
+
+class DigestReader:
+    """A `response` hook reading the streamed body's SHA-256 as revalidation does, noting
+    whether it had to wait for it (it never reads one still being hashed: that would block)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str | None]] = []
+
+    def response(self, f: http.HTTPFlow) -> None:
+        copy = body_of(f)
+        assert copy is not None
+        self.seen.append((f.id, copy.sha256 if copy.digest_pending() is None else "not hashed yet"))
+
+
+def test_a_flow_awaits_its_own_digest_before_the_response_hooks_and_other_flows_go_on(
+        rt: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    held = HeldExecutor()  # the hashing threads, held until released
+    monkeypatch.setattr(bodies, "HASHING", HashingPool(held))
+    reader = DigestReader()
+    chain = Chain([BodyDigests(), reader])
+    big = flow()
+    head_arrives(big, headers={"Content-Type": "text/html"})
+    BodyStreams(rt).responseheaders(big)
+    body = [bytes([i]) * 60000 for i in range(40)]  # 2.4 MB > store.max_body: hashed off the loop
+    body_streams(big, body)
+    small = flow()
+    head_arrives(small, headers={"Content-Length": "5"})
+    BodyStreams(rt).responseheaders(small)
+    body_streams(small, [b"hello"])
+
+    async def both() -> None:
+        waiting = asyncio.create_task(chain.response(big))
+        await asyncio.wait_for(chain.response(small), 30)  # answered while the big body's hash is held
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not waiting.done() and reader.seen == [(small.id, None)]  # the big flow waits, alone
+        held.release()
+        await asyncio.wait_for(waiting, 30)
+
+    try:
+        asyncio.run(both())
+    finally:
+        held.shutdown()
+    assert reader.seen[1] == (big.id, hashlib.sha256(b"".join(body)).hexdigest())
 
 
 class Gate:

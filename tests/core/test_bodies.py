@@ -1,5 +1,6 @@
 """decode_head: gzip and deflate undone, bounded, raw DEFLATE read, other codings left alone;
-BodyCopy: a bounded copy of a body streaming through (whole, head, size, hash, last bytes)."""
+BodyCopy: a bounded copy of a body streaming through (whole, head, size, hash, last bytes);
+the hash computed off the event loop: tests/core/test_body_hashing.py."""
 
 from __future__ import annotations
 
@@ -10,9 +11,7 @@ import zlib
 import pytest
 
 from etiquette_proxy.bodies import (
-    MAX_PENDING,
     BodyCopy,
-    OffLoopSha256,
     declared_length,
     decode_head,
     streams_request_body,
@@ -99,19 +98,6 @@ def test_copy_says_when_its_last_bytes_came() -> None:
 def test_copy_rejects_negative_bounds() -> None:
     with pytest.raises(ValueError, match="keep .-1. and head .0. must be >= 0"):
         BodyCopy(keep=-1, head=0)
-
-
-def test_the_hash_computed_off_the_loop_is_the_sha256_of_every_byte_in_order() -> None:
-    chunks = [bytes([i]) * (65536 - i) for i in range(100)]  # ~6 MiB: several batches
-    sha = OffLoopSha256()
-    for chunk in chunks:
-        sha.update(chunk)
-        assert len(sha._pending) <= MAX_PENDING  # bounded whatever the thread's pace
-    assert sha.hexdigest() == hashlib.sha256(b"".join(chunks)).hexdigest()
-    copy = BodyCopy(10, 0, hashed=True, new_hash=OffLoopSha256)  # as the streaming addon makes it
-    for chunk in chunks:
-        copy.feed(chunk)
-    assert copy.sha256 == hashlib.sha256(b"".join(chunks)).hexdigest()
 
 
 @pytest.mark.parametrize("value, length", [("12", 12), (" 7 ", 7), (None, None), ("-1", None), ("1, 2", None),
