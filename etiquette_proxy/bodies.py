@@ -169,7 +169,7 @@ JOIN_BYTES = 8 * 1024 * 1024  # hashed in one update at most (the thread copies 
 # faster than the loop forwards, so this is reached only when they are starved of CPU; past
 # it a hand-over waits for that body's own queue (memory stays bounded, SPEC §12) rather
 # than letting it grow.
-QUEUED_LIMIT = 64 * 1024 * 1024
+QUEUED_LIMIT = 32 * 1024 * 1024
 
 
 class HashingPool:

@@ -170,6 +170,53 @@ def test_eight_concurrent_100_mb_downloads_stay_in_bounded_memory(start_proxy, m
     assert [(x["outcome"], x["bytes"]) for x in lines] == [("fetched", size)] * 8
 
 
+def test_a_small_page_is_answered_while_four_large_bodies_stream(start_proxy, make_site):
+    # Four bodies too large to store are hashed as they pass (SPEC §12's fingerprint, off the
+    # event loop); the site holds each one halfway until the small page has been answered, so
+    # the page is answered while all four are mid-stream. (That the loop never waits for the
+    # hashing threads is shown deterministically in tests/core/test_body_hashing.py.)
+    half, release, halfway = 24 * MB, threading.Event(), threading.Semaphore(0)
+
+    def held_halfway() -> Iterator[bytes]:
+        for i in range(2 * half // len(BLOCK)):
+            if i == half // len(BLOCK):
+                halfway.release()
+                release.wait(60)  # bounded: the test releases it
+            yield BLOCK
+    site = make_site().route("/robots.txt", Answer(404)).route("/page", Answer(200, body=b"<html>small</html>"))
+    for n in range(4):
+        site.route(f"/big{n}", Answer(200, headers={"Content-Type": "application/octet-stream"},
+                                      chunks=held_halfway, length=2 * half))
+    proxy = start_proxy(sets=FAST_PACING)
+    assert download(proxy, site, "/warm").complete  # robots.txt fetched
+    results: dict[int, Download] = {}
+    threads = [threading.Thread(target=lambda n=n: results.__setitem__(n, download(proxy, site, f"/big{n}")))
+               for n in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        for _ in range(4):
+            assert halfway.acquire(timeout=60), "a large body never reached its halfway point"
+        page = download(proxy, site, "/page")
+        bodies_done = len(results)
+    finally:
+        release.set()
+        for t in threads:
+            t.join(120)
+    assert page.status == 200 and page.complete and page.size == len(b"<html>small</html>")
+    assert bodies_done == 0  # answered while all four were mid-stream
+    assert len(site.hits("/page")) == 1  # the site's own log
+    assert [len(site.hits(f"/big{n}")) for n in range(4)] == [1] * 4
+    assert all(results[n].complete and results[n].size == 2 * half for n in range(4))
+    assert lines_for(proxy, "/page")[0]["outcome"] == "fetched"
+    for n in range(4):
+        assert [(x["outcome"], x["bytes"]) for x in lines_for(proxy, f"/big{n}")] == [("fetched", 2 * half)]
+    # The same bytes again: the fingerprint computed on the stream is the same (not changed)
+    assert download(proxy, site, "/big0").complete
+    again = lines_for(proxy, "/big0", 2)[1]
+    assert (again["outcome"], again["bytes"], again["changed"]) == ("fetched", 2 * half, False)
+
+
 def test_http2_client_download_and_streamed_uploads(start_proxy, make_site, tls_files):
     size, sent = 100 * MB, {}
     tls_site = big_site(make_site(tls=tls_files), size, sent)
