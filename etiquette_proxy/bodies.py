@@ -156,19 +156,23 @@ def streams_request_body(content_length: str | None, transfer_encoding: str, str
 
 
 # SPEC §12 fingerprints a body too large to store by its SHA-256, computed as it streams. On
-# the event loop that is a large share of what forwarding a byte costs (one core: hashing
-# runs a few times faster than mitmproxy forwards); hashlib lets go of the GIL while it
-# hashes a chunk, so it runs on a few threads beside the loop. Each body's bytes are hashed in
-# order by one job at a time (its queue of batches); different bodies hash at once on
-# different threads. The event loop never waits for a batch: it hands batches over and moves
-# on, and a body's digest is awaited (`settled`) before its `response` hooks read it.
+# the event loop that is a large share of what forwarding a byte costs (hashing runs a few
+# times faster than mitmproxy forwards, and every byte waits for the loop); hashlib lets go
+# of the GIL while it hashes, so it runs on a few threads beside the loop. Each body's bytes
+# are hashed in order by one job at a time (its queue of batches); different bodies hash at
+# once on different threads. The event loop never waits for a batch: it hands batches over
+# and moves on, and a flow awaits its body's digest (`settled`) before its `response` hooks
+# read it.
 HASH_THREADS = min(2, os.cpu_count() or 1)
 BATCH_BYTES = 1024 * 1024  # chunks handed over together: one hand-over per MiB, not per chunk
-JOIN_BYTES = 8 * 1024 * 1024  # hashed in one update at most (the thread copies them together first)
-# Bytes handed over and not hashed yet, all bodies together. The threads hash several times
-# faster than the loop forwards, so this is reached only when they are starved of CPU; past
-# it a hand-over waits for that body's own queue (memory stays bounded, SPEC §12) rather
-# than letting it grow.
+# Hashed in one update at most (the thread copies the chunks together first): a turn that
+# catches up on a backlog, small enough to stay in cache and to hold the GIL only briefly.
+JOIN_BYTES = 2 * 1024 * 1024
+# Bytes handed over and not hashed yet, all bodies together. The threads keep up unless they
+# are starved: on a loaded machine a thread may get the GIL back from a busy loop only after
+# a switch interval, or get no core at all for a while. Past the limit a hand-over waits for
+# that body's own queue: memory stays bounded however many bodies stream (SPEC §12), the one
+# case where the loop waits.
 QUEUED_LIMIT = 32 * 1024 * 1024
 
 
