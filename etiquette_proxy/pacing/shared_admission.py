@@ -28,7 +28,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from etiquette_proxy.clock import Clock
 from etiquette_proxy.pacing.budget import SiteBudget
@@ -132,16 +132,10 @@ class SharedAdmission:
         """In arrival order (the site's SharedLine: the requests waiting when it moves ask in one
         round trip), ask until the shared budget grants a start (now or booked); not granted:
         (answer, why refused) with the Retry-After in wait_s."""
-        line = self._lines.get(site)
-        if line is None:
-            def emptied() -> None:
-                if self._lines.get(site) is line:
-                    del self._lines[site]
-
-            line = self._lines[site] = SharedLine(
-                lambda asks: self._ask(site, shared, asks),
-                lambda answer, ask: self._refused(answer, *ask),
-                lambda lease: self.release(site, lease), emptied)
+        line = _line_for(self._lines, site, lambda emptied: SharedLine(
+            lambda asks: self._ask(site, shared, asks),
+            lambda answer, ask: self._refused(answer, *ask),
+            lambda lease: self.release(site, lease), emptied))
         return await line.book((started, connected, budget))
 
     async def _ask(self, site: str, shared: Any, asks: list[_Ask]) -> list[tuple[Reservation, str]]:
@@ -177,25 +171,15 @@ class SharedAdmission:
             return
         for tries in range(DEPART_TRIES):
             try:
-                await self._leaving_line(site, shared).book(budget)
+                await _line_for(self._leaving, site, lambda emptied: SharedLine(
+                    lambda budgets: self._ask_departures(site, shared, budgets), self._not_yet,
+                    lambda _: None, emptied)).book(budget)  # a departure holds no lease
                 return
             except SharedStateUnavailable as e:
                 if tries == DEPART_TRIES - 1 or await self.sleep(DEPART_RETRY_S, None):
                     log.warning("%s: departure not spent on the shared budget (%s); spaced by this process only",
                                 site, e)
                     return
-
-    def _leaving_line(self, site: str, shared: Any) -> SharedLine[SiteBudget]:
-        line = self._leaving.get(site)
-        if line is None:
-            def emptied() -> None:
-                if self._leaving.get(site) is line:
-                    del self._leaving[site]
-
-            line = self._leaving[site] = SharedLine(
-                lambda budgets: self._ask_departures(site, shared, budgets), self._not_yet,
-                lambda _: None, emptied)  # a departure holds no lease
-        return line
 
     async def _ask_departures(self, site: str, shared: Any, budgets: list[SiteBudget]) -> list[tuple[Reservation, str]]:
         budget = budgets[0]
@@ -264,3 +248,19 @@ class SharedAdmission:
             self._versions[site] = await shared.publish(site, pause_s, reason, contract)
         except SharedStateUnavailable:
             pass  # the next reservation fails closed while Redis is away
+
+
+Who = TypeVar("Who")
+
+
+def _line_for(lines: dict[str, SharedLine[Who]], site: str,
+              make: Callable[[Callable[[], None]], SharedLine[Who]]) -> SharedLine[Who]:
+    """The site's line in `lines`: made (`make(emptied)`) on first use, dropped once empty."""
+    line = lines.get(site)
+    if line is None:
+        def emptied() -> None:
+            if lines.get(site) is line:
+                del lines[site]
+
+        line = lines[site] = make(emptied)
+    return line

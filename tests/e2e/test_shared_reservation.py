@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -92,23 +92,32 @@ def test_freed_leases_go_with_the_next_ask_or_in_one_round_trip(redis_server):
 
 # -- the departures (DEPART_LUA): a token spent when the request really leaves (SPEC §5, §10) --
 
-def test_departures_keep_the_interval_and_answer_in_order_up_to_the_first_that_waits(redis_server):
+def with_two_proxies(server: RedisServer, test: Callable[[RedisShared, RedisShared], Awaitable[None]]) -> None:
+    """Run `test` with two clients of the server (two proxies' connections), closed after."""
     async def main() -> None:
-        shared = RedisShared(redis_server.url)
-        site, model = "depart-order:80", GcraModel()
+        a, b = RedisShared(server.url), RedisShared(server.url)
         try:
-            # Three leave together at 2/s, burst 2: as GCRA's rule says, two now, the third
-            # told to wait an interval; the fourth was not asked.
-            answers = await shared.depart(site, 2.0, 2, 0, 4)
-            assert [(a.granted, a.why) for a in answers] == [(True, ""), (True, ""), (False, "departures")]
-            assert [model.reserve(0.0, 2.0, 2) for _ in range(3)][2] == (False, pytest.approx(0.5))
-            assert answers[2].wait_s == pytest.approx(0.5, abs=0.05)
-            await asyncio.sleep(answers[2].wait_s)
-            assert [a.granted for a in await shared.depart(site, 2.0, 2, 0, 1)] == [True]
+            await test(a, b)
         finally:
-            await shared.close()
+            await a.close()
+            await b.close()
 
     asyncio.run(main())
+
+
+def test_departures_keep_the_interval_and_answer_in_order_up_to_the_first_that_waits(redis_server):
+    async def test(shared: RedisShared, _: RedisShared) -> None:
+        site, model = "depart-order:80", GcraModel()
+        # Three leave together at 2/s, burst 2: as GCRA's rule says, two now, the third told
+        # to wait an interval; the fourth was not asked.
+        answers = await shared.depart(site, 2.0, 2, 0, 4)
+        assert [(a.granted, a.why) for a in answers] == [(True, ""), (True, ""), (False, "departures")]
+        assert [model.reserve(0.0, 2.0, 2) for _ in range(3)][2] == (False, pytest.approx(0.5))
+        assert answers[2].wait_s == pytest.approx(0.5, abs=0.05)
+        await asyncio.sleep(answers[2].wait_s)
+        assert [a.granted for a in await shared.depart(site, 2.0, 2, 0, 1)] == [True]
+
+    with_two_proxies(redis_server, test)
 
 
 def test_a_start_that_leaves_late_moves_the_next_departure_of_another_proxy(redis_server):
@@ -116,74 +125,60 @@ def test_a_start_that_leaves_late_moves_the_next_departure_of_another_proxy(redi
     # through one proxy that leaves 0.3 s late (a slow handshake), and the next start, booked
     # through another proxy an interval after the grant, reached the site 0.2 s apart. Charged
     # as each really leaves, the second leaves an interval after the first did.
-    async def main() -> None:
-        a, b = RedisShared(redis_server.url), RedisShared(redis_server.url)
+    async def test(a: RedisShared, b: RedisShared) -> None:
         site = "depart-late:80"
-        try:
-            (first, _), = await a.reserve_many(site, 2.0, 1, 4, 0, [5.0])
-            assert first.granted and first.wait_s == 0.0
-            (second, _), = await b.reserve_many(site, 2.0, 1, 4, 0, [5.0])
-            assert second.granted and second.wait_s == pytest.approx(0.5, abs=0.05)  # booked
-            await asyncio.sleep(0.3)  # the first is slow to leave
-            assert [x.granted for x in await a.depart(site, 2.0, 1, 0, 1)] == [True]
-            first_left = time.monotonic()
-            await asyncio.sleep(max(0.0, second.wait_s - 0.3))  # the second's booked moment
-            late = await b.depart(site, 2.0, 1, 0, 1)
-            assert [(x.granted, x.why) for x in late] == [(False, "departures")]
-            assert late[0].wait_s == pytest.approx(0.3, abs=0.06)  # an interval after the first left
-            await asyncio.sleep(late[0].wait_s)
-            assert [x.granted for x in await b.depart(site, 2.0, 1, 0, 1)] == [True]
-            assert time.monotonic() - first_left >= 0.5 - 0.01
-        finally:
-            await a.close()
-            await b.close()
+        (first, _), = await a.reserve_many(site, 2.0, 1, 4, 0, [5.0])
+        assert first.granted and first.wait_s == 0.0
+        (second, _), = await b.reserve_many(site, 2.0, 1, 4, 0, [5.0])
+        assert second.granted and second.wait_s == pytest.approx(0.5, abs=0.05)  # booked
+        await asyncio.sleep(0.3)  # the first is slow to leave
+        assert [x.granted for x in await a.depart(site, 2.0, 1, 0, 1)] == [True]
+        first_left = time.monotonic()
+        await asyncio.sleep(max(0.0, second.wait_s - 0.3))  # the second's booked moment
+        late = await b.depart(site, 2.0, 1, 0, 1)
+        assert [(x.granted, x.why) for x in late] == [(False, "departures")]
+        assert late[0].wait_s == pytest.approx(0.3, abs=0.06)  # an interval after the first left
+        await asyncio.sleep(late[0].wait_s)
+        assert [x.granted for x in await b.depart(site, 2.0, 1, 0, 1)] == [True]
+        assert time.monotonic() - first_left >= 0.5 - 0.01
 
-    asyncio.run(main())
+    with_two_proxies(redis_server, test)
 
 
 def test_a_pause_taken_after_the_grant_holds_the_departure_and_its_contract_comes_with_it(redis_server):
-    async def main() -> None:
-        a, b = RedisShared(redis_server.url), RedisShared(redis_server.url)
+    async def test(a: RedisShared, b: RedisShared) -> None:
         site = "depart-paused:80"
-        try:
-            (granted, _), = await a.reserve_many(site, 10.0, 1, 4, 0, [5.0])
-            assert granted.granted
-            version = await b.publish(site, 2.0, "429 Retry-After: 2", '{"rate": 5.0}')  # another proxy's 429
-            held = await a.depart(site, 10.0, 1, 0, 1)
-            assert [(x.granted, x.why) for x in held] == [(False, "pause: 429 Retry-After: 2")]
-            assert held[0].wait_s == pytest.approx(2.0, abs=0.1)
-            assert (held[0].version, held[0].contract) == (version, '{"rate": 5.0}')  # newer than the caller's 0
-            assert (await a.depart(site, 10.0, 1, version, 1))[0].contract == ""  # known: not sent again
-        finally:
-            await a.close()
-            await b.close()
+        (granted, _), = await a.reserve_many(site, 10.0, 1, 4, 0, [5.0])
+        assert granted.granted
+        version = await b.publish(site, 2.0, "429 Retry-After: 2", '{"rate": 5.0}')  # another proxy's 429
+        held = await a.depart(site, 10.0, 1, 0, 1)
+        assert [(x.granted, x.why) for x in held] == [(False, "pause: 429 Retry-After: 2")]
+        assert held[0].wait_s == pytest.approx(2.0, abs=0.1)
+        assert (held[0].version, held[0].contract) == (version, '{"rate": 5.0}')  # newer than the caller's 0
+        assert (await a.depart(site, 10.0, 1, version, 1))[0].contract == ""  # known: not sent again
 
-    asyncio.run(main())
+    with_two_proxies(redis_server, test)
 
 
 def test_departures_of_two_proxies_racing_stay_within_the_rate(redis_server):
     # Atomic on the server: two clients asking as fast as they can for 1.5 s at 20/s, burst 1,
     # leave no more often than GCRA allows in that time (rate x elapsed + 1), and no less.
-    async def main() -> None:
-        clients = [RedisShared(redis_server.url) for _ in range(2)]
-        site, rate = "depart-race:80", 20.0
-        left: list[float] = []
+    site, rate = "depart-race:80", 20.0
+    left: list[float] = []
 
-        async def leave(shared: RedisShared, end: float) -> None:
-            while time.monotonic() < end:  # bounded by the clock
-                answer = (await shared.depart(site, rate, 1, 0, 1))[0]
-                if answer.granted:
-                    left.append(time.monotonic())
-                else:
-                    await asyncio.sleep(answer.wait_s)
+    async def leave(shared: RedisShared, end: float) -> None:
+        while time.monotonic() < end:  # bounded by the clock
+            answer = (await shared.depart(site, rate, 1, 0, 1))[0]
+            if answer.granted:
+                left.append(time.monotonic())
+            else:
+                await asyncio.sleep(answer.wait_s)
 
-        began = time.monotonic()
-        try:
-            await asyncio.gather(*(leave(c, began + 1.5) for c in clients))
-        finally:
-            for c in clients:
-                await c.close()
-        elapsed = time.monotonic() - began
-        assert 0.7 * 1.5 * rate <= len(left) <= elapsed * rate + 1, (len(left), elapsed)
+    async def test(a: RedisShared, b: RedisShared) -> None:
+        end = time.monotonic() + 1.5
+        await asyncio.gather(leave(a, end), leave(b, end))
 
-    asyncio.run(main())
+    began = time.monotonic()
+    with_two_proxies(redis_server, test)
+    elapsed = time.monotonic() - began
+    assert 0.7 * 1.5 * rate <= len(left) <= elapsed * rate + 1, (len(left), elapsed)
