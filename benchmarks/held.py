@@ -199,8 +199,9 @@ async def one_request(port: int, url: str, timeout: float) -> Answer:
 
 
 async def run_herd(ports: list[int], pids: list[int], urls: list[str], spacing: float, timeout: float,
-                   max_seconds: float) -> Herd:
-    """The requests sent `spacing` apart, to the proxies' ports in turn; CPU and RSS summed."""
+                   max_seconds: float, sites: int = 1) -> Herd:
+    """The requests (to `sites` sites in turn) sent `spacing` apart, to the proxies' ports in
+    turn; CPU and RSS summed."""
     herd = Herd()
     stop = asyncio.Event()
 
@@ -218,7 +219,9 @@ async def run_herd(ports: list[int], pids: list[int], urls: list[str], spacing: 
     herd.cpu_at_start = cpu()
     deadline = herd.started_at + max_seconds
     for i, url in enumerate(urls):
-        tasks.append(asyncio.create_task(one_request(ports[i % len(ports)], url, timeout)))
+        # to the proxies in turn, and each site's requests through every proxy in turn (with
+        # `sites` even and two proxies, i % 2 alone would send each site through one proxy)
+        tasks.append(asyncio.create_task(one_request(ports[(i % sites + i // sites) % len(ports)], url, timeout)))
         await asyncio.sleep(spacing)
         if time.monotonic() > deadline:
             break
@@ -352,7 +355,8 @@ def scenario(name: str, n: int, sites: int, rate: float, burst: int, concurrency
         print(f"   {name}: {n} requests to {sites} site(s), rate {rate:g}/s, burst {burst}, "
               f"max_concurrency {concurrency}, max_hold {hold or 'default (60s)'}, spacing {spacing * 1000:g} ms"
               f"{shared}", flush=True)
-        herd = asyncio.run(run_herd(ports, pids, urls, spacing, timeout=max_seconds, max_seconds=max_seconds))
+        herd = asyncio.run(run_herd(ports, pids, urls, spacing, timeout=max_seconds, max_seconds=max_seconds,
+                                    sites=sites))
     finally:
         for proxy in started:
             proxy.stop()

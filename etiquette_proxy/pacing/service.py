@@ -259,14 +259,16 @@ class PacingService:
 
     async def leave(self, leaving: list[tuple[str, int]]) -> None:
         """Started requests (site, ticket) leave now, through their sites' departure gates
-        (observe mode: at once, as they started); with Redis, through the site's shared
-        departures last, so what every instance spends is the moment the request really leaves."""
+        (observe mode: at once, as they started). With Redis, through the site's shared
+        departures first (every instance's), then this process's gate: its check, in this
+        process and without a round trip, is the last before the request is written, so the
+        loop's delay in reading Redis's answer cannot bring two of its departures closer."""
         if self.around.observe:
             return
-        await self.gates.leave(leaving)
         if self.around.shared is not None:
             for site, _ in leaving:
                 await self.shared.depart(site, self.budget(site))
+        await self.gates.leave(leaving)
 
     def give_back(self, site: str, ticket: int | None, lease: str | None = None) -> None:
         """The request is over (or never left): its shared lease and its slot pass on."""
