@@ -42,11 +42,13 @@ SHARED_DOWN_RETRY_S = 5  # Retry-After while the shared state (Redis) cannot be 
 # A departure waiting on a pause or an operator's pause asks again at least this often, so a
 # pause lifted early (`sites resume`) lets it go within a second.
 PAUSED_ASK_S = 1.0
-# Redis unreachable as a request leaves: it asks again every DEPART_RETRY_S for DEPART_TRIES;
-# then it leaves, spaced by this process's own departure gate only. Its turn was granted by the
-# shared reservation moments before (fail closed there), and its connection is open: holding it
-# longer would leave the site an open connection and the client no answer.
+# Redis unreachable as a request leaves: it asks again every DEPART_RETRY_S for DEPART_GIVE_UP_S
+# (DEPART_TRIES at most: a frozen Redis makes each try wait for its call timeout); then it
+# leaves, spaced by this process's own departure gate only. Its turn was granted by the shared
+# reservation moments before (fail closed there), and its connection is open: holding it longer
+# would leave the site an open connection and the client no answer.
 DEPART_RETRY_S = 0.25
+DEPART_GIVE_UP_S = 5.0
 DEPART_TRIES = 20
 STOPPING = "proxy stopping; not sent to the site"
 CLIENT_GONE = "client went away while held; not sent to the site"
@@ -169,6 +171,7 @@ class SharedAdmission:
         shared = self._shared()
         if shared is None:
             return
+        give_up = self._monotonic() + DEPART_GIVE_UP_S
         for tries in range(DEPART_TRIES):
             try:
                 await _line_for(self._leaving, site, lambda emptied: SharedLine(
@@ -176,7 +179,8 @@ class SharedAdmission:
                     lambda _: None, emptied)).book(budget)  # a departure holds no lease
                 return
             except SharedStateUnavailable as e:
-                if tries == DEPART_TRIES - 1 or await self.sleep(DEPART_RETRY_S, None):
+                if (tries == DEPART_TRIES - 1 or self._monotonic() + DEPART_RETRY_S > give_up
+                        or await self.sleep(DEPART_RETRY_S, None)):
                     log.warning("%s: departure not spent on the shared budget (%s); spaced by this process only",
                                 site, e)
                     return

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 
 import pytest
 
-from etiquette_proxy.pacing.shared_admission import DEPART_RETRY_S, DEPART_TRIES
+from etiquette_proxy.pacing.shared_admission import DEPART_GIVE_UP_S, DEPART_RETRY_S, DEPART_TRIES
 from etiquette_proxy.state.redis_connection import SharedStateUnavailable
 from etiquette_proxy.state.shared_pacing import Reservation
 from tests.core.pacing.test_service import SITE, FakeShared, run, service, settle, start
@@ -93,21 +94,29 @@ def test_an_operator_pause_until_resumed_is_asked_again_every_second():
     run(test)
 
 
-def test_redis_away_as_a_request_leaves_it_asks_again_then_leaves_spaced_by_this_process_only():
+@pytest.mark.parametrize("call_s", [0.0, 2.0])  # refused at once; a frozen Redis: each call times out
+def test_redis_away_as_a_request_leaves_it_asks_again_then_leaves_spaced_by_this_process_only(call_s: float):
+    loop_of: list = []
+
     class Away(FakeShared):
         async def depart(self, *args: object) -> list[Reservation]:
             self.departs.append(1)
+            if call_s:
+                await loop_of[0].sleep(call_s)
             raise SharedStateUnavailable("shared state (Redis at test) unreachable")
 
     async def test() -> None:
         shared = Away([LEAVE])
         svc, loop = service(shared=shared)
+        loop_of.append(loop)
         task = leaving(svc)
         await settle()
-        await loop.advance(DEPART_RETRY_S * (DEPART_TRIES - 1) - 0.01)
+        await loop.advance(DEPART_GIVE_UP_S - 0.26)
         assert not task.done()
-        await loop.advance(0.02)
-        assert task.done() and len(shared.departs) == DEPART_TRIES
+        await loop.advance(call_s + 0.27)  # within DEPART_GIVE_UP_S (and a last call) it leaves
+        assert task.done()
+        tries = DEPART_TRIES if not call_s else math.ceil(DEPART_GIVE_UP_S / (call_s + DEPART_RETRY_S))
+        assert len(shared.departs) == tries
     run(test)
 
 
