@@ -22,6 +22,12 @@ refused waited for their 503.
     python benchmarks/held.py                  # all three at N=10,000 (about 5 minutes)
     python benchmarks/held.py --quick          # a smoke version in a few seconds
     python benchmarks/held.py --scenario one --n 2000 --rate 50
+    python benchmarks/held.py --scenario spread --redis   # two proxies on one redis-server
+
+`--redis` runs the scenario with `state.backend: redis` (SPEC §10): a redis-server of its own
+(Debian's, on a free loopback port, no persistence, stopped by its PID) and `--proxies`
+proxy processes (2 by default) sharing it, the herd sent to them in turn, as crawler machines
+sharing one budget per site would; CPU and RSS are the proxies' summed.
 
 The soft file-descriptor limit is raised to the hard limit here and, through a preexec_fn,
 for the proxy (10,000 client connections need 10,000+ descriptors).
@@ -34,6 +40,7 @@ import asyncio
 import os
 import resource
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -46,9 +53,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._harness import HERE, clean_env, etiquette_command, header  # noqa: E402
+from benchmarks._harness import HERE, clean_env, etiquette_command, free_port, header  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+WARM_SPACING_S = 0.02  # between two warm-up requests (one per site)
 
 
 def raise_fd_limit() -> None:
@@ -102,6 +110,30 @@ def start_site(ports: int, log: Path) -> Proc:
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=clean_env(),
                             preexec_fn=raise_fd_limit)
     return Proc(proc, _read_lines(proc, "site listening on ", ports, 60))
+
+
+def start_redis(directory: Path) -> tuple[Proc, str]:
+    """A redis-server of our own on a free loopback port (no persistence); its URL."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        sys.exit("--redis needs redis-server (Debian's package: ./run-tests installs it)")
+    directory.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    with open(directory / "redis.log", "ab") as out:
+        proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+                                 "no", "--dir", str(directory)], stdout=out, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # bounded: it answers PING within a few ms when up
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    return Proc(proc, []), f"redis://127.0.0.1:{port}/0"
+        except OSError:
+            pass
+        time.sleep(0.05)
+    Proc(proc, []).stop()
+    raise RuntimeError(f"redis-server did not answer on port {port}")
 
 
 def start_proxy(state_dir: Path, sets: list[str]) -> Proc:
@@ -167,31 +199,38 @@ async def one_request(port: int, url: str, timeout: float) -> Answer:
     return Answer(status, time.monotonic() - t0, body.decode(errors="replace").strip() if status != 200 else "")
 
 
-async def run_herd(port: int, pid: int, urls: list[str], spacing: float, timeout: float,
-                   max_seconds: float) -> Herd:
+async def run_herd(ports: list[int], pids: list[int], urls: list[str], spacing: float, timeout: float,
+                   max_seconds: float, sites: int = 1) -> Herd:
+    """The requests (to `sites` sites in turn) sent `spacing` apart, to the proxies' ports in
+    turn; CPU and RSS summed."""
     herd = Herd()
     stop = asyncio.Event()
 
+    def cpu() -> float:
+        return sum(cpu_s(pid) for pid in pids)
+
     async def watch_rss() -> None:
         while not stop.is_set():
-            herd.peak_rss = max(herd.peak_rss, rss_mb(pid))
+            herd.peak_rss = max(herd.peak_rss, sum(rss_mb(pid) for pid in pids))
             await asyncio.sleep(0.5)
 
     watcher = asyncio.create_task(watch_rss())
     tasks = []
     herd.started_at = time.monotonic()
-    herd.cpu_at_start = cpu_s(pid)
+    herd.cpu_at_start = cpu()
     deadline = herd.started_at + max_seconds
-    for url in urls:
-        tasks.append(asyncio.create_task(one_request(port, url, timeout)))
+    for i, url in enumerate(urls):
+        # to the proxies in turn, and each site's requests through every proxy in turn (with
+        # `sites` even and two proxies, i % 2 alone would send each site through one proxy)
+        tasks.append(asyncio.create_task(one_request(ports[(i % sites + i // sites) % len(ports)], url, timeout)))
         await asyncio.sleep(spacing)
         if time.monotonic() > deadline:
             break
     herd.sent_at = time.monotonic()
-    herd.cpu_after_sent = cpu_s(pid)
+    herd.cpu_after_sent = cpu()
     done, pending = await asyncio.wait(tasks, timeout=max(1.0, deadline - time.monotonic()))
     herd.end_at = time.monotonic()
-    herd.cpu_at_end = cpu_s(pid)
+    herd.cpu_at_end = cpu()
     for t in pending:
         t.cancel()
     stop.set()
@@ -225,7 +264,7 @@ def steady_rate(times: list[float], burst: int) -> float:
 
 
 def report(name: str, herd: Herd, arrivals: list[tuple[float, int, str]], rate: float, burst: int,
-           proxy_pid: int, rss_idle: float) -> dict[str, float]:
+           rss_idle: float) -> dict[str, float]:
     answers = herd.answers
     codes: dict[int, int] = {}
     for a in answers:
@@ -289,31 +328,45 @@ def report(name: str, herd: Herd, arrivals: list[tuple[float, int, str]], rate: 
 
 
 def scenario(name: str, n: int, sites: int, rate: float, burst: int, concurrency: int, hold: str | None,
-             spacing: float, max_seconds: float, work: Path) -> dict[str, float]:
+             spacing: float, max_seconds: float, work: Path, redis: bool = False,
+             proxies: int = 1) -> dict[str, float]:
     log = work / f"{name}.site.log"
     site = start_site(sites, log)
     sets = [f"pacing.rate={rate:f}", f"pacing.burst={burst}", f"pacing.max_concurrency={concurrency}"]
     if hold is not None:
         sets.append(f"pacing.max_hold={hold}")
-    proxy = start_proxy(work / f"{name}.state", sets)
+    server: Proc | None = None
+    started: list[Proc] = []
     try:
-        port = int(proxy.lines[0].rsplit(":", 1)[1])
+        if redis:
+            server, url = start_redis(work / f"{name}.redis")
+            sets += ["state.backend=redis", f"state.url={url}"]
+        for k in range(proxies):
+            started.append(start_proxy(work / f"{name}.{k}" / "state", sets))
+        ports = [int(p.lines[0].rsplit(":", 1)[1]) for p in started]
+        pids = [p.proc.pid for p in started]
         bases = site.lines
-        # robots.txt first (one request per site), so the herd meets a settled gate.
-        warm = asyncio.run(run_herd(port, proxy.proc.pid, [f"{b}/warm" for b in bases], 0.0, 60, 120))
-        assert all(a.status == 200 for a in warm.answers), warm.answers[:3]
+        # robots.txt first (one request per site), so the herd meets a settled gate; sent 20 ms
+        # apart: a thousand robots.txt fetches at once kept a loaded machine's proxies from
+        # reading Redis's answers within its 2 s call timeout (503: Redis unreachable).
+        warm = asyncio.run(run_herd(ports, pids, [f"{b}/warm" for b in bases], WARM_SPACING_S, 60, 120))
+        assert all(a.status == 200 for a in warm.answers), [a for a in warm.answers if a.status != 200][:3]
         time.sleep(max(1.0, burst / rate))  # the bucket refills
-        rss_idle = rss_mb(proxy.proc.pid)
+        rss_idle = sum(rss_mb(pid) for pid in pids)
         urls = [f"{bases[i % sites]}/h{i}" for i in range(n)]
+        shared = f", {proxies} proxies on one redis-server" if redis else ""
         print(f"   {name}: {n} requests to {sites} site(s), rate {rate:g}/s, burst {burst}, "
-              f"max_concurrency {concurrency}, max_hold {hold or 'default (60s)'}, spacing {spacing * 1000:g} ms",
-              flush=True)
-        herd = asyncio.run(run_herd(port, proxy.proc.pid, urls, spacing, timeout=max_seconds,
-                                    max_seconds=max_seconds))
+              f"max_concurrency {concurrency}, max_hold {hold or 'default (60s)'}, spacing {spacing * 1000:g} ms"
+              f"{shared}", flush=True)
+        herd = asyncio.run(run_herd(ports, pids, urls, spacing, timeout=max_seconds, max_seconds=max_seconds,
+                                    sites=sites))
     finally:
-        proxy.stop()
+        for proxy in started:
+            proxy.stop()
+        if server is not None:
+            server.stop()
         site.stop()
-    return report(name, herd, read_log(log), rate, burst, proxy.proc.pid, rss_idle)
+    return report(name, herd, read_log(log), rate, burst, rss_idle)
 
 
 def main() -> None:
@@ -326,7 +379,13 @@ def main() -> None:
     p.add_argument("--site-rate", type=float, default=0.1)
     p.add_argument("--spacing", type=float, default=0.002, help="seconds between two sends")
     p.add_argument("--max-seconds", type=float, default=400.0, help="bound per scenario")
+    p.add_argument("--redis", action="store_true", help="state.backend: redis, a redis-server of its own")
+    p.add_argument("--proxies", type=int, help="proxy processes sharing the herd (2 with --redis, else 1)")
     a = p.parse_args()
+    proxies = a.proxies or (2 if a.redis else 1)
+    if proxies < 1 or (proxies > 1 and not a.redis):
+        p.error("--proxies above 1 needs --redis (unshared proxies would each keep their own budget)")
+    shared = {"redis": a.redis, "proxies": proxies}
     if a.quick:
         a.sites, a.site_rate, a.max_seconds = 30, 5.0, 60.0
     a.n = a.n or (300 if a.quick else 10_000)
@@ -340,14 +399,14 @@ def main() -> None:
     try:
         if a.scenario in ("free", "all"):
             # The baseline: the same requests, none held (a rate the proxy cannot reach).
-            scenario("free", a.n, 1, 1_000_000, 10, 10_000, "5m", a.spacing, a.max_seconds, work)
+            scenario("free", a.n, 1, 1_000_000, 10, 10_000, "5m", a.spacing, a.max_seconds, work, **shared)
         if a.scenario in ("one", "all"):
-            scenario("one", a.n, 1, a.rate, 10, 16, "5m", a.spacing, a.max_seconds, work)
+            scenario("one", a.n, 1, a.rate, 10, 16, "5m", a.spacing, a.max_seconds, work, **shared)
         if a.scenario in ("hold60", "all"):
             scenario("hold60", a.n, 1, a.rate, 10, 16, "1s" if a.quick else None, a.spacing, a.max_seconds,
-                     work)
+                     work, **shared)
         if a.scenario in ("spread", "all"):
-            scenario("spread", a.n, a.sites, a.site_rate, 1, 2, "5m", a.spacing, a.max_seconds, work)
+            scenario("spread", a.n, a.sites, a.site_rate, 1, 2, "5m", a.spacing, a.max_seconds, work, **shared)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

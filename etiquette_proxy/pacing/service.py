@@ -18,7 +18,8 @@ flow into `admit(...)` and the `Admission` back into a forwarded request or a lo
 - `leave([(site, ticket)])`: started requests about to leave for the site (departing.py says
   when) pass the site's departure gate, in arrival order, and their tokens are spent then
   (SPEC §5), so gaps at the site never shrink below the interval when the proxy is slow
-  between deciding and sending.
+  between deciding and sending; with Redis, on the site's shared departures too (every
+  instance's requests, shared_admission.py).
 - `answered(...)`: what the site said, through the 429 contract (`SiteBudget.on_response`);
   state goes to the store on every throttle, at most every few seconds otherwise.
 
@@ -258,9 +259,16 @@ class PacingService:
 
     async def leave(self, leaving: list[tuple[str, int]]) -> None:
         """Started requests (site, ticket) leave now, through their sites' departure gates
-        (observe mode: at once, as they started)."""
-        if not self.around.observe:
-            await self.gates.leave(leaving)
+        (observe mode: at once, as they started). With Redis, through the site's shared
+        departures first (every instance's), then this process's gate: its check, in this
+        process and without a round trip, is the last before the request is written, so the
+        loop's delay in reading Redis's answer cannot bring two of its departures closer."""
+        if self.around.observe:
+            return
+        if self.around.shared is not None:
+            for site, _ in leaving:
+                await self.shared.depart(site, self.budget(site))
+        await self.gates.leave(leaving)
 
     def give_back(self, site: str, ticket: int | None, lease: str | None = None) -> None:
         """The request is over (or never left): its shared lease and its slot pass on."""

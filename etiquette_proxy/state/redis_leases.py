@@ -1,8 +1,8 @@
 """The shared budget on Redis (SPEC §10, `state.backend: redis`): reservations, the 429
 contract, and this process's concurrency leases.
 
-`SharedPacingCalls` runs `shared_pacing.RESERVE_LUA` / `PUBLISH_LUA` with redis-py's asyncio
-client, and keeps this process's concurrency leases alive (SPEC §10): a task renews every live
+`SharedPacingCalls` runs `shared_pacing.RESERVE_LUA` / `DEPART_LUA` / `PUBLISH_LUA` with
+redis-py's asyncio client, and keeps this process's concurrency leases alive (SPEC §10): a task renews every live
 lease, one call per site pipelined in one round trip every `LEASE_RENEW_S`, and releases those
 whose requests ended while Redis could not be told (`state/lease_book.py`).
 """
@@ -25,7 +25,6 @@ from etiquette_proxy.state.shared_pacing import (
     RESERVE_LUA,
     RESERVE_MANY_LUA,
     Reservation,
-    departure_window,
     host_of,
     read_many_reply,
     read_reply,
@@ -74,12 +73,11 @@ class SharedPacingCalls(RedisConnection):
         """Ask the shared budget for a start now or booked within `horizon_s`; (its answer, the
         lease id, the request's if granted)."""
         lease = self._new_id()
-        limit, span = departure_window(rate, burst)
         try:
             reply = await self._call(self._eval(
                 self._reserve, [*site_keys(PREFIX, site), OPERATOR, LEASE_CLOCK],
                 [repr(rate), burst, max_concurrency, lease, repr(self.lease_ttl_s), known_version,
-                 repr(max(0.0, horizon_s)), limit, repr(span), site, host_of(site)]))
+                 repr(max(0.0, horizon_s)), site, host_of(site)]))
         except SharedStateUnavailable:
             self.leases.doubt(site, [lease])  # a slow or frozen server may grant it later: released to be sure
             self._keep_renewing()
@@ -89,15 +87,15 @@ class SharedPacingCalls(RedisConnection):
             self._hold(site, lease)
         return answer, lease
 
-    async def depart(self, site: str, lease: str, rate: float, burst: int) -> tuple[float, str]:
-        """A booked start, awake: (0, "") to leave now; else (seconds, why) to wait ("departures")
-        or not to go ("pause: ...", "operator"), on the server clock."""
-        limit, span = departure_window(rate, burst)
-        keys = site_keys(PREFIX, site)
-        reply = await self._call(self._eval(self._depart, [keys[0], keys[2], OPERATOR],
-                                            [limit, repr(span), lease, site, host_of(site)]))
-        wait, why = (x.decode() if isinstance(x, bytes) else str(x) for x in reply)
-        return float(wait), why
+    async def depart(self, site: str, rate: float, burst: int, known_version: int,
+                     count: int) -> list[Reservation]:
+        """`count` requests of this instance leave for `site` now, in arrival order, in one round
+        trip: their tokens are spent on the site's shared departure schedule (server clock). One
+        answer per departure asked: granted (it leaves now), up to and including the first that
+        must wait `wait_s` ("departures", "pause: ...", "operator"); those after it were not asked."""
+        reply = await self._call(self._eval(self._depart, [site_keys(PREFIX, site)[0], OPERATOR],
+                                            [repr(rate), burst, known_version, site, host_of(site), count]))
+        return read_many_reply(reply, count)
 
     async def reserve_many(self, site: str, rate: float, burst: int, max_concurrency: int, known_version: int,
                            horizons: list[float]) -> list[tuple[Reservation, str]]:
@@ -107,10 +105,9 @@ class SharedPacingCalls(RedisConnection):
         were not made. The leases this instance freed for the site since its last call are
         freed first, in the same script."""
         leases = [self._new_id() for _ in horizons]
-        limit, span = departure_window(rate, burst)
         freed = self.leases.take_ended(site)
-        args: list[Any] = [repr(rate), burst, max_concurrency, repr(self.lease_ttl_s), known_version, limit,
-                           repr(span), site, host_of(site), len(freed), *freed]
+        args: list[Any] = [repr(rate), burst, max_concurrency, repr(self.lease_ttl_s), known_version,
+                           site, host_of(site), len(freed), *freed]
         for lease, horizon in zip(leases, horizons, strict=True):
             args += [lease, repr(max(0.0, horizon))]
         try:

@@ -12,18 +12,23 @@ clock (`redis.call('TIME')`), so processes on several machines agree on one sche
 - GCRA (the generic cell rate algorithm, a token bucket kept as one "theoretical arrival time")
   at the rate and burst the caller's budget has now: a start now, or a start booked at the
   next free slot within the caller's horizon (its max_hold), or how long it would be;
-- a log of departures on the same clock, so a booked start that wakes late cannot bunch with
-  the next ones beyond rate + burst in any 1 s window (`departure_window`);
+- the departures, a second GCRA at the same rate and burst on the same clock, charged when a
+  request really leaves for the site (DEPART_LUA, asked by the departure gate as the connection
+  is ready), not when its start was granted (SPEC §5: a token is spent when the request leaves):
+  a start that leaves late (a busy proxy, a slow connect) moves the next departure of every
+  instance, so no two reach the site closer than the interval, whichever proxies sent them;
 - an operator's pause (`sites pause` through any instance) refuses at once, as it does on the
   instance that took it.
 
-One round trip per started request in the common case (granted at once); the reply also
-carries the site's 429 contract (`ThrottleState.to_state()` JSON) when another instance wrote a
-newer one than the caller has, so a pause seen anywhere is known before the next request.
+Two round trips per request: its reservation (several waiting requests of one instance share
+one) and its departure (likewise). Both replies carry the site's 429 contract
+(`ThrottleState.to_state()` JSON) when another instance wrote a newer one than the caller has,
+so a pause seen anywhere is known before the next request.
 
 This module holds only the script text and the pure reading of its replies; the redis-py calls
-live in `state/redis_store.py`. `GcraModel` and `DepartureLog` are the same rules in Python
-for unit tests with a fake clock (the e2e tests run the script itself against a real redis-server).
+live in `state/redis_store.py`. `GcraModel` is the same rule in Python
+for unit tests with a fake clock (tests/e2e/test_shared_reservation.py runs the scripts themselves
+against a real redis-server).
 """
 
 from __future__ import annotations
@@ -88,38 +93,35 @@ local function lease_cutoff(key)
 end
 """
 
-# Every 1 s window at the site holds at most rate + burst (SPEC §10), not only the booked
-# schedule: a start booked ahead may wake late (a loaded event loop, a busy machine) and bunch
-# with the next one. So the moment a request actually leaves is checked on the server clock
-# against a log of recent departures (KEYS sent): at most `limit` in any `span` seconds, else
-# wait until the oldest leaves the span. `span` exceeds 1 s by the margin GCRA's own schedule
-# never uses (`departure_window`), which also absorbs that much delay between the check and the
-# site's own clock.
+# The departures (SPEC §5: a token is spent when the request leaves, not when it is decided):
+# GCRA on the moments requests really leave, kept in the site's hash (`left`: when the next may
+# leave, burst aside), at the caller's rate and burst. A start granted on time but slow to leave
+# (a loaded event loop, a slow TCP or TLS handshake) moves the next departure of every instance,
+# so the site never sees two requests closer than the interval (beyond the burst). Nothing in
+# it belongs to a holder: a worker that dies after leaving has spent its token, no more.
 _DEPART_LUA = """
-local function depart_wait(key, limit, span, member)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - span)
-  if redis.call('ZCARD', key) >= limit then
-    local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-    return math.max(0.001, tonumber(first[2]) + span - now)
-  end
-  redis.call('ZADD', key, now, member)
-  redis.call('PEXPIRE', key, math.ceil(span * 1000) + 1000)
+local function depart_wait(key, rate, burst)
+  local interval = 1 / rate
+  local left = math.max(tonumber(redis.call('HGET', key, 'left')) or now, now)
+  local wait = left - (burst - 1) * interval - now
+  if wait > 0.000001 then return wait end
+  redis.call('HSET', key, 'left', string.format('%.6f', left + interval))
   return 0
 end
 """
 
 # The reservation itself, for the asks `asks` ({lease id, horizon s, ...}) of one instance in
-# their arrival order, atomically on the server clock. KEYS: the site's hash (tat, until, reason,
-# v, json), its lease set, its departure log, the operator's pauses, the lease clock. `p`: rate/s, burst, max
-# concurrency, lease ttl s, the contract version the caller has, departure limit, departure span
-# s, the site, its host. Returns {contract version, contract json or "", then per ask answered:
-# granted 0|1, wait_s (string), why}: the asks are answered in order up to and including the
-# first one not granted (the rest were not asked: the caller asks again for them, after it).
-# Granted with wait_s > 0 is a booked start (the rate slot and the lease are the caller's; it
-# may leave no earlier than now + wait_s, and asks DEPART_LUA then); not granted: ask again
-# after wait_s (a pause, a full concurrency cap, a full departure window) or refuse (the rate
-# slot is beyond the horizon: what is left of the request's max_hold; an operator's pause:
-# refused at once, as the instance that took it would).
+# their arrival order, atomically on the server clock. KEYS: the site's hash (tat, left, until,
+# reason, v, json), its lease set, the operator's pauses, the lease clock. `p`: rate/s, burst,
+# max concurrency, lease ttl s, the contract version the caller has, the site, its host.
+# Returns {contract version, contract json or "", then per ask answered: granted 0|1, wait_s
+# (string), why}: the asks are answered in order up to and including the first one not granted
+# (the rest were not asked: the caller asks again for them, after it). Granted with wait_s > 0
+# is a booked start (the rate slot and the lease are the caller's; it may start no earlier than
+# now + wait_s). Granted or booked, the request still leaves through DEPART_LUA, where its
+# token is spent. Not granted: ask again after wait_s (a pause, a full concurrency cap) or
+# refuse (the rate slot is beyond the horizon: what is left of the request's max_hold; an
+# operator's pause: refused at once, as the instance that took it would).
 _RESERVE_ASKS_LUA = """
 local function reserve_asks(p, asks)
   local rate, burst, cap, ttl, known = tonumber(p[1]), tonumber(p[2]), tonumber(p[3]), tonumber(p[4]), tonumber(p[5])
@@ -127,7 +129,7 @@ local function reserve_asks(p, asks)
   local v = tonumber(h[4]) or 0
   local out = {v, ''}
   if v > known and h[5] then out[2] = h[5] end
-  local op = operator_left(KEYS[4], p[8], p[9])
+  local op = operator_left(KEYS[3], p[6], p[7])
   if op then
     out[3] = 0; out[4] = string.format('%.6f', op < 0 and 0 or op); out[5] = 'operator'
     return out
@@ -137,7 +139,7 @@ local function reserve_asks(p, asks)
     out[3] = 0; out[4] = string.format('%.6f', pause_end - now); out[5] = 'pause: ' .. (h[3] or '')
     return out
   end
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', lease_cutoff(KEYS[5]))
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', lease_cutoff(KEYS[4]))
   local held = redis.call('ZCARD', KEYS[2])
   local interval = 1 / rate
   local tau = (burst - 1) * interval
@@ -158,13 +160,6 @@ local function reserve_asks(p, asks)
       out[n + 1] = 0; out[n + 2] = string.format('%.6f', start - now); out[n + 3] = 'rate'
       break
     end
-    if start <= now then
-      local wait = depart_wait(KEYS[3], tonumber(p[6]), tonumber(p[7]), asks[i])
-      if wait > 0 then
-        out[n + 1] = 0; out[n + 2] = string.format('%.6f', math.min(wait, 0.05)); out[n + 3] = 'departures'
-        break
-      end
-    end
     tat = tat + interval
     redis.call('ZADD', KEYS[2], start + ttl, asks[i])
     held = held + 1
@@ -180,42 +175,62 @@ local function reserve_asks(p, asks)
 end
 """
 
-# One ask. KEYS: as reserve_asks. ARGV: rate/s, burst, max concurrency, lease id, lease ttl s, contract version the
-# caller has, horizon s, departure limit, departure span s, the site, its host.
+# One ask. KEYS: as reserve_asks. ARGV: rate/s, burst, max concurrency, lease id, lease ttl s,
+# contract version the caller has, horizon s, the site, its host.
 # Reply: {granted 0|1, wait_s (string), why, contract version, contract json or ""}.
-RESERVE_LUA = _OPERATOR_LUA + _LEASE_CLOCK_LUA + _DEPART_LUA + _RESERVE_ASKS_LUA + """
-local out = reserve_asks({ARGV[1], ARGV[2], ARGV[3], ARGV[5], ARGV[6], ARGV[8], ARGV[9], ARGV[10], ARGV[11]},
-                         {ARGV[4], ARGV[7]})
+RESERVE_LUA = _OPERATOR_LUA + _LEASE_CLOCK_LUA + _RESERVE_ASKS_LUA + """
+local out = reserve_asks({ARGV[1], ARGV[2], ARGV[3], ARGV[5], ARGV[6], ARGV[8], ARGV[9]}, {ARGV[4], ARGV[7]})
 return {out[3], out[4], out[5], out[1], out[2]}
 """
 
 # The asks of every request waiting in one instance's line for the site, in one round trip
 # (SPEC §10: still one reservation per request, each in arrival order), with the leases of the
-# requests this instance finished since its last call freed first. ARGV: the nine `p` values
+# requests this instance finished since its last call freed first. ARGV: the seven `p` values
 # of reserve_asks, the number R of leases to free, those R lease ids, then {lease id, horizon s}
 # per ask. Reply: reserve_asks's.
-RESERVE_MANY_LUA = _OPERATOR_LUA + _LEASE_CLOCK_LUA + _DEPART_LUA + _RESERVE_ASKS_LUA + """
-local r = tonumber(ARGV[10])
-if r > 0 then redis.call('ZREM', KEYS[2], unpack(ARGV, 11, 10 + r)) end
+RESERVE_MANY_LUA = _OPERATOR_LUA + _LEASE_CLOCK_LUA + _RESERVE_ASKS_LUA + """
+local r = tonumber(ARGV[8])
+if r > 0 then redis.call('ZREM', KEYS[2], unpack(ARGV, 9, 8 + r)) end
 local asks = {}
-for i = 11 + r, #ARGV do asks[#asks + 1] = ARGV[i] end
-return reserve_asks({unpack(ARGV, 1, 9)}, asks)
+for i = 9 + r, #ARGV do asks[#asks + 1] = ARGV[i] end
+return reserve_asks({unpack(ARGV, 1, 7)}, asks)
 """
 
-# KEYS: the site's hash, its departure log, the operator's pauses. ARGV: departure limit, span
-# s, lease id, the site, its host. Asked by a request that booked a start and slept until it,
-# before it leaves: a 429 or an operator may have paused the site meanwhile, and a late wake-up
-# must not bunch with the others. Reply: {wait s (string), why}: 0 and "" to leave now (its
-# departure is logged); else wait and ask again ("departures"), or do not go (a pause).
+# The departures of one instance's requests for the site that are leaving now (their
+# connections are ready), in arrival order, in one round trip. KEYS: the site's hash, the
+# operator's pauses. ARGV: rate/s, burst, the contract version the caller has, the site, its
+# host, the number of departures N. Reply: reserve_asks's form: {contract version, contract json
+# or "", then per departure answered: left 0|1, wait_s, why}, up to and including the first
+# that may not leave yet: "departures" (the site's last departure, from any instance, was less
+# than an interval ago), "pause: ..." (a 429 seen anywhere since the start was granted: SPEC §5,
+# never a request inside a pause) or "operator"; those after it were not asked.
 DEPART_LUA = _OPERATOR_LUA + _DEPART_LUA + """
-local op = operator_left(KEYS[3], ARGV[4], ARGV[5])
-if op then return {string.format('%.6f', op < 0 and 0 or op), 'operator'} end
-local h = redis.call('HMGET', KEYS[1], 'until', 'reason')
-local left = (tonumber(h[1]) or 0) - now
-if left > 0 then return {string.format('%.6f', left), 'pause: ' .. (h[2] or '')} end
-local wait = depart_wait(KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3])
-if wait > 0 then return {string.format('%.6f', wait), 'departures'} end
-return {'0', ''}
+local h = redis.call('HMGET', KEYS[1], 'until', 'reason', 'v', 'json')
+local v = tonumber(h[3]) or 0
+local out = {v, ''}
+if v > tonumber(ARGV[3]) and h[4] then out[2] = h[4] end
+local op = operator_left(KEYS[2], ARGV[4], ARGV[5])
+if op then
+  out[3] = 0; out[4] = string.format('%.6f', op < 0 and 0 or op); out[5] = 'operator'
+  return out
+end
+local pause_left = (tonumber(h[1]) or 0) - now
+if pause_left > 0 then
+  out[3] = 0; out[4] = string.format('%.6f', pause_left); out[5] = 'pause: ' .. (h[2] or '')
+  return out
+end
+local rate, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
+for i = 1, tonumber(ARGV[6]) do
+  local n = #out
+  local wait = depart_wait(KEYS[1], rate, burst)
+  if wait > 0 then
+    out[n + 1] = 0; out[n + 2] = string.format('%.6f', wait); out[n + 3] = 'departures'
+    return out
+  end
+  out[n + 1] = 1; out[n + 2] = '0'; out[n + 3] = ''
+end
+redis.call('EXPIRE', KEYS[1], 86400)
+return out
 """
 
 # One site's leases held by one instance, renewed (and those it ended, released) in one call.
@@ -261,10 +276,9 @@ return v
 """
 
 
-def site_keys(prefix: str, site: str) -> tuple[str, str, str]:
-    """The site's hash, lease set and departure log; one hash tag so all three live on one
-    Redis Cluster slot."""
-    return f"{prefix}{{{site}}}", f"{prefix}{{{site}}}:leases", f"{prefix}{{{site}}}:departures"
+def site_keys(prefix: str, site: str) -> tuple[str, str]:
+    """The site's hash and lease set; one hash tag so both live on one Redis Cluster slot."""
+    return f"{prefix}{{{site}}}", f"{prefix}{{{site}}}:leases"
 
 
 def host_of(site: str) -> str:
@@ -272,27 +286,13 @@ def host_of(site: str) -> str:
     return site.rsplit(":", 1)[0]  # as operate.controls.site_matches reads it
 
 
-def departure_window(rate: float, burst: int) -> tuple[int, float]:
-    """(limit, span s): at most `limit` departures in any `span` s keeps every 1 s window at
-    the site within rate + burst (SPEC §10).
-
-    GCRA (tolerance (burst - 1)/rate) puts at most ceil(W*rate + burst) - 1 starts in any
-    half-open window of W seconds. With limit = floor(rate) + burst that stays under the limit
-    for every W <= (floor(rate) + 1)/rate, so a span of that length never holds back a request
-    GCRA scheduled on time: it only holds back one that woke late and would bunch with the
-    next, and it absorbs up to span - 1 s of delay between the check and the site's own clock.
-    """
-    limit = math.floor(rate + 1e-9) + burst
-    # 10 µs short of the bound: a schedule exactly on time is never held back by rounding.
-    return limit, (math.floor(rate + 1e-9) + 1) / rate - 1e-5
-
 @dataclass(frozen=True)
 class Reservation:
-    """The shared budget's answer: start now, or wait `wait_s` (and why)."""
+    """The shared budget's answer: start (or leave) now, or wait `wait_s` (and why)."""
 
     granted: bool
     wait_s: float
-    why: str               # "pause: <reason>", "concurrency", "rate" or ""
+    why: str               # "pause: <reason>", "operator", "concurrency", "rate", "departures" or ""
     version: int           # the site's contract version on the server
     contract: str          # the contract JSON when newer than the caller's, else ""
 
@@ -309,7 +309,7 @@ def read_reply(reply: object) -> Reservation:
 
 
 def read_many_reply(reply: object, asks: int) -> list[Reservation]:
-    """A RESERVE_MANY_LUA reply for `asks` asks: one Reservation per ask answered, in order (every
+    """A RESERVE_MANY_LUA (or DEPART_LUA) reply for `asks` asks: one Reservation per ask answered, in order (every
     one granted but perhaps the last); ValueError when it is not one."""
     if not isinstance(reply, list) or len(reply) < 5 or (len(reply) - 2) % 3 or (len(reply) - 2) // 3 > asks:
         raise ValueError(f"not a reservation reply for {asks} asks: {reply!r}")
@@ -331,7 +331,8 @@ def _text(x: object) -> str:
 
 
 class GcraModel:
-    """RESERVE_LUA's rate rule in Python (no pause, no leases), for tests with a fake clock."""
+    """RESERVE_LUA's rate rule in Python (no pause, no leases), for tests with a fake clock; with
+    horizon 0 also DEPART_LUA's (a departure leaves now or waits)."""
 
     def __init__(self) -> None:
         self.tat: float | None = None
@@ -347,18 +348,3 @@ class GcraModel:
             return False, start - now
         self.tat = tat + interval
         return True, start - now
-
-
-class DepartureLog:
-    """DEPART_LUA's rule in Python, for tests with a fake clock."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-
-    def depart(self, now: float, limit: int, span: float) -> float:
-        """0.0: leave now (logged); else how long to wait before asking again."""
-        self.times = [t for t in self.times if t > now - span]
-        if len(self.times) >= limit:
-            return max(0.001, self.times[0] + span - now)
-        self.times.append(now)
-        return 0.0

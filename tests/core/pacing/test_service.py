@@ -210,20 +210,24 @@ def test_a_paused_restraint_refuses_and_a_wait_beyond_max_hold_is_refused_at_arr
 
 
 class FakeShared:
-    """The shared reservation as RedisShared answers it: a booked start, then leave."""
+    """The shared reservation as RedisShared answers it: a booked start, then leave.
+    `departures`: the answers to the shared departures' round trips, in order (then: leave)."""
 
-    def __init__(self, answers: list[Reservation]):
+    def __init__(self, answers: list[Reservation], departures: list[list[Reservation]] | None = None):
         self.answers = answers
+        self.departures = departures or []
         self.released: list[str] = []
-        self.departs = 0
+        self.departs: list[int] = []  # departures asked per round trip
 
     async def reserve_many(self, site: str, rate: float, burst: int, concurrency: int, version: int,
                            horizons: list[float]) -> list[tuple[Reservation, str]]:
         return [(self.answers.pop(0), "lease-1")]
 
-    async def depart(self, site: str, lease: str, rate: float, burst: int) -> tuple[float, str]:
-        self.departs += 1
-        return 0.0, ""
+    async def depart(self, site: str, rate: float, burst: int, version: int, count: int) -> list[Reservation]:
+        self.departs.append(count)
+        if self.departures:
+            return self.departures.pop(0)
+        return [Reservation(True, 0.0, "", version, "")] * count
 
     def release(self, site: str, lease: str) -> None:
         self.released.append(lease)
@@ -237,7 +241,8 @@ def test_with_a_shared_budget_a_booked_start_sleeps_until_its_moment_then_leaves
         await settle()
         assert not task.done()
         await loop.advance(0.5)
-        assert task.done() and task.result().lease == "lease-1" and shared.departs == 1
+        # it starts at its moment without asking Redis again: its departure asks (`leave`)
+        assert task.done() and task.result().lease == "lease-1" and shared.departs == []
     run(test)
 
 
