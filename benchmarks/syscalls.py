@@ -8,12 +8,16 @@ connections, and prints each system call's count per request side by side. strac
 proxy down, so work done per second (the store's WAL check, state flushes) counts more per
 request here than at full speed: compare the arms, not the absolute figures.
 
-    python benchmarks/syscalls.py [--requests 800] [--connections 4] [--no-validators]
+`--cpu`: no strace; each proxy's user and system CPU time per request instead (/proc, its own
+time only: other processes of a loaded machine are not charged to it).
+
+    python benchmarks/syscalls.py [--requests 800] [--connections 4] [--no-validators] [--cpu]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import subprocess
@@ -50,17 +54,36 @@ def counted(proxy: Started, site_url: str, requests: int, connections: int, out:
     return calls
 
 
+def cpu_times(pid: int) -> tuple[float, float]:
+    """utime and stime of process `pid` so far, in seconds (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def cpu_per_request(proxy: Started, site_url: str, requests: int, connections: int) -> dict[str, float]:
+    """User and system CPU ms of `proxy` per request while it serves `requests` GETs."""
+    load(proxy, site_url, connections * 20, connections)  # warm-up, not counted
+    u0, s0 = cpu_times(proxy.pid)
+    load(proxy, site_url, requests, connections)
+    u1, s1 = cpu_times(proxy.pid)
+    done = requests // connections * connections
+    return {"utime ms": 1000 * (u1 - u0) / done, "stime ms": 1000 * (s1 - s0) / done}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=800)
     ap.add_argument("--connections", type=int, default=4)
     ap.add_argument("--no-validators", action="store_true", help="the site sends neither ETag nor Last-Modified")
+    ap.add_argument("--cpu", action="store_true", help="no strace: CPU time per request (utime, stime)")
     args = ap.parse_args()
     if not 1 <= args.connections <= 64 or not args.connections <= args.requests <= 20000:
         ap.error("connections in 1..64, requests in connections..20000")
-    if shutil.which("strace") is None:
+    if shutil.which("strace") is None and not args.cpu:
         sys.exit("strace is not installed: apt-get install -y strace")
-    header("system calls per request (strace -c -f)")
+    header("CPU time per request (/proc)" if args.cpu else "system calls per request (strace -c -f)")
     with tempfile.TemporaryDirectory(prefix="etiquette-syscalls-") as tmp_text:
         tmp = Path(tmp_text)
         site = start_site(validators=not args.no_validators)
@@ -69,8 +92,14 @@ def main() -> int:
             for arm in ("lean", "etiquette"):
                 proxy = start_lean(tmp / "lean") if arm == "lean" else start_etiquette(tmp / "state", FAST_PACING)
                 with started(proxy):
-                    arms[arm] = counted(proxy, site.url, args.requests, args.connections, tmp / f"{arm}.strace")
+                    arms[arm] = (cpu_per_request(proxy, site.url, args.requests, args.connections) if args.cpu else
+                                 counted(proxy, site.url, args.requests, args.connections, tmp / f"{arm}.strace"))
     lean, ety = arms["lean"], arms["etiquette"]
+    if args.cpu:
+        for name in ("utime ms", "stime ms"):
+            print(f"  {name}: lean {lean[name]:.3f}, etiquette {ety[name]:.3f}, added {ety[name] - lean[name]:+.3f} per request")
+        print(load_average())
+        return 0
     print(f"  {'system call':<16} {'lean':>8} {'etiquette':>10} {'added':>8}   (per request)")
     for name in sorted(set(lean) | set(ety), key=lambda n: -(ety.get(n, 0) - lean.get(n, 0))):
         a, b = lean.get(name, 0.0), ety.get(name, 0.0)
