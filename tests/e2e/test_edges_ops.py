@@ -100,23 +100,6 @@ def test_a_half_open_client_is_disconnected_and_others_are_served(start_proxy, s
         time.sleep(0.1)
 
 
-def test_an_idle_keep_alive_client_is_closed_after_idle_timeout(start_proxy, site):
-    proxy = start_proxy(sets=[*FAST_PACING, "listen.idle_timeout=1s"])
-    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
-        for i in range(2):  # keep-alive: two requests on one connection, answered
-            s.sendall(f"GET {site.url(f'/k{i}')} HTTP/1.1\r\nHost: 127.0.0.1:{site.port}\r\n\r\n".encode())
-            head = b""
-            while b"\r\n\r\n" not in head:
-                head += s.recv(4096)
-            assert head.startswith(b"HTTP/1.1 200 ")
-            length = int(re.search(rb"content-length: (\d+)", head.lower()).group(1))
-            body = head.split(b"\r\n\r\n", 1)[1]
-            while len(body) < length:
-                body += s.recv(4096)
-        assert s.recv(100) == b""  # then idle: closed by the proxy (mitmproxy alone: 10 minutes)
-    assert [p for p in site.paths() if p.startswith("/k")] == ["/k0", "/k1"]
-
-
 def _get_on(s: socket.socket, site, path: str) -> bytes:
     """One keep-alive GET through the proxy on socket `s`: the answer's head."""
     s.sendall(f"GET {site.url(path)} HTTP/1.1\r\nHost: 127.0.0.1:{site.port}\r\n\r\n".encode())
@@ -130,6 +113,15 @@ def _get_on(s: socket.socket, site, path: str) -> bytes:
     while len(body) < length:
         body += s.recv(4096)
     return head
+
+
+def test_an_idle_keep_alive_client_is_closed_after_idle_timeout(start_proxy, site):
+    proxy = start_proxy(sets=[*FAST_PACING, "listen.idle_timeout=1s"])
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
+        for i in range(2):  # keep-alive: two requests on one connection, answered
+            assert _get_on(s, site, f"/k{i}").startswith(b"HTTP/1.1 200 ")
+        assert s.recv(100) == b""  # then idle: closed by the proxy (mitmproxy alone: 10 minutes)
+    assert [p for p in site.paths() if p.startswith("/k")] == ["/k0", "/k1"]
 
 
 def test_a_busy_keep_alive_client_outlives_idle_timeout_and_is_closed_once_idle(start_proxy, site):
