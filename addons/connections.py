@@ -26,6 +26,9 @@ cancels the connection's task in the proxy server's connection handler
   goes with it), so a truncated body never looks complete (SPEC §12), and the line says
   `failed` with the bytes passed. One timer per flow, re-armed only when it fires: a chunk costs
   a clock read, not a timer.
+- A client's deadline is kept the same way: a keep-alive client's next request head disarms it
+  and the answer's end moves it, and its one timer is re-armed only when it fires (for what is
+  left, if the deadline moved meanwhile): a request on a kept-alive connection costs no timer.
 - Site connections unused for `upstream.idle_timeout` are closed, and when more than
   `upstream.max_connections` are open the least recently used idle ones are closed. mitmproxy
   keeps one per client connection and site; a site connection is closed for idleness only when
@@ -42,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +69,8 @@ log = logging.getLogger(__name__)
 
 DRAIN_S = 4.0  # SPEC §3: the whole stop within 5 s; mitmproxy's own shutdown takes the rest
 SWEEP_EVERY_S = 1.0
+# asyncio runs a timer up to its clock's resolution before the time it was set for (_run_once).
+_CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution
 STOPPING_REASON = "proxy stopping; not sent to the site"
 
 
@@ -72,7 +78,10 @@ STOPPING_REASON = "proxy stopping; not sent to the site"
 class _Client:
     conn: connection.Client
     flows: dict[str, http.HTTPFlow] = field(default_factory=dict)  # in progress, by flow id
-    timer: asyncio.TimerHandle | None = None
+    timer: asyncio.TimerHandle | None = None  # fires at or before `deadline`
+    deadline: float | None = None  # loop.time() the client must act by; None: none (a flow in progress)
+    seconds: float = 0.0  # the timeout that set the deadline, and why (for the close and its count)
+    why: str = ""
 
     @property
     def in_flight(self) -> int:
@@ -172,9 +181,7 @@ class ConnectionLimits:
         flow.metadata[_COUNTED] = True
         watch.flows[flow.id] = flow
         self.book.head_arrived(watch.conn.id)
-        if watch.timer is not None:
-            watch.timer.cancel()
-            watch.timer = None
+        watch.deadline = None  # its timer, if any, finds no deadline when it fires
 
     def _finished(self, flow: http.HTTPFlow) -> None:
         self._stop_read_timer(flow)
@@ -189,16 +196,30 @@ class ConnectionLimits:
             self._arm(watch, self.rt.config.listen.idle_timeout, "idle keep-alive connection")
 
     def _arm(self, watch: _Client, seconds: float, why: str) -> None:
-        if watch.timer is not None:
-            watch.timer.cancel()
         loop = asyncio.get_running_loop()
-        watch.timer = loop.call_later(seconds, self._expire, watch.conn.id, seconds, why)
+        deadline = loop.time() + seconds
+        watch.deadline, watch.seconds, watch.why = deadline, seconds, why
+        timer = watch.timer
+        if timer is not None:
+            if timer.when() <= deadline:
+                return  # fires first, and re-arms for what is left (_expire)
+            timer.cancel()
+        watch.timer = loop.call_at(deadline, self._expire, watch.conn.id)
 
-    def _expire(self, client_id: str, seconds: float, why: str) -> None:
+    def _expire(self, client_id: str) -> None:
         watch = self._clients.get(client_id)
-        if watch is None or watch.in_flight:
+        if watch is None:
             return
         watch.timer = None
+        deadline = watch.deadline
+        if deadline is None or watch.in_flight:
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() + _CLOCK_RESOLUTION < deadline:  # moved since this timer was set
+            watch.timer = loop.call_at(deadline, self._expire, client_id)
+            return
+        seconds, why = watch.seconds, watch.why
+        watch.deadline = None
         if _still_writing(client_id, watch.conn):
             # The last answer is still going out to a slow reader: not idle yet.
             self._arm(watch, seconds, why)

@@ -41,6 +41,7 @@ from etiquette_proxy.webbotauth import client_signed
 
 log = logging.getLogger(__name__)
 
+_PRICE_FIELDS = frozenset(name.encode("ascii") for name in PRICE_HEADERS)
 _PAYMENT_FIELDS = frozenset({b"crawler-price", b"crawler-charged", b"crawler-error", b"payment-required"})
 _OFFER = "payment_offer"  # notes.facts: the Offer a request left with
 # Fields of the site's paid answer that described the side request's own framing: mitmproxy
@@ -91,10 +92,12 @@ class Payments:
             return
         request = flow.request
         notes = notes_of(flow)
-        dropped = [name for name in PRICE_HEADERS if name in request.headers]
-        for name in dropped:
-            del request.headers[name]
-        if dropped:
+        # Looked for in the raw fields first: a client rarely sends either, and a Headers lookup
+        # by name decodes every field of the request each time.
+        if has_field(request.headers.fields, _PRICE_FIELDS):
+            dropped = [name for name in PRICE_HEADERS if name in request.headers]
+            for name in dropped:
+                del request.headers[name]
             notes.extra["payment_headers_dropped"] = dropped
         limits = self._limits.get(notes.site)
         if limits is None or self.rt.observe:

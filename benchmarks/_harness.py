@@ -242,7 +242,8 @@ def start_mitmdump(confdir: Path, extra: Sequence[str] = (), prefix: Sequence[st
 
 
 def _start_master(script: str, confdir: Path, port: int, extra: Sequence[str], prefix: Sequence[str],
-                  pythonpath: str | None, name: str, python_flags: Sequence[str] = ()) -> Started:
+                  pythonpath: str | None, name: str, python_flags: Sequence[str] = (),
+                  timeout: float = 90.0) -> Started:
     """A benchmark master script of this folder on `port`, its stderr kept in `confdir`."""
     confdir.mkdir(parents=True, exist_ok=True)
     cmd = [*prefix, sys.executable, *python_flags, str(HERE / script), "--port", str(port),
@@ -251,7 +252,7 @@ def _start_master(script: str, confdir: Path, port: int, extra: Sequence[str], p
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=stderr, text=True, env=clean_env(pythonpath))
     stderr.close()
     try:
-        wait_port(port, 90.0)  # mitmproxy's imports alone take tens of seconds on a loaded machine
+        wait_port(port, timeout)  # mitmproxy's imports alone take tens of seconds on a loaded machine
     except RuntimeError:
         proc.kill()
         proc.wait(5)
@@ -269,12 +270,12 @@ def start_product_master(confdir: Path, extra: Sequence[str] = (), prefix: Seque
 
 
 def start_lean(confdir: Path, extra: Sequence[str] = (), prefix: Sequence[str] = (),
-               port: int | None = None) -> Started:
+               port: int | None = None, timeout: float = 90.0) -> Started:
     """(b') the leanest mitmproxy (benchmarks/_lean_master.py: a plain Master with mitmproxy's
     core, proxyserver, next_layer and tlsconfig, no code of ours), under `python -O` (its
     docstring says why); `extra` e.g. `--reverse URL`, `--reuse-port` (then `port` is shared)."""
     return _start_master("_lean_master.py", confdir, port or free_port(), extra, prefix, None,
-                         "lean mitmproxy (core, proxyserver, next_layer, tlsconfig)", ["-O"])
+                         "lean mitmproxy (core, proxyserver, next_layer, tlsconfig)", ["-O"], timeout)
 
 
 def load_average() -> str:

@@ -100,21 +100,49 @@ def test_a_half_open_client_is_disconnected_and_others_are_served(start_proxy, s
         time.sleep(0.1)
 
 
+def _get_on(s: socket.socket, site, path: str) -> bytes:
+    """One keep-alive GET through the proxy on socket `s`: the answer's head."""
+    s.sendall(f"GET {site.url(path)} HTTP/1.1\r\nHost: 127.0.0.1:{site.port}\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = s.recv(4096)
+        assert chunk, f"connection closed before the answer to {path}"
+        head += chunk
+    length = int(re.search(rb"content-length: (\d+)", head.lower()).group(1))
+    body = head.split(b"\r\n\r\n", 1)[1]
+    while len(body) < length:
+        body += s.recv(4096)
+    return head
+
+
 def test_an_idle_keep_alive_client_is_closed_after_idle_timeout(start_proxy, site):
     proxy = start_proxy(sets=[*FAST_PACING, "listen.idle_timeout=1s"])
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
         for i in range(2):  # keep-alive: two requests on one connection, answered
-            s.sendall(f"GET {site.url(f'/k{i}')} HTTP/1.1\r\nHost: 127.0.0.1:{site.port}\r\n\r\n".encode())
-            head = b""
-            while b"\r\n\r\n" not in head:
-                head += s.recv(4096)
-            assert head.startswith(b"HTTP/1.1 200 ")
-            length = int(re.search(rb"content-length: (\d+)", head.lower()).group(1))
-            body = head.split(b"\r\n\r\n", 1)[1]
-            while len(body) < length:
-                body += s.recv(4096)
+            assert _get_on(s, site, f"/k{i}").startswith(b"HTTP/1.1 200 ")
         assert s.recv(100) == b""  # then idle: closed by the proxy (mitmproxy alone: 10 minutes)
     assert [p for p in site.paths() if p.startswith("/k")] == ["/k0", "/k1"]
+
+
+def test_a_busy_keep_alive_client_outlives_idle_timeout_and_is_closed_once_idle(start_proxy, site):
+    # The idle deadline moves with every answer (its timer re-armed only when it fires): a client
+    # asking every 0.3 s for 2.5 s (past idle_timeout 1s twice) keeps its connection, and once
+    # it stops it is closed idle_timeout after its last answer, not sooner, not never.
+    proxy = start_proxy(sets=[*FAST_PACING, "listen.idle_timeout=1s"])
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
+        start = time.monotonic()
+        n = 0
+        while time.monotonic() - start < 2.5:
+            assert _get_on(s, site, f"/busy{n}").startswith(b"HTTP/1.1 200 ")
+            n += 1
+            time.sleep(0.3)
+        last = time.monotonic()
+        _get_on(s, site, "/busy-last")
+        s.settimeout(10)
+        assert s.recv(100) == b""  # closed by the proxy
+        idle = time.monotonic() - last
+    assert 0.9 <= idle < 6.0, idle  # idle_timeout 1s (generous above: a loaded machine)
+    assert len([p for p in site.paths() if p.startswith("/busy")]) == n + 1
 
 
 def test_at_the_descriptor_limit_half_open_clients_make_room_for_normal_ones(start_proxy, site):
