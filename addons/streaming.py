@@ -38,6 +38,7 @@ from addons.mitm_version import require_verified
 from addons.notes import PAID_BODY, notes_of
 from addons.runtime import Runtime
 from etiquette_proxy.bodies import BodyCopy, OffLoopSha256, declared_length, streams_request_body
+from etiquette_proxy.headers import has_field
 from etiquette_proxy.health.signals import HEAD_BYTES
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ REQUEST_BODY = "etiquette_request_body"  # flow.metadata: the BodyCopy of a requ
 # RFC 9110 §6.4.1: these never carry content, so there is nothing to stream. A 304 is also the
 # one answer revalidation rewrites in `response` (to the stored 200), which streaming forbids.
 _NO_CONTENT = frozenset({204, 304})
+_BODY_FRAMING = frozenset({b"content-length", b"transfer-encoding"})  # what says a request has a body
 LOCAL_HOST = "etiquette.proxy"  # the proxy's own endpoints read their (bounded) request bodies whole
 
 
@@ -131,8 +133,11 @@ class BodyStreams:
             return
         if request.host == LOCAL_HOST:
             return
-        if not streams_request_body(request.headers.get("content-length"), request.headers.get("transfer-encoding", ""),
-                                    self.rt.config.limits.stream_above):
+        # Most requests (GETs) carry neither field: looked for in the raw fields first, as a
+        # Headers lookup by name decodes every field of the request each time.
+        if not has_field(request.headers.fields, _BODY_FRAMING) or not streams_request_body(
+                request.headers.get("content-length"), request.headers.get("transfer-encoding", ""),
+                self.rt.config.limits.stream_above):
             return  # small, or no body at all: read whole, as before
         copy = BodyCopy(0, 0)
         flow.metadata[REQUEST_BODY] = copy
