@@ -171,7 +171,7 @@ def members(rt: Runtime) -> list[Any]:
     listening: Broadcast[tuple[str, int]] = Broadcast("listening")
     pacing = Pacing(rt, restraints)
     rates = pacing.rates
-    robots = RobotsGate(rt, before_fetch=pacing.before_robots_fetch,  # SPEC §4: robots.txt counts against the budget
+    robots = RobotsGate(rt, before_fetch=pacing.robots_turn,  # SPEC §4: robots.txt counts against the budget
                         restraints=restraints, rates=rates)
     health = HealthWatch(rt, robots_allows=robots.allows, restraints=restraints, rates=rates)
     controls = OperatorControls(rt, pacing, health, rates=rates)

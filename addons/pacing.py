@@ -28,6 +28,7 @@ from etiquette_proxy.pacing.ratelimit_fields import _FIELDS as RATE_LIMIT_FIELDS
 from etiquette_proxy.pacing.rates import Rates
 from etiquette_proxy.pacing.restraints import Restraints
 from etiquette_proxy.pacing.service import PAUSED_RETRY_S, Admission, PacingService, decision_fields
+from etiquette_proxy.pacing.side_turn import SideTurn
 from etiquette_proxy.visibility.page import human_seconds
 
 _JOINED = frozenset({"retry-after", "ratelimit", "ratelimit-policy"})  # every value, comma-joined
@@ -169,6 +170,14 @@ class Pacing:
         # MITMPROXY-NOTES: fires at once, while the request hook of its flows may still be held.
         self.service.client_gone(id(client))
         self.service.departing.client_gone(client.id)
+
+    async def robots_turn(self, site: str) -> SideTurn:
+        """RobotsGate's fetch takes a turn like any request (SPEC §4); raises when it must not
+        be sent. Its token is spent when its connection is open (`SideTurn.depart`)."""
+        adm = await self.service.admit(site.lower(), always_hold=True)
+        if adm.action != "go" or adm.ticket is None:
+            raise SideFetchError(f"not sent: {_reason(adm) if adm.action != 'go' else adm.would_reason}")
+        return SideTurn(self.service, site.lower(), adm.ticket, adm.lease)
 
     async def before_robots_fetch(self, site: str) -> None:
         """RobotsGate's fetch takes a turn like any request; raises when it must not be sent."""

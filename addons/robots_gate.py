@@ -19,6 +19,7 @@ from addons.runtime import Runtime
 from etiquette_proxy.side_fetch import SideFetchError, SideResponse, fetch
 from etiquette_proxy.pacing.rates import Rates
 from etiquette_proxy.pacing.restraints import Restraints
+from etiquette_proxy.pacing.side_turn import SideTurn
 from etiquette_proxy.robots.entry import RobotsEntry, StoredTextLost
 from etiquette_proxy.robots.policy import RobotsSettings
 from etiquette_proxy.robots.service import Audit, RobotsService
@@ -33,7 +34,7 @@ _SIGNALS = frozenset({b"content-usage", b"content-signal", b"tdm-reservation", b
 
 class RobotsGate:
     def __init__(self, runtime: Runtime,
-                 before_fetch: Callable[[str], Awaitable[None]] | None = None,
+                 before_fetch: Callable[[str], Awaitable[SideTurn | None]] | None = None,
                  restraints: Restraints | None = None, rates: Rates | None = None):
         self.rt = runtime
         self.rates = rates if rates is not None else runtime.configured_rates()  # for its audit lines
@@ -49,9 +50,11 @@ class RobotsGate:
         self.policy = self.service.policy
         self.entries = self.service.entries
 
-    async def _side_fetch(self, url: str, headers: dict[str, str], timeout: float, max_bytes: int) -> SideResponse:
+    async def _side_fetch(self, url: str, headers: dict[str, str], timeout: float, max_bytes: int,
+                          on_connected: Callable[[], Awaitable[None]] | None = None) -> SideResponse:
         """The proxy's own request, along the upstream path crawl traffic takes."""
-        return await fetch(url, path=self.rt.upstream, headers=headers, timeout=timeout, max_bytes=max_bytes)
+        return await fetch(url, path=self.rt.upstream, headers=headers, timeout=timeout, max_bytes=max_bytes,
+                           on_connected=on_connected)
 
     def status(self, site: str) -> dict[str, object]:
         """Dashboard fields: the robots.txt state of each origin of `site`."""

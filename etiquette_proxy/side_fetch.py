@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import zlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -77,11 +78,23 @@ async def fetch(
     timeout: float,
     max_bytes: int,
     method: str = "GET",
+    on_connected: Callable[[], Awaitable[None]] | None = None,
 ) -> SideResponse:
-    """GET (or HEAD) `url` once (no redirects), reading at most `max_bytes` of the body."""
+    """GET (or HEAD) `url` once (no redirects), reading at most `max_bytes` of the body.
+
+    `on_connected`: awaited once the connection (and TLS) to the site is up, just before the
+    request is written: pacing's departure gate (SPEC §5: the token is spent as the request
+    leaves). Its wait is pacing's, not the site's slowness: `timeout` is off meanwhile and
+    starts again, whole, for the exchange."""
     try:
-        async with asyncio.timeout(timeout):
-            return await _fetch(url, path, headers, max_bytes, method)
+        async with asyncio.timeout(timeout) as scope:
+            departing = None
+            if on_connected is not None:
+                async def departing() -> None:
+                    scope.reschedule(None)
+                    await on_connected()
+                    scope.reschedule(asyncio.get_running_loop().time() + timeout)
+            return await _fetch(url, path, headers, max_bytes, method, departing)
     except TimeoutError:
         raise SideFetchError("timeout") from None
     except ConnectionRefusedError:
@@ -97,7 +110,7 @@ async def fetch(
 
 
 async def _fetch(url: str, path: UpstreamPath, headers: dict[str, str], max_bytes: int,
-                 method: str = "GET") -> SideResponse:
+                 method: str = "GET", on_connected: Callable[[], Awaitable[None]] | None = None) -> SideResponse:
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https") or not parts.hostname:
@@ -127,6 +140,8 @@ async def _fetch(url: str, path: UpstreamPath, headers: dict[str, str], max_byte
                                                        server_hostname=host if ssl_ctx else None)
 
     try:
+        if on_connected is not None:
+            await on_connected()
         conn = h11.Connection(our_role=h11.CLIENT)
         request_headers = [("Host", authority), ("Accept-Encoding", "gzip, identity"), ("Connection", "close")]
         request_headers += [(k, v) for k, v in headers.items()

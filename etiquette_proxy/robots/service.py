@@ -21,6 +21,7 @@ from urllib.parse import urljoin, urlsplit
 from etiquette_proxy.audit.log import audit_record
 from etiquette_proxy.clock import Clock, wall
 from etiquette_proxy.pacing.restraints import Restraints, crawl_delay_restraint
+from etiquette_proxy.pacing.side_turn import SideTurn
 from etiquette_proxy.robots.entry import RobotsEntry, StoredTextLost
 from etiquette_proxy.robots.policy import (
     NAMESPACE,
@@ -61,8 +62,10 @@ class SideAnswer(Protocol):
     def header(self, name: str) -> str | None: ...
 
 
-# fetch(url, headers, timeout, max_bytes): the proxy's own request along the upstream path.
-SideFetch = Callable[[str, dict[str, str], float, int], Awaitable[SideAnswer]]
+# fetch(url, headers, timeout, max_bytes[, on_connected=]): the proxy's own request along the
+# upstream path; `on_connected` (given only with a pacing turn) is awaited once its connection
+# is open, before the request is written.
+SideFetch = Callable[..., Awaitable[SideAnswer]]
 
 
 @dataclass(frozen=True)
@@ -90,13 +93,14 @@ class RobotsService:
     def __init__(self, *, config: Callable[[], Any], state: Callable[[], StateStore],
                  shared: Callable[[], RedisShared | None], site_keys: Callable[[], SiteKeys],
                  fetch: SideFetch, unsent: tuple[type[Exception], ...], audit: Audit,
-                 before_fetch: Callable[[str], Awaitable[None]] | None = None,
+                 before_fetch: Callable[[str], Awaitable[SideTurn | None]] | None = None,
                  restraints: Restraints | None = None, clock: Clock = time.monotonic, now: Clock = wall,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
         self._config, self._shared, self._site_keys = config, shared, site_keys
         self._side_fetch, self._unsent, self._audit_to = fetch, unsent, audit
         # Pacing's: robots.txt fetches count against the site's budget (SPEC §4); raises one
-        # of `unsent` when the fetch must not be sent (the site is paused).
+        # of `unsent` when the fetch must not be sent (the site is paused). What it returns,
+        # a SideTurn, departs when the fetch's connection is open and is done when it is over.
         self.before_fetch = before_fetch
         # Pacing's table: the "crawl-delay" restraint is written here (RFC 9309 has no
         # crawl-delay; SPEC §4 honours it as a rate cap); pacing reads it.
@@ -312,13 +316,21 @@ class RobotsService:
         url = f"{origin}{path}"
         what = path.rsplit("/", 1)[-1]
         for hop in range(settings.max_redirects + 1):
+            turn = None
             try:
                 if self.before_fetch is not None:
-                    await self.before_fetch(site)  # may raise one of `unsent`: not sent (paused)
-                response = await self._side_fetch(url, {"User-Agent": ua}, settings.timeout, settings.max_bytes + 1)
+                    turn = await self.before_fetch(site)  # may raise one of `unsent`: not sent (paused)
+                if turn is None:
+                    response = await self._side_fetch(url, {"User-Agent": ua}, settings.timeout, settings.max_bytes + 1)
+                else:  # SPEC §5: its token is spent as it leaves, once its connection is open
+                    response = await self._side_fetch(url, {"User-Agent": ua}, settings.timeout,
+                                                      settings.max_bytes + 1, on_connected=turn.depart)
             except self._unsent as e:
                 self._audit(url, site, ua, None, f"{what} fetch for {origin}: {e}", what)
                 return FetchResult(None, error=str(e), redirects=hop)
+            finally:
+                if turn is not None:
+                    turn.done()
             self._audit(url, site, ua, response.status, f"{what} fetch for {origin}", what)
             if response.status in REDIRECTS:
                 location = response.header("location")
