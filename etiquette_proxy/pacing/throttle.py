@@ -46,6 +46,7 @@ class Measured:
     served: int
     window_s: float
     at_site: int
+    sustained: float | None = None  # over a run longer than one window (Departures.sustained)
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,8 @@ class ThrottleState:
                         at_site=measured.at_site if measured else 1,
                         slowest=slowest, rate=self.rate, ceiling=self.ceiling,
                         concurrency=self.concurrency, configured=s.rate, floor=s.rate_floor,
-                        ceiling_factor=s.ceiling_factor)
+                        ceiling_factor=s.ceiling_factor,
+                        sustained=measured.sustained if measured else None)
         self.rate, self.ceiling, self.concurrency = taught.rate, taught.ceiling, taught.concurrency
         self.lesson = taught.how
         self.last_throttle_at = now

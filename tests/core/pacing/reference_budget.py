@@ -424,8 +424,11 @@ class SiteBudget:
         measured = None  # learner:
         if started is not None and self._departs is not None:
             served, window = self._departs.served(started, slowest)
-            measured = Measured(served, window, self._departs.at_site_when(started))
+            measured = Measured(served, window, self._departs.at_site_when(started),
+                                self._departs.sustained(started, slowest))
         pause, reason, breaker = throttle.count_throttle(now, status, pause, reason, lambda: slowest, measured)
+        if self._departs is not None:
+            self._departs.rest()
         self._forget_sends()
         self._tokens, self._tokens_at = 0.0, now  # the next request waits a full interval at least
         self._pause(now, pause, reason)
