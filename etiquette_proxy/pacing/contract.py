@@ -35,6 +35,8 @@ class ContractBudget(WaitingLine):
         now = self._ctx.clock()
         self._settle(now)
         started = self._land(ticket) if ticket is not None else None
+        if started is not None and self._departs is not None:
+            self._departs.landed(now, now - started)
         # A response to a request that left before the last 429 was answered carries no new lesson.
         echo = started is not None and started <= self.throttle.last_throttle_at
         fields = _lowered(headers)
@@ -54,8 +56,7 @@ class ContractBudget(WaitingLine):
         """At the concurrency the site taught, the slot this answer freed is still counted by
         the site for a moment: the next departure waits that long (learner.slot_settles).
         With a slot to spare besides it, nothing waits."""
-        concurrency = self.throttle.concurrency
-        if concurrency is None or len(self._in_flight) < concurrency - 1:
+        if self.throttle.concurrency is None or len(self._in_flight) < self.max_concurrency() - 1:
             return
         rate = self._effective_rate(now)
         # The departure gate lets the next one leave at `_left_tat` less the burst's intervals.
@@ -141,7 +142,8 @@ class ContractBudget(WaitingLine):
         if started is None or departs is None:
             return None
         served, window = departs.served(started, rate)
-        return Measured(served, window, departs.at_site_when(started), departs.sustained(started, rate))
+        return Measured(served, window, departs.at_site_when(started), departs.sustained(started, rate),
+                        departs.just_answered(started))
 
     def _on_answer_hinted(self, now: float, status: int, hint: RateHint | None,
                           echo: bool) -> ThrottleDecision:

@@ -55,6 +55,8 @@ _CREEP = 0.05
 # at a site that only minds parallel requests, against halving it (concurrency N-1 again).
 _SETTLE_SHARE = 0.05
 _SETTLE_MIN_S = 0.02
+# Answers remembered for that (Departures.just_answered): more than land within a moment.
+_LANDINGS_KEPT = 16
 
 
 def window_for(rate: float) -> float:
@@ -66,7 +68,7 @@ class Departures:
     """When requests left for one site lately, oldest first, with how many were at the site
     as each left (itself included). In-process only: a restart starts with none."""
 
-    __slots__ = ("at", "at_site", "quickest", "run_from", "run_count")
+    __slots__ = ("at", "at_site", "quickest", "run_from", "run_count", "landings")
 
     def __init__(self) -> None:
         self.at: list[float] = []
@@ -77,6 +79,8 @@ class Departures:
         # starts after a window without departures, or after a throttling answer: `rest`).
         self.run_from = -math.inf
         self.run_count = 0
+        # The last answers: (when, until when the site may still count that request there).
+        self.landings: list[tuple[float, float]] = []
 
     def late_by(self, answered_in: float, interval: float) -> float:
         """How much later than the quickest answer lately a request that took `answered_in` to
@@ -158,6 +162,18 @@ class Departures:
         later = sum(1 for t in self.at if t >= before)  # the throttled one and any after it
         return max(0, self.run_count - later) / (span + window)
 
+    def landed(self, at: float, answered_in: float) -> None:
+        """An answer came at `at`, `answered_in` after its request left (see `just_answered`)."""
+        landings = self.landings
+        landings.append((at, at + slot_settles(answered_in)))
+        if len(landings) > _LANDINGS_KEPT:
+            del landings[0]
+
+    def just_answered(self, left: float) -> int:
+        """Requests answered in the moment before `left` that the site may still have counted
+        as at it when the request that left at `left` arrived (`slot_settles`)."""
+        return sum(1 for at, until in self.landings if at <= left < until)
+
     def rest(self) -> None:
         """A throttling answer paused the site: the next departure starts a new run."""
         self.run_count = 0
@@ -219,17 +235,26 @@ class Lesson:
 def lesson(*, now: float, code: str, asked_when: bool, served: int, window_s: float, at_site: int,
            slowest: float, rate: float, ceiling: float | None, concurrency: int | None,
            configured: float, floor: float, ceiling_factor: float,
-           sustained: float | None = None) -> Lesson:
+           sustained: float | None = None, just_answered: int = 0) -> Lesson:
     """The lesson of a counted throttling answer (see the module docstring).
 
     `asked_when`: the answer said when to come back (Retry-After, or a spent RateLimit quota);
     `served`/`window_s`: departures counted before the throttled one left; `sustained`: the
     rate sustained over a run longer than one window (`Departures.sustained`; None: the run was
-    not longer, the window count stands); `at_site`: requests at
+    not longer, the window count stands); `just_answered`: requests answered in the moment
+    before it left (`Departures.just_answered`); `at_site`: requests at
     the site as it left (itself included); `slowest`: the slowest rate sent at lately; `rate`,
     `ceiling`, `concurrency`: what the site taught before; `configured`: pacing.rate.
     """
     at = time.strftime("%H:%M", time.gmtime(now))  # wall-clock `now` (UTC), shown to the operator
+    if concurrency is None and at_site >= 2 and just_answered:
+        # Before any concurrency is learned a request leaves the instant a slot frees, and the
+        # site may still count the request that slot was freed by (`slot_settles`): it saw
+        # that one too. Counting it keeps the first lesson at the site's limit rather than one
+        # below it (half the pace at a limit of 2); a count one too high costs one more
+        # lesson, never a stuck one: once a concurrency is learned, freed slots settle and
+        # this is not added.
+        at_site += 1
     if not asked_when and at_site >= 2:
         limit = at_site - 1 if concurrency is None else min(concurrency, at_site - 1)
         return Lesson(rate, ceiling, limit,

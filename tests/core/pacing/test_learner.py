@@ -493,3 +493,26 @@ def test_the_concurrency_site_that_counts_a_request_after_its_answer_draws_one_l
     assert budget is not None and budget.max_concurrency() == 2
     steady = result.steady(15.0, 45.0)
     assert 0.85 * site.capacity <= steady <= site.capacity
+
+
+def test_the_first_concurrency_lesson_counts_the_request_the_site_still_counted():
+    # Two slots for a site of two at once that counts a request 5 ms after its answer: the
+    # request sent into the first freed slot finds three there by the site's count (two by
+    # ours) and draws a 429. The one answered just before counts: concurrency 2, not 1.
+    site = ConcurrencyLimit(2, latency=0.4, lag=0.005)
+    result = crawl(site, settings=PacingSettings(rate=10.0, burst=2, max_concurrency=2), latency=0.4, gate=True)
+    assert result.throttled() == 1, [at - T0 for at, status in result.arrivals if status != 200]
+    budget = result.budget
+    assert budget is not None and budget.max_concurrency() == 2
+    assert "concurrency 2 (3 were at the site)" in budget.learned()
+    assert result.steady(15.0, 45.0) >= 0.85 * site.capacity
+
+
+def test_a_request_answered_a_moment_before_counts_once_no_concurrency_is_learned():
+    assert _lesson(asked_when=False, at_site=2, just_answered=1).concurrency == 2
+    assert _lesson(asked_when=False, at_site=1, just_answered=1).concurrency is None  # a lone request
+    assert _lesson(asked_when=False, at_site=3, just_answered=1, concurrency=2).concurrency == 2
+    d = Departures()
+    d.landed(T0 + 1.0, 0.4)  # counted by the site until 20 ms after
+    assert d.just_answered(T0 + 1.0) == 1 and d.just_answered(T0 + 1.019) == 1
+    assert d.just_answered(T0 + 1.021) == 0 and d.just_answered(T0 + 0.99) == 0
