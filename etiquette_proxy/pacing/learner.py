@@ -56,7 +56,7 @@ _CREEP = 0.05
 _SETTLE_SHARE = 0.05
 _SETTLE_MIN_S = 0.02
 # Answers remembered for that (Departures.just_answered): more than land within a moment.
-_LANDINGS_KEPT = 16
+_LANDINGS_KEPT = 8
 
 
 def window_for(rate: float) -> float:
@@ -149,9 +149,12 @@ class Departures:
         tokens refilled at `limit`/s). A site at rest that served N over a run of T seconds
         before refusing sustains at most N / (T + window) beyond that burst: a bucket sent
         at 1.5 times its rate from full serves three windows' worth in two before it refuses,
-        and the window count alone (1.5 times its rate) would draw a second 429. A site counting per window
-        refuses within the first window of a run above its limit, where this says nothing
-        and the window count stands (it is the limit then). A run after a shorter pause
+        and the window count alone (1.5 times its rate) would draw a second 429. A site
+        counting per window refuses within the first window of a run above its limit, where
+        this says nothing and the window count stands (it is the limit then). One 429 within
+        the first window cannot tell the two apart (a bucket of 5/s and a window of 7 per
+        second answer an eager crawl alike up to it): the run after the pause teaches the
+        bucket's rate, at a second 429. A run after a shorter pause
         started with less than a window's worth: this is then lower, never higher, than what
         the site sustains.
         """
