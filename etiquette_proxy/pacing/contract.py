@@ -14,7 +14,7 @@ from typing import Any
 
 from etiquette_proxy.headers import LowerFields
 from etiquette_proxy.pacing.bucket import _EPS
-from etiquette_proxy.pacing.learner import quota_wait
+from etiquette_proxy.pacing.learner import quota_wait, slot_settles
 from etiquette_proxy.pacing.line import WaitingLine
 from etiquette_proxy.pacing.ratelimit_fields import RateHint, read_rate_hint_lowered
 from etiquette_proxy.pacing.retry_after import RetryAfter, parse_retry_after
@@ -35,6 +35,8 @@ class ContractBudget(WaitingLine):
         now = self._ctx.clock()
         self._settle(now)
         started = self._land(ticket) if ticket is not None else None
+        if started is not None and self._departs is not None:
+            self._departs.landed(now, now - started)
         # A response to a request that left before the last 429 was answered carries no new lesson.
         echo = started is not None and started <= self.throttle.last_throttle_at
         fields = _lowered(headers)
@@ -46,7 +48,21 @@ class ContractBudget(WaitingLine):
             return self._on_throttle(now, status, retry, hint, echo, started)
         if started is not None and self.throttle.ceiling is not None:
             self._space_after_lag(now, started)
+        if started is not None and self.throttle.concurrency is not None:
+            self._hold_freed_slot(now, started)
         return self._on_answer(now, status, hint, echo)
+
+    def _hold_freed_slot(self, now: float, started: float) -> None:
+        """At the concurrency the site taught, the slot this answer freed is still counted by
+        the site for a moment: the next departure waits that long (learner.slot_settles).
+        With a slot to spare besides it, nothing waits."""
+        if self.throttle.concurrency is None or len(self._in_flight) < self.max_concurrency() - 1:
+            return
+        rate = self._effective_rate(now)
+        # The departure gate lets the next one leave at `_left_tat` less the burst's intervals.
+        free_at = now + slot_settles(now - started) + (self._burst_f() - 1.0) / rate
+        if free_at > self._left_tat:
+            self._left_tat = free_at
 
     def _space_after_lag(self, now: float, started: float) -> None:
         """At a learned ceiling (2.5 % below the site's limit), an answer slower than the
@@ -112,6 +128,8 @@ class ContractBudget(WaitingLine):
         slowest = min([self._effective_rate(now)] + [r for _, r in self._recent_sends(now)])
         pause, reason, breaker = throttle.count_throttle(
             now, status, pause, reason, lambda: slowest, self._measured(started, slowest))
+        if self._departs is not None:
+            self._departs.rest()  # what the site lets through after its pause is a new run
         self._forget_sends()
         self._set_bucket(0.0, now)  # the next request waits a full interval at least
         self._pause(now, pause, reason)
@@ -124,7 +142,8 @@ class ContractBudget(WaitingLine):
         if started is None or departs is None:
             return None
         served, window = departs.served(started, rate)
-        return Measured(served, window, departs.at_site_when(started))
+        return Measured(served, window, departs.at_site_when(started), departs.sustained(started, rate),
+                        departs.just_answered(started))
 
     def _on_answer_hinted(self, now: float, status: int, hint: RateHint | None,
                           echo: bool) -> ThrottleDecision:

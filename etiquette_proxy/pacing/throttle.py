@@ -46,6 +46,8 @@ class Measured:
     served: int
     window_s: float
     at_site: int
+    sustained: float | None = None  # over a run longer than one window (Departures.sustained)
+    just_answered: int = 0  # answered the moment before it left (Departures.just_answered)
 
 
 @dataclass(frozen=True)
@@ -169,7 +171,9 @@ class ThrottleState:
                         at_site=measured.at_site if measured else 1,
                         slowest=slowest, rate=self.rate, ceiling=self.ceiling,
                         concurrency=self.concurrency, configured=s.rate, floor=s.rate_floor,
-                        ceiling_factor=s.ceiling_factor)
+                        ceiling_factor=s.ceiling_factor,
+                        sustained=measured.sustained if measured else None,
+                        just_answered=measured.just_answered if measured else 0)
         self.rate, self.ceiling, self.concurrency = taught.rate, taught.ceiling, taught.concurrency
         self.lesson = taught.how
         self.last_throttle_at = now

@@ -37,13 +37,18 @@ def hammer(proxy, site, seconds: float, clients: int = 4) -> float:
 
 
 # The kinds that meet the bar through the real proxy today. Not yet (benchmarks/learn_limits.py
-# prints their figures): a token bucket with a burst (what it served before its 429 includes
-# the burst: the first lesson is too high, a second 429 follows), a site whose 429s say
-# Retry-After: 0 under four eager clients (repeated zero pauses reach the breaker), and the
-# announcing site counting robots.txt (one 429, steady 0.76-0.84; the announcing site of
-# tests/e2e/test_pacing_learned.py meets it), and the concurrency limit (a second lesson in
-# some runs once requests leave at the departure gate: 2 throttling answers where 1 is the bar).
-MEETING = tuple(k for k in KINDS if k in ("sliding", "overload"))
+# prints their figures): a token bucket sent at twice its rate (2 throttling answers: up to its
+# first 429 it answers exactly as a window of 7 per second would, so one 429 cannot teach both
+# right: tests/core/pacing/test_learner.py; the second lesson measures the run and holds), a
+# site whose 429s say Retry-After: 0 under four eager clients (repeated zero pauses reach the
+# breaker), and the announcing site counting robots.txt (one 429, steady 0.76-0.84; the
+# announcing site of tests/e2e/test_pacing_learned.py meets it).
+MEETING = tuple(k for k in KINDS if k in ("sliding", "concurrency", "overload"))
+# A 429 without Retry-After is backed off 2^1 x uniform(0.5, 1.5) s (SPEC §5): the concurrency
+# site's first one, at ~0.7 s, may pause the crawl until ~3.7 s, so its run is longer (and a
+# stall of the loaded machine weighs less in it). The steady rate is measured over the second
+# half of each run, after the lesson and its pause.
+SECONDS_FOR = {"concurrency": 10.0}
 
 
 @pytest.mark.parametrize("kind", MEETING)
@@ -51,10 +56,12 @@ def test_one_throttling_answer_at_most_then_near_the_sites_limit(start_proxy, fr
     site = fresh()
     limited = make(site, kind, LIMIT)
     proxy = start_proxy(sets=per_site(site, **EAGER))
-    started = hammer(proxy, site, SECONDS)
-    ended = time.monotonic()
+    seconds = SECONDS_FOR.get(kind, SECONDS)
+    started = hammer(proxy, site, seconds)
     at = [round(t - started, 2) for t, _ in limited.throttled]
     assert limited.events(answered_in=0.2 + limited.hold_s) <= 1, at
     assert limited.inside_pauses(site.arrivals) == []
-    steady = limited.steady(started + 3.0, ended)
+    # Up to when the clients stopped sending: the answers still on their way after it (0.4 s
+    # at the concurrency site) are not time the site could have served more.
+    steady = limited.steady(started + seconds / 2, started + seconds)
     assert steady >= 0.85, f"{kind}: {steady:.2f} x its limit; throttled at {at}"

@@ -333,6 +333,8 @@ class SiteBudget:
         now = self._clock()
         self._settle(now)
         started = self._land(ticket) if ticket is not None else None
+        if started is not None and self._departs is not None:  # learner:
+            self._departs.landed(now, now - started)
         # A response to a request that left before the last 429 was answered carries no new lesson.
         echo = started is not None and started <= self.throttle.last_throttle_at
         fields = _lowered(headers)
@@ -424,8 +426,12 @@ class SiteBudget:
         measured = None  # learner:
         if started is not None and self._departs is not None:
             served, window = self._departs.served(started, slowest)
-            measured = Measured(served, window, self._departs.at_site_when(started))
+            measured = Measured(served, window, self._departs.at_site_when(started),
+                                self._departs.sustained(started, slowest),
+                                self._departs.just_answered(started))
         pause, reason, breaker = throttle.count_throttle(now, status, pause, reason, lambda: slowest, measured)
+        if self._departs is not None:
+            self._departs.rest()
         self._forget_sends()
         self._tokens, self._tokens_at = 0.0, now  # the next request waits a full interval at least
         self._pause(now, pause, reason)

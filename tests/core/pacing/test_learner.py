@@ -70,10 +70,12 @@ class TokenBucket:
 
 
 class ConcurrencyLimit:
-    """More than `limit` requests at the site at once → 429 without Retry-After."""
+    """More than `limit` requests at the site at once → 429 without Retry-After. The site
+    counts a request until `lag` s after its answer left (its own bookkeeping, as the real
+    site of tests/e2e/limited_sites.py whose counter a timer thread lowers)."""
 
-    def __init__(self, limit: int, latency: float):
-        self.limit, self.latency = limit, latency
+    def __init__(self, limit: int, latency: float, lag: float = 0.0):
+        self.limit, self.latency, self.lag = limit, latency, lag
         self.busy: list[float] = []  # when each request at the site leaves
 
     @property
@@ -82,7 +84,7 @@ class ConcurrencyLimit:
 
     def arrive(self, at: float, latency: float) -> Answer:
         self.busy = [t for t in self.busy if t > at]
-        self.busy.append(at + latency)
+        self.busy.append(at + latency + self.lag)
         if len(self.busy) > self.limit:
             return 429, {}
         return 200, {}
@@ -134,9 +136,11 @@ class Crawl:
 
 
 def crawl(site, settings: PacingSettings = EAGER, workers: int = 4, seconds: float = 45.0,
-          latency: float = 0.05) -> Crawl:
+          latency: float = 0.05, gate: bool = False) -> Crawl:
     """`workers` clients back to back through one budget, with the addon's wake-up protocol:
-    every waiter is asked again after a start or an answer, else when its wait runs out."""
+    every waiter is asked again after a start or an answer, else when its wait runs out.
+    `gate`: a started request reaches the site through the departure gate, as in the proxy
+    (it leaves once `departure_wait()` is 0, then `departed()`)."""
     clock = FakeClock(T0)
     budget = SiteBudget("site.test:80", settings, clock=clock, random=lambda: 0.5)
     out = Crawl(budget=budget, latency=latency)
@@ -149,12 +153,20 @@ def crawl(site, settings: PacingSettings = EAGER, workers: int = 4, seconds: flo
         counter += 1
         heapq.heappush(events, (when, counter, kind, ticket, answer))
 
+    def leave(ticket: int) -> None:
+        if gate:
+            if (wait := budget.departure_wait()) > 0:
+                at(clock() + wait, "leave", ticket)
+                return
+            budget.departed()
+        answer = site.arrive(clock(), latency)
+        out.arrivals.append((clock(), answer[0]))
+        at(clock() + latency, "answer", ticket, answer)
+
     def play(turn) -> None:
         if turn.action == "go":
             waiting.discard(turn.ticket)
-            answer = site.arrive(clock(), latency)
-            out.arrivals.append((clock(), answer[0]))
-            at(clock() + latency, "answer", turn.ticket, answer)
+            leave(turn.ticket)
             at(clock(), "notify")
         elif turn.action == "wait":
             waiting.add(turn.ticket)
@@ -171,6 +183,9 @@ def crawl(site, settings: PacingSettings = EAGER, workers: int = 4, seconds: flo
         if kind == "wake" and ticket not in waiting:
             continue
         clock.advance(max(0.0, when - clock()))
+        if kind == "leave":
+            leave(ticket)
+            continue
         if kind == "answer":
             assert answer is not None
             decision = budget.on_response(ticket, *answer)
@@ -404,3 +419,100 @@ def test_a_stall_on_the_way_does_not_draw_a_second_429_at_the_learned_ceiling():
     assert b.ceiling == pytest.approx(2.0)  # one lesson, never stepped down
     two = [c - a for a, c in zip(arrivals[3:], arrivals[5:], strict=False)]
     assert min(two) > 1.0
+
+
+# -- a token bucket: what it lets through at once is not its rate -----------------------------
+
+def test_a_token_bucket_sent_below_twice_its_rate_teaches_its_sustained_rate_with_one_429():
+    # 5 tokens refilled at 5/s, sent at an eager 8/s: it serves its 5 tokens and 5/s more for
+    # ~1.7 s before it refuses, so the second before held 8 departures: a ceiling there would
+    # draw a 429 after every pause. The run (served over it plus one window) says 5/s.
+    result = crawl(TokenBucket(5.0, 5.0), settings=PacingSettings(rate=8.0, burst=2, max_concurrency=4))
+    assert result.throttled() == 1, result.arrivals[:20]
+    assert result.inside_pauses() == []
+    budget = result.budget
+    assert budget is not None and budget.ceiling is not None
+    assert 0.9 * 5.0 <= budget.ceiling <= 5.0
+    assert "sustained over the run before" in budget.learned()
+    steady = result.steady(15.0, 45.0)
+    assert 0.85 * 5.0 <= steady <= 5.0
+
+
+def test_a_token_bucket_sent_at_twice_its_rate_is_learned_by_its_second_429():
+    # At 10/s the bucket refuses within its first second (8 served): that log is a window of
+    # 7 per second's too (next test), so the first lesson is 7/s; the run after the pause
+    # outlasts a window and the second lesson is the sustained rate: no third 429.
+    result = crawl(TokenBucket(5.0, 5.0))
+    assert result.throttled() == 2, [at - T0 for at, status in result.arrivals if status != 200]
+    assert result.inside_pauses() == []
+    budget = result.budget
+    assert budget is not None and budget.ceiling is not None and budget.ceiling <= 5.0
+    assert result.steady(15.0, 45.0) >= 0.85 * 5.0
+
+
+def test_one_429_cannot_tell_a_token_bucket_from_a_window_with_a_higher_limit():
+    # Why the bucket above costs two 429s: up to its first 429 a bucket of 5/s (5 tokens) and a
+    # window of 7 per second saw the same arrivals and answered them alike; whatever one 429
+    # teaches is wrong for one of them (a ceiling of 5/s holds the window at 0.71 x its limit).
+    bucket = crawl(TokenBucket(5.0, 5.0), seconds=0.62)
+    window = crawl(SlidingWindow(7, retry_after="1"), seconds=0.62)
+    assert bucket.arrivals == window.arrivals
+    assert [status for _, status in bucket.arrivals][-1] == 429
+
+
+def test_the_sustained_rate_is_measured_over_a_run_longer_than_one_window():
+    d = Departures()
+    for i in range(9):  # a run at 6/s from rest: 1.33 s
+        d.record(T0 + i / 6, 1, 10.0)
+    assert d.sustained(T0 + 8 / 6, 10.0) == pytest.approx(8 / (8 / 6 + 1.0))
+    assert d.sustained(T0 + 5 / 6, 10.0) is None  # the run not longer than a window yet
+    d.record(T0 + 4.0, 1, 10.0)  # after more than a window without departures: a new run
+    assert d.run_from == T0 + 4.0 and d.run_count == 1
+    d.rest()  # a throttling answer: the next departure starts a new run
+    d.record(T0 + 4.1, 1, 10.0)
+    assert d.run_from == T0 + 4.1 and d.run_count == 1
+
+
+def test_the_lower_sustained_rate_is_the_lesson_and_says_so():
+    taught = _lesson(served=8, slowest=10.0, configured=10.0, sustained=4.9)
+    assert taught.ceiling == 4.9 and "4.9/s sustained over the run before" in taught.how
+    window = _lesson(served=5, slowest=10.0, configured=10.0, sustained=6.0)  # higher: the window stands
+    assert window.ceiling == 5.0 and "sustained" not in window.how
+
+
+# -- a concurrency limit counted a moment after the answer --------------------------------------
+
+def test_the_concurrency_site_that_counts_a_request_after_its_answer_draws_one_lesson():
+    # The site still counts a request 5 ms after its answer left: a request sent into the freed
+    # slot at once finds two at the site and draws a second 429 (concurrency 1: half the pace).
+    # The freed slot waits a moment (learner.slot_settles) once a concurrency is learned.
+    site = ConcurrencyLimit(2, latency=0.4, lag=0.005)
+    result = crawl(site, latency=0.4, gate=True)
+    assert result.throttled() == 1, [at - T0 for at, status in result.arrivals if status != 200]
+    budget = result.budget
+    assert budget is not None and budget.max_concurrency() == 2
+    steady = result.steady(15.0, 45.0)
+    assert 0.85 * site.capacity <= steady <= site.capacity
+
+
+def test_the_first_concurrency_lesson_counts_the_request_the_site_still_counted():
+    # Two slots for a site of two at once that counts a request 5 ms after its answer: the
+    # request sent into the first freed slot finds three there by the site's count (two by
+    # ours) and draws a 429. The one answered just before counts: concurrency 2, not 1.
+    site = ConcurrencyLimit(2, latency=0.4, lag=0.005)
+    result = crawl(site, settings=PacingSettings(rate=10.0, burst=2, max_concurrency=2), latency=0.4, gate=True)
+    assert result.throttled() == 1, [at - T0 for at, status in result.arrivals if status != 200]
+    budget = result.budget
+    assert budget is not None and budget.max_concurrency() == 2
+    assert "concurrency 2 (3 were at the site)" in budget.learned()
+    assert result.steady(15.0, 45.0) >= 0.85 * site.capacity
+
+
+def test_a_request_answered_a_moment_before_counts_once_no_concurrency_is_learned():
+    assert _lesson(asked_when=False, at_site=2, just_answered=1).concurrency == 2
+    assert _lesson(asked_when=False, at_site=1, just_answered=1).concurrency is None  # a lone request
+    assert _lesson(asked_when=False, at_site=3, just_answered=1, concurrency=2).concurrency == 2
+    d = Departures()
+    d.landed(T0 + 1.0, 0.4)  # counted by the site until 20 ms after
+    assert d.just_answered(T0 + 1.0) == 1 and d.just_answered(T0 + 1.019) == 1
+    assert d.just_answered(T0 + 1.021) == 0 and d.just_answered(T0 + 0.99) == 0
