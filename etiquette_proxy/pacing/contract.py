@@ -110,12 +110,29 @@ class ContractBudget(WaitingLine):
             return self._decision(True, now, pause, retry, reason, notes)
         # The rate that drew the 429: the slowest we sent at lately (see count_throttle).
         slowest = min([self._effective_rate(now)] + [r for _, r in self._recent_sends(now)])
+        measured = self._measured(started, slowest)
         pause, reason, breaker = throttle.count_throttle(
-            now, status, pause, reason, lambda: slowest, self._measured(started, slowest))
+            now, status, pause, reason, lambda: slowest, measured)
         self._forget_sends()
         self._set_bucket(0.0, now)  # the next request waits a full interval at least
+        self._drain_learned_window(now, measured)
         self._pause(now, pause, reason)
         return self._decision(True, now, pause, retry, reason, notes, breaker=breaker)
+
+    def _drain_learned_window(self, now: float, measured: Measured | None) -> None:
+        """The next departure waits until the requests the site just counted have left the
+        window it was measured over (`quota_wait`, the lesson's `served` per `window_s`).
+
+        SPEC §5: `Retry-After: 0` is a pause of zero, but the site still said no. A site that
+        counts every arrival (refused ones included) still holds the burst that drew the 429
+        in its window: sent at once at just below the learned rate, the next request is its
+        N+1th again, and again (four 429s in a row, then the breaker). Not a pause: the site
+        asked for none; the bucket's next token comes when the window has room."""
+        if measured is None or measured.served < 1:
+            return
+        wait = quota_wait(self._departs, (measured.served, measured.window_s), now)
+        if wait > 1.0 / self._effective_rate(now):
+            self._set_bucket(1.0, now + wait)
 
     def _measured(self, started: float | None, rate: float) -> Measured | None:
         """What the site was sent just before the throttled request (started at `started`) left:

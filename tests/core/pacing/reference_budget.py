@@ -428,6 +428,12 @@ class SiteBudget:
         pause, reason, breaker = throttle.count_throttle(now, status, pause, reason, lambda: slowest, measured)
         self._forget_sends()
         self._tokens, self._tokens_at = 0.0, now  # the next request waits a full interval at least
+        if measured is not None and measured.served >= 1:
+            # learner: the next token comes once what the site counted has left the window it
+            # was measured over (ContractBudget._drain_learned_window)
+            wait = quota_wait(self._departs, (measured.served, measured.window_s), now)
+            if wait > 1.0 / self._effective_rate(now):
+                self._tokens, self._tokens_at = 1.0, now + wait
         self._pause(now, pause, reason)
         return self._decision(True, now, pause, retry, reason, notes, breaker=breaker)
 

@@ -198,6 +198,7 @@ SITES = {
     "concurrency-limit": lambda: ConcurrencyLimit(2, latency=0.4),
     "overload-503": lambda: SlidingWindow(4, status=503, retry_after="1"),
     "announces-ratelimit": lambda: Announcing(5, retry_after="1"),
+    "sliding-window-retry-after-0": lambda: SlidingWindow(5, retry_after="0"),
 }
 
 
@@ -288,9 +289,42 @@ def test_retry_after_0_is_a_pause_of_zero_not_junk():
     assert d.throttled and d.pause_s == 0.0 and d.retry_after == "0"
     assert "backoff" not in d.reason and d.notes == ()
     assert b.paused_for_s() == 0.0
-    # The next request waits one interval at the learned rate, no more.
+    # No pause, but the site said no: the next request waits until the three it counted in
+    # the second before (sent at 0.25, 0.5, 0.75 s) leave its window, the one at 0.25 s first
+    # (the window taken 2.5 % longer: closed at both ends), longer than one interval at 2.925/s.
+    assert d.rate == pytest.approx(3 * 0.975)
     nxt = b.reserve()
-    assert nxt.action == "wait" and nxt.wait_s == pytest.approx(1 / d.rate)
+    assert nxt.action == "wait" and nxt.wait_s == pytest.approx(0.25 + 1.025 - 0.75)
+
+
+def test_a_burst_of_concurrent_429s_with_retry_after_0_is_one_signal_and_the_rate_holds():
+    # Four eager clients, answers taking 0.3 s: requests at 0.4, 0.5, 0.6 and 0.7 s were at the
+    # site together when the first 429 (Retry-After: 0) came back. One lowering from what the
+    # site served, a zero pause, no step towards the breaker for the echoes, and no 429 after:
+    # the window the site still counts them in drains before the next request leaves.
+    site = SlidingWindow(5, retry_after="0")
+    result = crawl(site, latency=0.3, seconds=20.0)
+    refused = [round(at - T0, 3) for at, status in result.arrivals if status == 429]
+    assert len(refused) >= 3 and max(refused) - min(refused) < 0.3, refused  # one burst
+    assert result.throttled() == 1 and result.counted() == 1
+    throttled = [d for d in result.decisions if d.throttled]
+    assert all(d.pause_s == 0.0 and not d.breaker_open for d in throttled)
+    assert len({d.rate for d in throttled}) == 1
+    budget = result.budget
+    assert budget is not None and not budget.is_breaker_open()
+    assert budget.ceiling == pytest.approx(5.0) and budget.rate == pytest.approx(4.875)
+    assert budget.throttle.recent == [pytest.approx(T0 + min(refused) + 0.3)]  # one toward the breaker
+    assert result.steady(5.0, 20.0) >= 0.95 * site.capacity
+
+
+def test_repeated_retry_after_0_never_reaches_the_breaker():
+    # Before: the site still counted the refused request, so each next one at the learned
+    # rate was refused too (4 in 1.2 s, then the breaker's 5th). Now one, then the site's pace.
+    site = SlidingWindow(5, retry_after="0")
+    result = crawl(site)
+    assert [status for _, status in result.arrivals].count(429) == 1
+    assert result.budget is not None and not result.budget.is_breaker_open()
+    assert result.steady(15.0, 45.0) >= 0.95 * site.capacity
 
 
 # -- the learner itself ------------------------------------------------------------------------
