@@ -44,14 +44,14 @@ class ContractBudget(WaitingLine):
         if throttled:
             retry = parse_retry_after(raw_retry, now, self.settings.max_retry_after)
             return self._on_throttle(now, status, retry, hint, echo, started)
-        if started is not None and self.throttle.ceiling is not None:
+        if started is not None and (self.throttle.ceiling is not None or self.throttle.hint_rate is not None):
             self._space_after_lag(now, started)
         return self._on_answer(now, status, hint, echo)
 
     def _space_after_lag(self, now: float, started: float) -> None:
-        """At a learned ceiling (2.5 % below the site's limit), an answer slower than the
-        quickest lately means the request may have reached the site that much late: the next
-        departure waits that much longer (learner.Departures.late_by)."""
+        """At a learned ceiling or a RateLimit pace (each 2.5 % below the site's limit), an
+        answer slower than the quickest lately means the request may have reached the site
+        that much late: the next departure waits that much longer (learner.Departures.late_by)."""
         departs = self._departs
         rate = self._effective_rate(now)
         if departs is not None and (lag := departs.late_by(now - started, 1.0 / rate)) > 0:
@@ -110,7 +110,7 @@ class ContractBudget(WaitingLine):
             return self._decision(True, now, pause, retry, reason, notes)
         # The rate that drew the 429: the slowest we sent at lately (see count_throttle).
         slowest = min([self._effective_rate(now)] + [r for _, r in self._recent_sends(now)])
-        measured = self._measured(started, slowest)
+        measured = self._measured(started, slowest, hint)
         pause, reason, breaker = throttle.count_throttle(
             now, status, pause, reason, lambda: slowest, measured)
         self._forget_sends()
@@ -134,14 +134,24 @@ class ContractBudget(WaitingLine):
         if wait > 1.0 / self._effective_rate(now):
             self._set_bucket(1.0, now + wait)
 
-    def _measured(self, started: float | None, rate: float) -> Measured | None:
+    def _measured(self, started: float | None, rate: float, hint: RateHint | None) -> Measured | None:
         """What the site was sent just before the throttled request (started at `started`) left:
-        the departures in the learner's window before it, and how many were at the site then."""
+        the departures in the learner's window before it, and how many were at the site then.
+
+        A throttling answer that states its RateLimit-Policy (q per w) measured for us: the site
+        counted q in its window. Our own count over one second undercounts an even pace just
+        below q/w by one (4 of a 5/s site's: 5 intervals of 0.205 s span more than 1 s), and
+        the lesson would sit a fifth below the site's limit for an hour (SPEC §5: paced at q/w,
+        never stepping down through a window); `slowest` still caps it at the pace refused."""
         departs = self._departs
         if started is None or departs is None:
             return None
+        at_site = departs.at_site_when(started)
+        if hint is not None and hint.policy is not None and hint.policy[0] >= 1:
+            quota, window = hint.policy
+            return Measured(int(quota), window, at_site)
         served, window = departs.served(started, rate)
-        return Measured(served, window, departs.at_site_when(started))
+        return Measured(served, window, at_site)
 
     def _on_answer_hinted(self, now: float, status: int, hint: RateHint | None,
                           echo: bool) -> ThrottleDecision:

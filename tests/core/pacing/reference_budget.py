@@ -342,8 +342,9 @@ class SiteBudget:
         if throttled:
             retry = parse_retry_after(raw_retry, now, self.settings.max_retry_after)
             return self._on_throttle(now, status, retry, hint, echo, started)
-        if started is not None and self.throttle.ceiling is not None and self._departs is not None:
-            # learner: at a learned ceiling, a slower answer than the quickest lately spaces the
+        if (started is not None and (self.throttle.ceiling is not None or self.throttle.hint_rate is not None)
+                and self._departs is not None):
+            # learner: at a learned ceiling or a RateLimit pace, a slower answer than the quickest lately spaces the
             # next departure by that much (Departures.late_by)
             rate = self._restrained(self.throttle.working_rate(now))
             if (lag := self._departs.late_by(now - started, 1.0 / rate)) > 0:
@@ -424,6 +425,8 @@ class SiteBudget:
         measured = None  # learner:
         if started is not None and self._departs is not None:
             served, window = self._departs.served(started, slowest)
+            if hint is not None and hint.policy is not None and hint.policy[0] >= 1:
+                served, window = int(hint.policy[0]), hint.policy[1]  # learner: the site's own count
             measured = Measured(served, window, self._departs.at_site_when(started))
         pause, reason, breaker = throttle.count_throttle(now, status, pause, reason, lambda: slowest, measured)
         self._forget_sends()

@@ -243,6 +243,93 @@ def test_the_announcing_site_is_paced_evenly_and_never_steps_down_through_a_wind
     assert max(gaps) == pytest.approx(1 / 4.875, rel=1e-6)
 
 
+class LateAnnouncing(Announcing):
+    """An announcing site that sees its `late_at`th request `by` s late (held up on the way)."""
+
+    def __init__(self, limit: int, late_at: int, by: float, **kw) -> None:
+        super().__init__(limit, **kw)
+        self.arrived, self.late_at, self.by = 0, late_at, by
+
+    def arrive(self, at: float, latency: float) -> Answer:
+        self.arrived += 1
+        return super().arrive(at + (self.by if self.arrived == self.late_at else 0.0), latency)
+
+
+class PushingBack(SlidingWindow):
+    """draft-ietf-httpapi-ratelimit-headers-12 § "Dynamic limits for pushing back and slowing
+    down": nothing on its 200s; above `limit` per `window` a 429 with Retry-After: 20,
+    `RateLimit-Policy: "dynamic";q=15;w=20` and `RateLimit: "dynamic";r=0;t=20`."""
+
+    def arrive(self, at: float, latency: float) -> Answer:
+        status, headers = super().arrive(at, latency)
+        if status == 429:
+            headers = {**headers, "RateLimit-Policy": f'"dynamic";q={self.limit};w={self.window:g}',
+                       "RateLimit": f'"dynamic";r=0;t={self.window:g}'}
+        return status, headers
+
+
+def test_a_late_arrival_at_an_announcing_site_teaches_its_policy_not_an_undercount():
+    # One request held up 90 ms on its way: the site counts six in one second and answers 429
+    # (its RateLimit fields on it). The site's policy measured it: 5 per 1 s, capped at the
+    # pace refused (4.875/s), not the 4 our one-second count holds at that pace (before:
+    # ceiling 4, rate 3.9, 0.78 x the site's limit for the rest of the crawl).
+    site = LateAnnouncing(5, late_at=20, by=0.09, retry_after="1")
+    result = crawl(site)
+    assert result.throttled() == 1 and result.inside_pauses() == []
+    budget = result.budget
+    assert budget is not None
+    assert budget.ceiling == pytest.approx(4.875) and budget.rate == pytest.approx(4.875 * 0.975)
+    assert result.steady(15.0, 45.0) >= 0.95 * site.capacity
+
+
+def test_a_late_answer_under_a_ratelimit_pace_spaces_the_next_departure():
+    # As at a learned ceiling: a request 90 ms late on its way comes back 90 ms late; the next
+    # departure waits that much, so the announcing site never sees six within one second.
+    clock = FakeClock(T0)
+    site = Announcing(5, retry_after="1")
+    b = SiteBudget("site.test:80", EAGER, clock=clock, random=lambda: 0.5)
+    arrivals: list[float] = []
+    statuses: list[int] = []
+    for i in range(60):
+        turn = b.reserve()
+        while turn.action == "wait":
+            clock.advance(turn.wait_s)
+            turn = b.admit(turn.ticket)
+        way = 0.091 if i == 30 else 0.001
+        arrivals.append(clock() + way)
+        status, headers = site.arrive(clock() + way, 0.0)
+        statuses.append(status)
+        clock.advance(2 * way)
+        b.on_response(turn.ticket, status, headers)
+    assert statuses.count(429) == 0 and b.ceiling is None
+    six = [f - a for a, f in zip(arrivals, arrivals[5:], strict=False)]
+    assert min(six) > 1.0
+
+
+@pytest.mark.parametrize(("quota", "window"), [(100, 10.0), (15, 20.0), (50, 60.0), (5, 1.0)],
+                         ids=["q100-w10", "q15-w20", "q50-w60", "q5-w1"])
+def test_the_drafts_policies_are_paced_at_q_over_w_without_a_429(quota, window):
+    # draft-12 § RateLimit Policy Field Examples (q=100;w=10, q=50;w=60) and its pushing-back
+    # policy (q=15;w=20), each a sliding window announcing itself, from an eager config.
+    site = Announcing(quota, window=window, retry_after=f"{window:g}")
+    result = crawl(site, seconds=90.0)
+    assert [status for _, status in result.arrivals].count(429) == 0
+    assert result.steady(30.0, 90.0) >= 0.95 * site.capacity
+
+
+def test_the_drafts_pushing_back_429_teaches_its_policy_once():
+    # The policy comes only with the 429: 15 per 20 s. Its lesson is that policy (0.731/s
+    # under a ceiling of 0.75/s), not the 10 per second the eager burst was served at (before:
+    # ceiling 10, and a 429 again as each 20 s hint ran out, 6 in 120 s).
+    site = PushingBack(15, window=20.0, retry_after="20")
+    result = crawl(site, seconds=120.0)
+    assert result.throttled() == 1 and result.inside_pauses() == []
+    budget = result.budget
+    assert budget is not None and budget.ceiling == pytest.approx(0.75)
+    assert budget.rate == pytest.approx(0.75 * 0.975)
+    assert result.steady(40.0, 120.0) >= 0.95 * site.capacity
+
+
 # -- one signal per burst --------------------------------------------------------------------
 
 class Burst:
