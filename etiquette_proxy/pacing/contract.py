@@ -151,7 +151,20 @@ class ContractBudget(WaitingLine):
             quota, window = hint.policy
             return Measured(int(quota), window, at_site)
         served, window = departs.served(started, rate)
-        return Measured(served, window, at_site)
+        return Measured(served + self._overtook(started), window, at_site)
+
+    def _overtook(self, started: float) -> int:
+        """Requests that left after the throttled one (at `started`) and were answered before
+        its 429 came back: they overtook it on the way (it left on a new connection, or was
+        descheduled), so the site served them in the window that refused it. Counted with
+        those before it: left out, the lesson undercounts by them (4 of a 5/s site's, 0.78 of
+        its limit for the ceiling's hour). Those still in flight are left out: they reached
+        the site after it, or were refused with it (one signal per burst)."""
+        departs = self._departs
+        if departs is None or departs.at[-1] <= started:
+            return 0
+        flying = set(self._in_flight.values())
+        return sum(1 for t in departs.at if t > started and t not in flying)
 
     def _on_answer_hinted(self, now: float, status: int, hint: RateHint | None,
                           echo: bool) -> ThrottleDecision:

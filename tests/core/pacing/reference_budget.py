@@ -427,6 +427,9 @@ class SiteBudget:
             served, window = self._departs.served(started, slowest)
             if hint is not None and hint.policy is not None and hint.policy[0] >= 1:
                 served, window = int(hint.policy[0]), hint.policy[1]  # learner: the site's own count
+            else:  # learner: and those that left after it and were answered first (overtook it)
+                flying = set(self._in_flight.values())
+                served += sum(1 for t in self._departs.at if t > started and t not in flying)
             measured = Measured(served, window, self._departs.at_site_when(started))
         pause, reason, breaker = throttle.count_throttle(now, status, pause, reason, lambda: slowest, measured)
         self._forget_sends()

@@ -414,6 +414,34 @@ def test_repeated_retry_after_0_never_reaches_the_breaker():
     assert result.steady(15.0, 45.0) >= 0.95 * site.capacity
 
 
+def test_a_request_overtaken_on_its_way_counts_those_that_overtook_it():
+    # Four per second at the site; D leaves at 0.2 s on a slow new connection and reaches the
+    # site at 0.35 s, after E (left 0.3 s, answered 200 at once): the site served A, B, C and E
+    # in the second that refused D. The lesson counts E too: 4/s, not 3/s.
+    clock = FakeClock(T0)
+    site = SlidingWindow(4, retry_after="0")
+    b = SiteBudget("site.test:80", EAGER, clock=clock, random=lambda: 0.5)
+    a, b_ = b.reserve(), b.reserve()  # the burst of 2
+    for turn in (a, b_):
+        assert turn.action == "go"
+        b.on_response(turn.ticket, *site.arrive(clock(), 0.0))
+    clock.advance(0.1)
+    c = b.reserve()
+    b.on_response(c.ticket, *site.arrive(clock(), 0.0))
+    clock.advance(0.1)
+    d = b.reserve()
+    clock.advance(0.1)
+    e = b.reserve()
+    assert [t.action for t in (c, d, e)] == ["go"] * 3
+    assert b.on_response(e.ticket, *site.arrive(clock(), 0.0)).throttled is False
+    clock.advance(0.05)
+    status, headers = site.arrive(clock(), 0.0)
+    assert status == 429
+    taught = b.on_response(d.ticket, status, headers)
+    assert taught.ceiling == pytest.approx(4.0) and taught.rate == pytest.approx(4 * 0.975)
+    assert "4 served in the 1s before" in taught.lesson
+
+
 # -- the learner itself ------------------------------------------------------------------------
 
 def test_departures_count_the_window_before_the_throttled_request():
