@@ -127,12 +127,15 @@ class ContractBudget(WaitingLine):
         counts every arrival (refused ones included) still holds the burst that drew the 429
         in its window: sent at once at just below the learned rate, the next request is its
         N+1th again, and again (four 429s in a row, then the breaker). Not a pause: the site
-        asked for none; the bucket's next token comes when the window has room."""
+        asked for none; the bucket's next token comes when the window has room, and a request
+        started before the 429 came back but not yet on its way waits at the departure gate
+        as long (the gate's schedule, slots.py)."""
         if measured is None or measured.served < 1:
             return
         wait = quota_wait(self._departs, (measured.served, measured.window_s), now)
         if wait > 1.0 / self._effective_rate(now):
             self._set_bucket(1.0, now + wait)
+            self._left_tat = max(self._left_tat, now + wait)
 
     def _measured(self, started: float | None, rate: float, hint: RateHint | None) -> Measured | None:
         """What the site was sent just before the throttled request (started at `started`) left:
