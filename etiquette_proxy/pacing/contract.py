@@ -14,7 +14,7 @@ from typing import Any
 
 from etiquette_proxy.headers import LowerFields
 from etiquette_proxy.pacing.bucket import _EPS
-from etiquette_proxy.pacing.learner import quota_wait
+from etiquette_proxy.pacing.learner import CEILING_MARGIN, quota_wait
 from etiquette_proxy.pacing.line import WaitingLine
 from etiquette_proxy.pacing.ratelimit_fields import RateHint, read_rate_hint_lowered
 from etiquette_proxy.pacing.retry_after import RetryAfter, parse_retry_after
@@ -120,22 +120,25 @@ class ContractBudget(WaitingLine):
         return self._decision(True, now, pause, retry, reason, notes, breaker=breaker)
 
     def _drain_learned_window(self, now: float, measured: Measured | None) -> None:
-        """The next departure waits until the requests the site just counted have left the
-        window it was measured over (`quota_wait`, the lesson's `served` per `window_s`).
+        """The next departure waits until what the site counted when it said no has left the
+        window the lesson was measured over: one window (2.5 % longer: closed at both ends)
+        from the moment its answer came back, when every request answered by then reached it.
 
         SPEC §5: `Retry-After: 0` is a pause of zero, but the site still said no. A site that
         counts every arrival (refused ones included) still holds the burst that drew the 429
         in its window: sent at once at just below the learned rate, the next request is its
-        N+1th again, and again (four 429s in a row, then the breaker). Not a pause: the site
-        asked for none; the bucket's next token comes when the window has room, and a request
-        started before the 429 came back but not yet on its way waits at the departure gate
-        as long (the gate's schedule, slots.py)."""
+        N+1th again, and again (four 429s in a row, then the breaker). Counting the window
+        from our own departures is not enough: they are recorded as requests start, and the
+        first ones reach the site later by their connection's setup (0.4 s through a loaded
+        proxy). Not a pause: the site asked for none; the bucket's next token comes then, and
+        a request started before the 429 came back but not yet on its way waits at the
+        departure gate as long (slots.py). Once per lesson: the rate itself stays."""
         if measured is None or measured.served < 1:
             return
-        wait = quota_wait(self._departs, (measured.served, measured.window_s), now)
-        if wait > 1.0 / self._effective_rate(now):
-            self._set_bucket(1.0, now + wait)
-            self._left_tat = max(self._left_tat, now + wait)
+        until = now + measured.window_s * (1.0 + CEILING_MARGIN)
+        if until - now > 1.0 / self._effective_rate(now):
+            self._set_bucket(1.0, until)
+            self._left_tat = max(self._left_tat, until)
 
     def _measured(self, started: float | None, rate: float, hint: RateHint | None) -> Measured | None:
         """What the site was sent just before the throttled request (started at `started`) left:

@@ -437,7 +437,7 @@ class SiteBudget:
         if measured is not None and measured.served >= 1:
             # learner: the next token comes once what the site counted has left the window it
             # was measured over (ContractBudget._drain_learned_window)
-            wait = quota_wait(self._departs, (measured.served, measured.window_s), now)
+            wait = measured.window_s * 1.025
             if wait > 1.0 / self._effective_rate(now):
                 self._tokens, self._tokens_at = 1.0, now + wait
         self._pause(now, pause, reason)

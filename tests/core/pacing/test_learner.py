@@ -376,12 +376,12 @@ def test_retry_after_0_is_a_pause_of_zero_not_junk():
     assert d.throttled and d.pause_s == 0.0 and d.retry_after == "0"
     assert "backoff" not in d.reason and d.notes == ()
     assert b.paused_for_s() == 0.0
-    # No pause, but the site said no: the next request waits until the three it counted in
-    # the second before (sent at 0.25, 0.5, 0.75 s) leave its window, the one at 0.25 s first
-    # (the window taken 2.5 % longer: closed at both ends), longer than one interval at 2.925/s.
+    # No pause, but the site said no: the next request waits until what it counted in the
+    # second the lesson measured (3 served) has left its window, one second from its answer
+    # (taken 2.5 % longer: closed at both ends), once; the learned rate itself is 2.925/s.
     assert d.rate == pytest.approx(3 * 0.975)
     nxt = b.reserve()
-    assert nxt.action == "wait" and nxt.wait_s == pytest.approx(0.25 + 1.025 - 0.75)
+    assert nxt.action == "wait" and nxt.wait_s == pytest.approx(1.025)
 
 
 def test_a_burst_of_concurrent_429s_with_retry_after_0_is_one_signal_and_the_rate_holds():
