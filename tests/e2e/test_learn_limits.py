@@ -38,12 +38,10 @@ def hammer(proxy, site, seconds: float, clients: int = 4) -> float:
 
 # The kinds that meet the bar through the real proxy today. Not yet (benchmarks/learn_limits.py
 # prints their figures): a token bucket with a burst (what it served before its 429 includes
-# the burst: the first lesson is too high, a second 429 follows), a site whose 429s say
-# Retry-After: 0 under four eager clients (repeated zero pauses reach the breaker), and the
-# announcing site counting robots.txt (one 429, steady 0.76-0.84; the announcing site of
-# tests/e2e/test_pacing_learned.py meets it), and the concurrency limit (a second lesson in
-# some runs once requests leave at the departure gate: 2 throttling answers where 1 is the bar).
-MEETING = tuple(k for k in KINDS if k in ("sliding", "overload"))
+# the burst: the first lesson is too high, a second 429 follows), and the concurrency limit (a
+# second lesson in some runs once requests leave at the departure gate: 2 throttling answers
+# where 1 is the bar).
+MEETING = tuple(k for k in KINDS if k in ("sliding", "overload", "announcing", "burst-ra0"))
 
 
 @pytest.mark.parametrize("kind", MEETING)
