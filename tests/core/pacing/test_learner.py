@@ -189,6 +189,29 @@ def crawl(site, settings: PacingSettings = EAGER, workers: int = 4, seconds: flo
     return out
 
 
+def one_stalled(site, settings: PacingSettings, requests: int, stalled: int
+                ) -> tuple[SiteBudget, list[float], list[int]]:
+    """One client, one request at a time; request number `stalled` reaches the site 90 ms late
+    on its way and its answer comes back as late (1 ms each way for the others). The budget,
+    when the site saw each request and what it answered."""
+    clock = FakeClock(T0)
+    b = SiteBudget("site.test:80", settings, clock=clock, random=lambda: 0.5)
+    arrivals: list[float] = []
+    statuses: list[int] = []
+    for i in range(requests):
+        turn = b.reserve()
+        while turn.action == "wait":
+            clock.advance(turn.wait_s)
+            turn = b.admit(turn.ticket)
+        way = 0.091 if i == stalled else 0.001
+        arrivals.append(clock() + way)
+        status, headers = site.arrive(clock() + way, 0.0)
+        statuses.append(status)
+        clock.advance(2 * way)
+        b.on_response(turn.ticket, status, headers)
+    return b, arrivals, statuses
+
+
 # -- each kind of site --------------------------------------------------------------------------
 
 SITES = {
@@ -285,22 +308,7 @@ def test_a_late_arrival_at_an_announcing_site_teaches_its_policy_not_an_undercou
 def test_a_late_answer_under_a_ratelimit_pace_spaces_the_next_departure():
     # As at a learned ceiling: a request 90 ms late on its way comes back 90 ms late; the next
     # departure waits that much, so the announcing site never sees six within one second.
-    clock = FakeClock(T0)
-    site = Announcing(5, retry_after="1")
-    b = SiteBudget("site.test:80", EAGER, clock=clock, random=lambda: 0.5)
-    arrivals: list[float] = []
-    statuses: list[int] = []
-    for i in range(60):
-        turn = b.reserve()
-        while turn.action == "wait":
-            clock.advance(turn.wait_s)
-            turn = b.admit(turn.ticket)
-        way = 0.091 if i == 30 else 0.001
-        arrivals.append(clock() + way)
-        status, headers = site.arrive(clock() + way, 0.0)
-        statuses.append(status)
-        clock.advance(2 * way)
-        b.on_response(turn.ticket, status, headers)
+    b, arrivals, statuses = one_stalled(Announcing(5, retry_after="1"), EAGER, requests=60, stalled=30)
     assert statuses.count(429) == 0 and b.ceiling is None
     six = [f - a for a, f in zip(arrivals, arrivals[5:], strict=False)]
     assert min(six) > 1.0
@@ -533,22 +541,8 @@ def test_a_stall_on_the_way_does_not_draw_a_second_429_at_the_learned_ceiling():
     # Seed 001's site at the learned 1.95/s; one request reaches it 90 ms late (the answer
     # comes back 90 ms late too): the next departure waits those 90 ms, so the site never sees
     # three within one second.
-    clock = FakeClock(T0)
-    site = SlidingWindow(2, retry_after="2")
-    b = SiteBudget("site.test:80", PacingSettings(rate=5.0), clock=clock, random=lambda: 0.5)
-    arrivals: list[float] = []
-    statuses: list[int] = []
-    for i in range(40):
-        turn = b.reserve()
-        while turn.action == "wait":
-            clock.advance(turn.wait_s)
-            turn = b.admit(turn.ticket)
-        way = 0.091 if i == 20 else 0.001
-        arrivals.append(clock() + way)
-        status, headers = site.arrive(clock() + way, 0.0)
-        statuses.append(status)
-        clock.advance(2 * way)
-        b.on_response(turn.ticket, status, headers)
+    b, arrivals, statuses = one_stalled(SlidingWindow(2, retry_after="2"), PacingSettings(rate=5.0),
+                                        requests=40, stalled=20)
     assert statuses.count(429) == 1  # the first lesson only
     assert b.ceiling == pytest.approx(2.0)  # one lesson, never stepped down
     two = [c - a for a, c in zip(arrivals[3:], arrivals[5:], strict=False)]
