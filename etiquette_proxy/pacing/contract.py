@@ -111,11 +111,14 @@ class ContractBudget(WaitingLine):
         # The rate that drew the 429: the slowest we sent at lately (see count_throttle).
         slowest = min([self._effective_rate(now)] + [r for _, r in self._recent_sends(now)])
         measured = self._measured(started, slowest, hint)
+        # Only an answer that said when to come back (Retry-After, 0 included) drains: without
+        # one, the backoff pause covers the window, and a concurrency lesson says nothing of it.
+        drain = measured if reason else None
         pause, reason, breaker = throttle.count_throttle(
             now, status, pause, reason, lambda: slowest, measured)
         self._forget_sends()
         self._set_bucket(0.0, now)  # the next request waits a full interval at least
-        self._drain_learned_window(now, measured)
+        self._drain_learned_window(now, drain)
         self._pause(now, pause, reason)
         return self._decision(True, now, pause, retry, reason, notes, breaker=breaker)
 

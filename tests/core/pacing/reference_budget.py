@@ -431,10 +431,11 @@ class SiteBudget:
                 flying = set(self._in_flight.values())
                 served += sum(1 for t in self._departs.at if t > started and t not in flying)
             measured = Measured(served, window, self._departs.at_site_when(started))
+        asked = bool(reason)  # learner: only an answer that said when drains
         pause, reason, breaker = throttle.count_throttle(now, status, pause, reason, lambda: slowest, measured)
         self._forget_sends()
         self._tokens, self._tokens_at = 0.0, now  # the next request waits a full interval at least
-        if measured is not None and measured.served >= 1:
+        if measured is not None and measured.served >= 1 and asked:
             # learner: the next token comes once what the site counted has left the window it
             # was measured over (ContractBudget._drain_learned_window)
             wait = measured.window_s * 1.025
