@@ -14,7 +14,7 @@ from typing import Any
 
 from etiquette_proxy.headers import LowerFields
 from etiquette_proxy.pacing.bucket import _EPS
-from etiquette_proxy.pacing.learner import quota_wait, slot_settles
+from etiquette_proxy.pacing.learner import CEILING_MARGIN, quota_wait, slot_settles
 from etiquette_proxy.pacing.line import WaitingLine
 from etiquette_proxy.pacing.ratelimit_fields import RateHint, read_rate_hint_lowered
 from etiquette_proxy.pacing.retry_after import RetryAfter, parse_retry_after
@@ -46,7 +46,7 @@ class ContractBudget(WaitingLine):
         if throttled:
             retry = parse_retry_after(raw_retry, now, self.settings.max_retry_after)
             return self._on_throttle(now, status, retry, hint, echo, started)
-        if started is not None and self.throttle.ceiling is not None:
+        if started is not None and (self.throttle.ceiling is not None or self.throttle.hint_rate is not None):
             self._space_after_lag(now, started)
         if started is not None and self.throttle.concurrency is not None:
             self._hold_freed_slot(now, started)
@@ -65,9 +65,9 @@ class ContractBudget(WaitingLine):
             self._left_tat = free_at
 
     def _space_after_lag(self, now: float, started: float) -> None:
-        """At a learned ceiling (2.5 % below the site's limit), an answer slower than the
-        quickest lately means the request may have reached the site that much late: the next
-        departure waits that much longer (learner.Departures.late_by)."""
+        """At a learned ceiling or a RateLimit pace (each 2.5 % below the site's limit), an
+        answer slower than the quickest lately means the request may have reached the site
+        that much late: the next departure waits that much longer (learner.Departures.late_by)."""
         departs = self._departs
         rate = self._effective_rate(now)
         if departs is not None and (lag := departs.late_by(now - started, 1.0 / rate)) > 0:
@@ -126,24 +126,73 @@ class ContractBudget(WaitingLine):
             return self._decision(True, now, pause, retry, reason, notes)
         # The rate that drew the 429: the slowest we sent at lately (see count_throttle).
         slowest = min([self._effective_rate(now)] + [r for _, r in self._recent_sends(now)])
+        measured = self._measured(started, slowest, hint)
+        # Only an answer that said when to come back (Retry-After, 0 included) drains: without
+        # one, the backoff pause covers the window, and a concurrency lesson says nothing of it.
+        drain = measured if reason else None
         pause, reason, breaker = throttle.count_throttle(
-            now, status, pause, reason, lambda: slowest, self._measured(started, slowest))
+            now, status, pause, reason, lambda: slowest, measured)
         if self._departs is not None:
             self._departs.rest()  # what the site lets through after its pause is a new run
         self._forget_sends()
         self._set_bucket(0.0, now)  # the next request waits a full interval at least
+        self._drain_learned_window(now, drain)
         self._pause(now, pause, reason)
         return self._decision(True, now, pause, retry, reason, notes, breaker=breaker)
 
-    def _measured(self, started: float | None, rate: float) -> Measured | None:
+    def _drain_learned_window(self, now: float, measured: Measured | None) -> None:
+        """The next departure waits until what the site counted when it said no has left the
+        window the lesson was measured over: one window (2.5 % longer: closed at both ends)
+        from the moment its answer came back, when every request answered by then reached it.
+
+        SPEC §5: `Retry-After: 0` is a pause of zero, but the site still said no. A site that
+        counts every arrival (refused ones included) still holds the burst that drew the 429
+        in its window: sent at once at just below the learned rate, the next request is its
+        N+1th again, and again (four 429s in a row, then the breaker). Counting the window
+        from our own departures is not enough: they are recorded as requests start, and the
+        first ones reach the site later by their connection's setup (0.4 s through a loaded
+        proxy). Not a pause: the site asked for none; the bucket's next token comes then, and
+        a request started before the 429 came back but not yet on its way waits at the
+        departure gate as long (slots.py). Once per lesson: the rate itself stays."""
+        if measured is None or measured.served < 1:
+            return
+        until = now + measured.window_s * (1.0 + CEILING_MARGIN)
+        if until - now > 1.0 / self._effective_rate(now):
+            self._set_bucket(1.0, until)
+            self._left_tat = max(self._left_tat, until)
+
+    def _measured(self, started: float | None, rate: float, hint: RateHint | None) -> Measured | None:
         """What the site was sent just before the throttled request (started at `started`) left:
-        the departures in the learner's window before it, and how many were at the site then."""
+        the departures in the learner's window before it, and how many were at the site then.
+
+        A throttling answer that states its RateLimit-Policy (q per w) measured for us: the site
+        counted q in its window. Our own count over one second undercounts an even pace just
+        below q/w by one (4 of a 5/s site's: 5 intervals of 0.205 s span more than 1 s), and
+        the lesson would sit a fifth below the site's limit for an hour (SPEC §5: paced at q/w,
+        never stepping down through a window); `slowest` still caps it at the pace refused."""
         departs = self._departs
         if started is None or departs is None:
             return None
+        at_site = departs.at_site_when(started)
+        if hint is not None and hint.policy is not None and hint.policy[0] >= 1:
+            quota, window = hint.policy
+            return Measured(int(quota), window, at_site)
         served, window = departs.served(started, rate)
-        return Measured(served, window, departs.at_site_when(started), departs.sustained(started, rate),
+        return Measured(served + self._overtook(started), window, at_site, departs.sustained(started, rate),
                         departs.just_answered(started))
+
+    def _overtook(self, started: float) -> int:
+        """Requests that left after the throttled one (at `started`) and were answered before
+        its 429 came back: they overtook it on the way (it left on a new connection, or was
+        descheduled), so the site served them in the window that refused it. Counted with
+        those before it: left out, the lesson undercounts by them (4 of a 5/s site's, 0.78 of
+        its limit for the ceiling's hour). Those still in flight are left out: they reached
+        the site after it, or were refused with it (one signal per burst)."""
+        departs = self._departs
+        if departs is None or departs.at[-1] <= started:
+            return 0
+        flying = set(self._in_flight.values())
+        return sum(1 for t in departs.at if t > started and t not in flying)
 
     def _on_answer_hinted(self, now: float, status: int, hint: RateHint | None,
                           echo: bool) -> ThrottleDecision:

@@ -54,12 +54,17 @@ class Slots(TokenBucket):
 
     def departure_wait(self) -> float:
         """Seconds a started request about to leave for the site still waits (0: it leaves now)
-        so that departures keep the site's rate and burst (SPEC §5)."""
+        so that departures keep the site's rate and burst (SPEC §5), and none leaves inside a
+        pause the site asked for after it started (its 429 came back while this one waited
+        for its connection: SPEC §5, not one request reaches a site inside a pause)."""
         tat = self._left_tat
-        if tat == -math.inf:
+        paused = self.throttle.paused_until
+        if tat == -math.inf and paused == -math.inf:
             return 0.0
         now = self._ctx.clock()
-        wait = tat - (self._burst_f() - 1.0) / self._effective_rate(now) - now
+        if tat != -math.inf:
+            paused = max(paused, tat - (self._burst_f() - 1.0) / self._effective_rate(now))
+        wait = paused - now
         return wait if wait > _EPS else 0.0
 
     def departed(self) -> None:

@@ -39,11 +39,8 @@ def hammer(proxy, site, seconds: float, clients: int = 4) -> float:
 # The kinds that meet the bar through the real proxy today. Not yet (benchmarks/learn_limits.py
 # prints their figures): a token bucket sent at twice its rate (2 throttling answers: up to its
 # first 429 it answers exactly as a window of 7 per second would, so one 429 cannot teach both
-# right: tests/core/pacing/test_learner.py; the second lesson measures the run and holds), a
-# site whose 429s say Retry-After: 0 under four eager clients (repeated zero pauses reach the
-# breaker), and the announcing site counting robots.txt (one 429, steady 0.76-0.84; the
-# announcing site of tests/e2e/test_pacing_learned.py meets it).
-MEETING = tuple(k for k in KINDS if k in ("sliding", "concurrency", "overload"))
+# right: tests/core/pacing/test_learner.py; the second lesson measures the run and holds).
+MEETING = tuple(k for k in KINDS if k in ("sliding", "concurrency", "overload", "announcing", "burst-ra0"))
 # A 429 without Retry-After is backed off 2^1 x uniform(0.5, 1.5) s (SPEC §5): the concurrency
 # site's first one, at ~0.7 s, may pause the crawl until ~3.7 s, so its run is longer (and a
 # stall of the loaded machine weighs less in it). The steady rate is measured over the second

@@ -344,8 +344,9 @@ class SiteBudget:
         if throttled:
             retry = parse_retry_after(raw_retry, now, self.settings.max_retry_after)
             return self._on_throttle(now, status, retry, hint, echo, started)
-        if started is not None and self.throttle.ceiling is not None and self._departs is not None:
-            # learner: at a learned ceiling, a slower answer than the quickest lately spaces the
+        if (started is not None and (self.throttle.ceiling is not None or self.throttle.hint_rate is not None)
+                and self._departs is not None):
+            # learner: at a learned ceiling or a RateLimit pace, a slower answer than the quickest lately spaces the
             # next departure by that much (Departures.late_by)
             rate = self._restrained(self.throttle.working_rate(now))
             if (lag := self._departs.late_by(now - started, 1.0 / rate)) > 0:
@@ -426,14 +427,27 @@ class SiteBudget:
         measured = None  # learner:
         if started is not None and self._departs is not None:
             served, window = self._departs.served(started, slowest)
-            measured = Measured(served, window, self._departs.at_site_when(started),
-                                self._departs.sustained(started, slowest),
-                                self._departs.just_answered(started))
+            if hint is not None and hint.policy is not None and hint.policy[0] >= 1:
+                served, window = int(hint.policy[0]), hint.policy[1]  # learner: the site's own count
+                measured = Measured(served, window, self._departs.at_site_when(started))
+            else:  # learner: and those that left after it and were answered first (overtook it)
+                flying = set(self._in_flight.values())
+                served += sum(1 for t in self._departs.at if t > started and t not in flying)
+                measured = Measured(served, window, self._departs.at_site_when(started),
+                                    self._departs.sustained(started, slowest),
+                                    self._departs.just_answered(started))
+        asked = bool(reason)  # learner: only an answer that said when drains
         pause, reason, breaker = throttle.count_throttle(now, status, pause, reason, lambda: slowest, measured)
         if self._departs is not None:
             self._departs.rest()
         self._forget_sends()
         self._tokens, self._tokens_at = 0.0, now  # the next request waits a full interval at least
+        if measured is not None and measured.served >= 1 and asked:
+            # learner: the next token comes once what the site counted has left the window it
+            # was measured over (ContractBudget._drain_learned_window)
+            wait = measured.window_s * 1.025
+            if wait > 1.0 / self._effective_rate(now):
+                self._tokens, self._tokens_at = 1.0, now + wait
         self._pause(now, pause, reason)
         return self._decision(True, now, pause, retry, reason, notes, breaker=breaker)
 

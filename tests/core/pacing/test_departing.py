@@ -60,3 +60,40 @@ def test_a_burst_may_leave_at_once():
         assert budget.departure_wait() == 0.0
         budget.departed()
     assert budget.departure_wait() == pytest.approx(1.0)
+
+
+def test_a_request_started_before_a_pause_leaves_after_it():
+    # SPEC §5: its 429 came back (Retry-After: 2) while this one waited for its connection.
+    clock = FakeClock()
+    budget = SiteBudget(SITE, PacingSettings(rate=10.0, burst=2, max_concurrency=4), clock)
+    first, waiting = budget.reserve(), budget.reserve()
+    assert first.action == waiting.action == "go"
+    budget.departed()
+    clock.advance(0.05)
+    assert budget.on_response(first.ticket, 429, {"Retry-After": "2"}).pause_s == 2.0
+    assert budget.departure_wait() == pytest.approx(2.0)
+    clock.advance(2.0)
+    assert budget.departure_wait() == 0.0
+
+
+def test_a_request_started_before_a_retry_after_0_waits_for_the_learned_window_to_drain():
+    # Five left 0.1 s apart; the fifth is refused with Retry-After: 0 (4 served in the second
+    # before it: 4/s) while a sixth, started at 0.5 s, waits for its connection. It does not
+    # leave at once: only when what the site counted has left its window (one second from
+    # the 429, taken 2.5 % longer).
+    clock = FakeClock()
+    budget = SiteBudget(SITE, PacingSettings(rate=10.0, burst=1, max_concurrency=8), clock)
+    turns = []
+    for _ in range(6):
+        turn = budget.reserve()
+        while turn.action == "wait":
+            clock.advance(turn.wait_s)
+            turn = budget.admit(turn.ticket)
+        turns.append(turn)
+        if len(turns) < 6:
+            budget.departed()
+            if len(turns) < 5:
+                budget.on_response(turn.ticket, 200, {})
+    taught = budget.on_response(turns[4].ticket, 429, {"Retry-After": "0"})
+    assert taught.pause_s == 0.0 and taught.ceiling == pytest.approx(4.0)
+    assert budget.departure_wait() == pytest.approx(1.025)

@@ -204,6 +204,29 @@ def crawl(site, settings: PacingSettings = EAGER, workers: int = 4, seconds: flo
     return out
 
 
+def one_stalled(site, settings: PacingSettings, requests: int, stalled: int
+                ) -> tuple[SiteBudget, list[float], list[int]]:
+    """One client, one request at a time; request number `stalled` reaches the site 90 ms late
+    on its way and its answer comes back as late (1 ms each way for the others). The budget,
+    when the site saw each request and what it answered."""
+    clock = FakeClock(T0)
+    b = SiteBudget("site.test:80", settings, clock=clock, random=lambda: 0.5)
+    arrivals: list[float] = []
+    statuses: list[int] = []
+    for i in range(requests):
+        turn = b.reserve()
+        while turn.action == "wait":
+            clock.advance(turn.wait_s)
+            turn = b.admit(turn.ticket)
+        way = 0.091 if i == stalled else 0.001
+        arrivals.append(clock() + way)
+        status, headers = site.arrive(clock() + way, 0.0)
+        statuses.append(status)
+        clock.advance(2 * way)
+        b.on_response(turn.ticket, status, headers)
+    return b, arrivals, statuses
+
+
 # -- each kind of site --------------------------------------------------------------------------
 
 SITES = {
@@ -213,6 +236,7 @@ SITES = {
     "concurrency-limit": lambda: ConcurrencyLimit(2, latency=0.4),
     "overload-503": lambda: SlidingWindow(4, status=503, retry_after="1"),
     "announces-ratelimit": lambda: Announcing(5, retry_after="1"),
+    "sliding-window-retry-after-0": lambda: SlidingWindow(5, retry_after="0"),
 }
 
 
@@ -255,6 +279,78 @@ def test_the_announcing_site_is_paced_evenly_and_never_steps_down_through_a_wind
     # Even: every gap one interval at 5/s less 2.5 % (before: 7, 6, 5, 4, 3/s within a window).
     assert min(gaps) == pytest.approx(1 / 4.875, rel=1e-6)
     assert max(gaps) == pytest.approx(1 / 4.875, rel=1e-6)
+
+
+class LateAnnouncing(Announcing):
+    """An announcing site that sees its `late_at`th request `by` s late (held up on the way)."""
+
+    def __init__(self, limit: int, late_at: int, by: float, **kw) -> None:
+        super().__init__(limit, **kw)
+        self.arrived, self.late_at, self.by = 0, late_at, by
+
+    def arrive(self, at: float, latency: float) -> Answer:
+        self.arrived += 1
+        return super().arrive(at + (self.by if self.arrived == self.late_at else 0.0), latency)
+
+
+class PushingBack(SlidingWindow):
+    """draft-ietf-httpapi-ratelimit-headers-12 § "Dynamic limits for pushing back and slowing
+    down": nothing on its 200s; above `limit` per `window` a 429 with Retry-After: 20,
+    `RateLimit-Policy: "dynamic";q=15;w=20` and `RateLimit: "dynamic";r=0;t=20`."""
+
+    def arrive(self, at: float, latency: float) -> Answer:
+        status, headers = super().arrive(at, latency)
+        if status == 429:
+            headers = {**headers, "RateLimit-Policy": f'"dynamic";q={self.limit};w={self.window:g}',
+                       "RateLimit": f'"dynamic";r=0;t={self.window:g}'}
+        return status, headers
+
+
+def test_a_late_arrival_at_an_announcing_site_teaches_its_policy_not_an_undercount():
+    # One request held up 90 ms on its way: the site counts six in one second and answers 429
+    # (its RateLimit fields on it). The site's policy measured it: 5 per 1 s, capped at the
+    # pace refused (4.875/s), not the 4 our one-second count holds at that pace (before:
+    # ceiling 4, rate 3.9, 0.78 x the site's limit for the rest of the crawl).
+    site = LateAnnouncing(5, late_at=20, by=0.09, retry_after="1")
+    result = crawl(site)
+    assert result.throttled() == 1 and result.inside_pauses() == []
+    budget = result.budget
+    assert budget is not None
+    assert budget.ceiling == pytest.approx(4.875) and budget.rate == pytest.approx(4.875 * 0.975)
+    assert result.steady(15.0, 45.0) >= 0.95 * site.capacity
+
+
+def test_a_late_answer_under_a_ratelimit_pace_spaces_the_next_departure():
+    # As at a learned ceiling: a request 90 ms late on its way comes back 90 ms late; the next
+    # departure waits that much, so the announcing site never sees six within one second.
+    b, arrivals, statuses = one_stalled(Announcing(5, retry_after="1"), EAGER, requests=60, stalled=30)
+    assert statuses.count(429) == 0 and b.ceiling is None
+    six = [f - a for a, f in zip(arrivals, arrivals[5:], strict=False)]
+    assert min(six) > 1.0
+
+
+@pytest.mark.parametrize(("quota", "window"), [(100, 10.0), (15, 20.0), (50, 60.0), (5, 1.0)],
+                         ids=["q100-w10", "q15-w20", "q50-w60", "q5-w1"])
+def test_the_drafts_policies_are_paced_at_q_over_w_without_a_429(quota, window):
+    # draft-12 § RateLimit Policy Field Examples (q=100;w=10, q=50;w=60) and its pushing-back
+    # policy (q=15;w=20), each a sliding window announcing itself, from an eager config.
+    site = Announcing(quota, window=window, retry_after=f"{window:g}")
+    result = crawl(site, seconds=90.0)
+    assert [status for _, status in result.arrivals].count(429) == 0
+    assert result.steady(30.0, 90.0) >= 0.95 * site.capacity
+
+
+def test_the_drafts_pushing_back_429_teaches_its_policy_once():
+    # The policy comes only with the 429: 15 per 20 s. Its lesson is that policy (0.731/s
+    # under a ceiling of 0.75/s), not the 10 per second the eager burst was served at (before:
+    # ceiling 10, and a 429 again as each 20 s hint ran out, 6 in 120 s).
+    site = PushingBack(15, window=20.0, retry_after="20")
+    result = crawl(site, seconds=120.0)
+    assert result.throttled() == 1 and result.inside_pauses() == []
+    budget = result.budget
+    assert budget is not None and budget.ceiling == pytest.approx(0.75)
+    assert budget.rate == pytest.approx(0.75 * 0.975)
+    assert result.steady(40.0, 120.0) >= 0.95 * site.capacity
 
 
 # -- one signal per burst --------------------------------------------------------------------
@@ -303,9 +399,70 @@ def test_retry_after_0_is_a_pause_of_zero_not_junk():
     assert d.throttled and d.pause_s == 0.0 and d.retry_after == "0"
     assert "backoff" not in d.reason and d.notes == ()
     assert b.paused_for_s() == 0.0
-    # The next request waits one interval at the learned rate, no more.
+    # No pause, but the site said no: the next request waits until what it counted in the
+    # second the lesson measured (3 served) has left its window, one second from its answer
+    # (taken 2.5 % longer: closed at both ends), once; the learned rate itself is 2.925/s.
+    assert d.rate == pytest.approx(3 * 0.975)
     nxt = b.reserve()
-    assert nxt.action == "wait" and nxt.wait_s == pytest.approx(1 / d.rate)
+    assert nxt.action == "wait" and nxt.wait_s == pytest.approx(1.025)
+
+
+def test_a_burst_of_concurrent_429s_with_retry_after_0_is_one_signal_and_the_rate_holds():
+    # Four eager clients, answers taking 0.3 s: requests at 0.4, 0.5, 0.6 and 0.7 s were at the
+    # site together when the first 429 (Retry-After: 0) came back. One lowering from what the
+    # site served, a zero pause, no step towards the breaker for the echoes, and no 429 after:
+    # the window the site still counts them in drains before the next request leaves.
+    site = SlidingWindow(5, retry_after="0")
+    result = crawl(site, latency=0.3, seconds=20.0)
+    refused = [round(at - T0, 3) for at, status in result.arrivals if status == 429]
+    assert len(refused) >= 3 and max(refused) - min(refused) < 0.3, refused  # one burst
+    assert result.throttled() == 1 and result.counted() == 1
+    throttled = [d for d in result.decisions if d.throttled]
+    assert all(d.pause_s == 0.0 and not d.breaker_open for d in throttled)
+    assert len({d.rate for d in throttled}) == 1
+    budget = result.budget
+    assert budget is not None and not budget.is_breaker_open()
+    assert budget.ceiling == pytest.approx(5.0) and budget.rate == pytest.approx(4.875)
+    assert budget.throttle.recent == [pytest.approx(T0 + min(refused) + 0.3)]  # one toward the breaker
+    assert result.steady(5.0, 20.0) >= 0.95 * site.capacity
+
+
+def test_repeated_retry_after_0_never_reaches_the_breaker():
+    # Before: the site still counted the refused request, so each next one at the learned
+    # rate was refused too (4 in 1.2 s, then the breaker's 5th). Now one, then the site's pace.
+    site = SlidingWindow(5, retry_after="0")
+    result = crawl(site)
+    assert [status for _, status in result.arrivals].count(429) == 1
+    assert result.budget is not None and not result.budget.is_breaker_open()
+    assert result.steady(15.0, 45.0) >= 0.95 * site.capacity
+
+
+def test_a_request_overtaken_on_its_way_counts_those_that_overtook_it():
+    # Four per second at the site; D leaves at 0.2 s on a slow new connection and reaches the
+    # site at 0.35 s, after E (left 0.3 s, answered 200 at once): the site served A, B, C and E
+    # in the second that refused D. The lesson counts E too: 4/s, not 3/s.
+    clock = FakeClock(T0)
+    site = SlidingWindow(4, retry_after="0")
+    b = SiteBudget("site.test:80", EAGER, clock=clock, random=lambda: 0.5)
+    a, b_ = b.reserve(), b.reserve()  # the burst of 2
+    for turn in (a, b_):
+        assert turn.action == "go"
+        b.on_response(turn.ticket, *site.arrive(clock(), 0.0))
+    clock.advance(0.1)
+    c = b.reserve()
+    b.on_response(c.ticket, *site.arrive(clock(), 0.0))
+    clock.advance(0.1)
+    d = b.reserve()
+    clock.advance(0.1)
+    e = b.reserve()
+    assert [t.action for t in (c, d, e)] == ["go"] * 3
+    assert b.on_response(e.ticket, *site.arrive(clock(), 0.0)).throttled is False
+    clock.advance(0.05)
+    status, headers = site.arrive(clock(), 0.0)
+    assert status == 429
+    taught = b.on_response(d.ticket, status, headers)
+    assert taught.ceiling == pytest.approx(4.0) and taught.rate == pytest.approx(4 * 0.975)
+    assert "4 served in the 1s before" in taught.lesson
 
 
 # -- the learner itself ------------------------------------------------------------------------
@@ -399,22 +556,8 @@ def test_a_stall_on_the_way_does_not_draw_a_second_429_at_the_learned_ceiling():
     # Seed 001's site at the learned 1.95/s; one request reaches it 90 ms late (the answer
     # comes back 90 ms late too): the next departure waits those 90 ms, so the site never sees
     # three within one second.
-    clock = FakeClock(T0)
-    site = SlidingWindow(2, retry_after="2")
-    b = SiteBudget("site.test:80", PacingSettings(rate=5.0), clock=clock, random=lambda: 0.5)
-    arrivals: list[float] = []
-    statuses: list[int] = []
-    for i in range(40):
-        turn = b.reserve()
-        while turn.action == "wait":
-            clock.advance(turn.wait_s)
-            turn = b.admit(turn.ticket)
-        way = 0.091 if i == 20 else 0.001
-        arrivals.append(clock() + way)
-        status, headers = site.arrive(clock() + way, 0.0)
-        statuses.append(status)
-        clock.advance(2 * way)
-        b.on_response(turn.ticket, status, headers)
+    b, arrivals, statuses = one_stalled(SlidingWindow(2, retry_after="2"), PacingSettings(rate=5.0),
+                                        requests=40, stalled=20)
     assert statuses.count(429) == 1  # the first lesson only
     assert b.ceiling == pytest.approx(2.0)  # one lesson, never stepped down
     two = [c - a for a, c in zip(arrivals[3:], arrivals[5:], strict=False)]
