@@ -56,7 +56,7 @@ class ContractBudget(WaitingLine):
         """At the concurrency the site taught, the slot this answer freed is still counted by
         the site for a moment: the next departure waits that long (learner.slot_settles).
         With a slot to spare besides it, nothing waits."""
-        if self.throttle.concurrency is None or len(self._in_flight) < self.max_concurrency() - 1:
+        if len(self._in_flight) < self.max_concurrency() - 1:
             return
         rate = self._effective_rate(now)
         # The departure gate lets the next one leave at `_left_tat` less the burst's intervals.

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from etiquette_proxy.pacing.settings import PacingSettings
@@ -80,7 +81,7 @@ class Departures:
         self.run_from = -math.inf
         self.run_count = 0
         # The last answers: (when, until when the site may still count that request there).
-        self.landings: list[tuple[float, float]] = []
+        self.landings: deque[tuple[float, float]] = deque(maxlen=_LANDINGS_KEPT)
 
     def late_by(self, answered_in: float, interval: float) -> float:
         """How much later than the quickest answer lately a request that took `answered_in` to
@@ -167,10 +168,7 @@ class Departures:
 
     def landed(self, at: float, answered_in: float) -> None:
         """An answer came at `at`, `answered_in` after its request left (see `just_answered`)."""
-        landings = self.landings
-        landings.append((at, at + slot_settles(answered_in)))
-        if len(landings) > _LANDINGS_KEPT:
-            del landings[0]
+        self.landings.append((at, at + slot_settles(answered_in)))  # the oldest drops out
 
     def just_answered(self, left: float) -> int:
         """Requests answered in the moment before `left` that the site may still have counted
