@@ -1,7 +1,7 @@
 """Content signals end to end (SPEC §4, §9): the real proxy, local sites, the site's own log.
 
 One proxy per `purposes` / `content_use` setting (none, [ai-train], [search], observe
-[ai-train], use full, use reference), started once for the module; every site is a fresh local
+[ai-train], use full, use reference), started once for the module when a test first needs it; every site is a fresh local
 server whose request log is the truth.
 """
 
@@ -22,12 +22,24 @@ SETTINGS = {"none": [], "train": ["purposes=[ai-train]"], "search": ["purposes=[
             "full": ["purposes=[search]", "content_use=full"], "reference": ["content_use=reference"]}
 
 
+class Proxies(dict[str, Proxy]):
+    """The module's proxies, each started when a test first asks for it: pytest-xdist spreads
+    this module's tests over its workers, and a worker starts only the settings its tests use."""
+
+    def __init__(self, tmp_path_factory: pytest.TempPathFactory):
+        super().__init__()
+        self.tmp_path_factory = tmp_path_factory
+
+    def __missing__(self, name: str) -> Proxy:
+        state = self.tmp_path_factory.mktemp(f"purposes-{name}") / "state"
+        self[name] = proxy = Proxy(state, sets=[*FAST_PACING, *SETTINGS[name]])
+        return proxy
+
+
 @pytest.fixture(scope="module")
-def proxies(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Proxy]]:
-    started: dict[str, Proxy] = {}
+def proxies(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxies]:
+    started = Proxies(tmp_path_factory)
     try:
-        for name, sets in SETTINGS.items():
-            started[name] = Proxy(tmp_path_factory.mktemp(f"purposes-{name}") / "state", sets=[*FAST_PACING, *sets])
         yield started
     finally:
         for p in started.values():
