@@ -153,6 +153,10 @@ def test_run_proxy_first_run_says_one_line_per_install_step(tmp_path):
     again = subprocess.run([str(checkout / "run-proxy")], cwd=checkout, env=clean_env(), capture_output=True,
                            text=True, timeout=60, check=False)
     assert again.returncode == 0 and again.stderr == "" and again.stdout == "tiny\n"
+
+
+# Apart from the first run above (each builds a venv: about a minute), so xdist runs them side by side.
+def test_run_proxy_first_run_that_fails_names_the_step_and_shows_pips_words(tmp_path):
     broken = _tiny_checkout(tmp_path / "broken", TINY.replace('py-modules = ["tinyproxy"]', "py-modules = 3"))
     failed = subprocess.run([str(broken / "run-proxy")], cwd=broken, env=clean_env(), capture_output=True,
                             text=True, timeout=300, check=False)
