@@ -107,7 +107,7 @@ def same(new: SiteBoard, old: OldSiteBoard, provided: list[Any]) -> None:
     assert board_json(new, at=5.0) == old_board_json(old, at=5.0)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(stream=st.lists(st.tuples(records(), st.floats(0, 30), st.integers(0, 6)), max_size=120),
        fold_every=st.integers(1, 70), which=st.integers(0, 2), int_clock=st.booleans())
 def test_the_compact_board_shows_what_the_old_one_showed(stream, fold_every, which, int_clock):
@@ -165,7 +165,7 @@ def test_no_timestamp_is_read_as_milliseconds_unless_it_reads_back_the_same():
     assert ts_text(-1) == "1969-12-31T23:59:59.999Z" and ts_millis("1969-12-31T23:59:59.999Z") == -1
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(stream=st.lists(records(), max_size=60))
 def test_the_report_counts_as_before(stream):
     # The counting rules moved into tally.Counting, which both the board and the report use.
@@ -204,7 +204,7 @@ def totals(entries: list[dict[str, Any]], folded: dict[str, Any] | None) -> dict
     return out
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(stream=st.lists(st.tuples(records(), st.integers(0, 9)), max_size=150), max_sites=st.integers(1, 6))
 def test_past_its_bound_the_board_lists_the_latest_active_sites_and_folds_the_others(stream, max_sites):
     clock = FakeClock()

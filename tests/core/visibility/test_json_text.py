@@ -55,7 +55,7 @@ documents = st.recursive(
     max_leaves=25)
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(doc=documents)
 def test_the_text_is_what_json_dumps_writes(doc: Any) -> None:
     assert indented_json(doc) == json.dumps(doc, indent=1, default=str, ensure_ascii=False)

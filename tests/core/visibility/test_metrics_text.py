@@ -48,7 +48,7 @@ def entries(draw: st.DrawFn) -> dict[str, Any]:
     return entry
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(sites=st.lists(entries(), max_size=6), folded=st.one_of(st.none(), entries().map(
     lambda e: {**{k: v for k, v in e.items() if k not in ("site", "live")}, "sites": 3})))
 def test_metrics_written_directly_are_the_bytes_prometheus_client_writes(sites, folded):

@@ -54,7 +54,7 @@ def entries(draw: st.DrawFn) -> dict[str, Any]:
     return entry
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(sites=st.lists(entries(), max_size=70), folded=st.booleans(),
        q=st.sampled_from(["", "paused", "hostile", "degrading", "no score", "a.test", "throttled ok", "zzz"]),
        number=st.integers(1, 3))
