@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -36,6 +37,16 @@ def exchange(proxy: Proxy, head: bytes, timeout: float = 20.0) -> tuple[str, byt
 def line_for(proxy: Proxy, part: str) -> dict:
     [line] = proxy.wait_audit(lambda r: part in r["url"])
     return line
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
+    """One proxy for the tests whose requests are refused or pass without leaving anything another
+    test could see (no pause, no robots rules they depend on): each asks its own fresh site, or the
+    proxy's own address under a path of its own, and finds its audit line by that."""
+    proxy = Proxy(tmp_path_factory.mktemp("hygiene") / "state", sets=FAST_PACING)
+    yield proxy
+    proxy.stop()
 
 
 def test_client_sent_etiquette_fields_never_reach_the_site(start_proxy, site):
@@ -71,14 +82,15 @@ LOOP_FORMS = ["127.0.0.1", "localhost", "[::1]", "0.0.0.0"]
 
 
 @pytest.mark.parametrize("host", LOOP_FORMS)
-def test_a_request_to_the_proxys_own_address_is_answered_at_once(start_proxy, host):
+def test_a_request_to_the_proxys_own_address_is_answered_at_once(shared, host):
     # Bound to 127.0.0.1 ([::1] is another socket) and, below, to every address.
-    proxy = start_proxy(sets=FAST_PACING)
-    url = f"http://{host}:{proxy.port}/page"
+    proxy = shared
+    path = f"/page-{LOOP_FORMS.index(host)}"  # the shared proxy's audit holds the other forms' lines
+    url = f"http://{host}:{proxy.port}{path}"
     started = time.monotonic()
     head, body = exchange(proxy, f"GET {url} HTTP/1.1\r\nHost: {host}:{proxy.port}\r\n\r\n".encode())
     elapsed = time.monotonic() - started
-    line = line_for(proxy, f":{proxy.port}/page")
+    line = line_for(proxy, f":{proxy.port}{path}")
     if host == "[::1]":  # not this proxy's socket: no loop (nothing listens there; a failure)
         assert " 508 " not in head.split("\r\n")[0]
         return
@@ -86,7 +98,7 @@ def test_a_request_to_the_proxys_own_address_is_answered_at_once(start_proxy, ho
     assert b"loop" in body
     assert elapsed < 5  # not after robots.timeout (10 s): nothing was fetched
     assert (line["outcome"], line["status"], line["upstream_status"]) == ("refused", 508, None)
-    assert not proxy.wait_audit(lambda r: "robots.txt" in r["url"], timeout=0.2)
+    assert not proxy.wait_audit(lambda r: f":{proxy.port}/robots.txt" in r["url"], timeout=0.2)
 
 
 def test_a_wildcard_bind_knows_every_local_address_as_its_own(start_proxy):
@@ -118,14 +130,14 @@ def oversize(site: Site) -> list[tuple[str, bytes]]:
 
 
 @pytest.mark.parametrize("case", range(4), ids=["1MB-field", "10k-fields", "10k-tiny-fields", "70k-method"])
-def test_oversize_heads_are_refused_431_and_never_reach_the_site(start_proxy, site, case):
+def test_oversize_heads_are_refused_431_and_never_reach_the_site(shared, site, case):
     site.route("/robots.txt", Answer(404))
-    proxy = start_proxy(sets=FAST_PACING)
+    proxy = shared
     what, raw = oversize(site)[case]
     head, body = exchange(proxy, raw)
     assert head.startswith("HTTP/1.1 431 ") and "X-Etiquette-Decision: refused" in head, (what, head[:300])
     assert b"listen.max_header_bytes (65536)" in body
-    line = line_for(proxy, "/big")
+    line = line_for(proxy, f":{site.port}/big")
     assert (line["outcome"], line["status"], line["upstream_status"]) == ("refused", 431, None)
     assert site.arrivals == [] and site.connections == 0
 
@@ -144,20 +156,20 @@ def test_heads_within_the_limit_pass(start_proxy, site):
 
 
 @pytest.mark.parametrize("version", ["HTTP/2.0", "HTTP/1.2", "HTTP/3.0"])
-def test_other_protocols_are_refused_400_and_never_reach_the_site(start_proxy, site, version):
+def test_other_protocols_are_refused_400_and_never_reach_the_site(shared, site, version):
     site.route("/robots.txt", Answer(404))
-    proxy = start_proxy(sets=FAST_PACING)
+    proxy = shared
     head, body = exchange(proxy, f"GET {site.url('/v')} {version}\r\nHost: 127.0.0.1:{site.port}\r\n\r\n".encode())
     assert " 400 " in head.split("\r\n")[0] and "X-Etiquette-Decision: refused" in head, head
     assert version.encode() in body
-    line = line_for(proxy, "/v")
+    line = line_for(proxy, f":{site.port}/v")
     assert (line["outcome"], line["status"], line["upstream_status"]) == ("refused", 400, None)
     assert site.arrivals == [] and site.connections == 0
 
 
-def test_http_1_0_still_passes(start_proxy, site):
+def test_http_1_0_still_passes(shared, site):
     site.route("/robots.txt", Answer(404))
-    proxy = start_proxy(sets=FAST_PACING)
+    proxy = shared
     head, _ = exchange(proxy, f"GET {site.url('/old')} HTTP/1.0\r\nHost: 127.0.0.1:{site.port}\r\n\r\n".encode())
     assert " 200 " in head.split("\r\n")[0]
     assert [a.path for a in site.hits("/old")] == ["/old"]
