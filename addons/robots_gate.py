@@ -13,8 +13,8 @@ from collections.abc import Awaitable, Callable
 from mitmproxy import http
 
 from addons.answers import answer_locally, fail_closed
-from etiquette_proxy.headers import field_value, has_field
-from addons.notes import FlowNotes, notes_of, request_url, skip
+from etiquette_proxy.headers import has_field
+from addons.notes import FlowNotes, head_of, notes_of, request_url, skip
 from addons.runtime import Runtime
 from etiquette_proxy.side_fetch import SideFetchError, SideResponse, fetch
 from etiquette_proxy.pacing.rates import Rates
@@ -78,7 +78,7 @@ class RobotsGate:
         etiquette_proxy/robots/verdicts.py); else the coroutine that waits for what it needs."""
         notes = notes_of(flow)
         request = flow.request
-        client_ua = field_value(request.headers.fields, b"user-agent")
+        client_ua = head_of(flow).user_agent
         decided = self.service.now.decide(notes.origin, notes.site, request.path, client_ua)
         if decided is None:
             return self._waiting_gate(flow, client_ua)

@@ -35,10 +35,9 @@ from typing import Any
 from mitmproxy import http
 
 from addons.mitm_version import require_verified
-from addons.notes import PAID_BODY, notes_of
+from addons.notes import PAID_BODY, head_of, notes_of
 from addons.runtime import Runtime
 from etiquette_proxy.bodies import BodyCopy, OffLoopSha256, declared_length, streams_request_body
-from etiquette_proxy.headers import has_field
 from etiquette_proxy.health.signals import HEAD_BYTES
 
 log = logging.getLogger(__name__)
@@ -48,7 +47,6 @@ REQUEST_BODY = "etiquette_request_body"  # flow.metadata: the BodyCopy of a requ
 # RFC 9110 §6.4.1: these never carry content, so there is nothing to stream. A 304 is also the
 # one answer revalidation rewrites in `response` (to the stored 200), which streaming forbids.
 _NO_CONTENT = frozenset({204, 304})
-_BODY_FRAMING = frozenset({b"content-length", b"transfer-encoding"})  # what says a request has a body
 LOCAL_HOST = "etiquette.proxy"  # the proxy's own endpoints read their (bounded) request bodies whole
 
 
@@ -128,17 +126,19 @@ class BodyStreams:
         install()
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None or flow.error is not None:
+            return
+        # Most requests (GETs) carry neither Content-Length nor Transfer-Encoding: looked for
+        # with the fields every hook reads (read once), as a Headers lookup by name decodes
+        # every field of the request each time.
+        if not head_of(flow).framed:
+            return  # no body at all
         request = flow.request
-        if flow.response is not None or flow.error is not None or request.method == "CONNECT":
+        if request.method == "CONNECT" or request.host == LOCAL_HOST:
             return
-        if request.host == LOCAL_HOST:
-            return
-        # Most requests (GETs) carry neither field: looked for in the raw fields first, as a
-        # Headers lookup by name decodes every field of the request each time.
-        if not has_field(request.headers.fields, _BODY_FRAMING) or not streams_request_body(
-                request.headers.get("content-length"), request.headers.get("transfer-encoding", ""),
-                self.rt.config.limits.stream_above):
-            return  # small, or no body at all: read whole, as before
+        if not streams_request_body(request.headers.get("content-length"), request.headers.get("transfer-encoding", ""),
+                                    self.rt.config.limits.stream_above):
+            return  # small: read whole, as before
         copy = BodyCopy(0, 0)
         flow.metadata[REQUEST_BODY] = copy
         request.stream = RequestTee(copy)

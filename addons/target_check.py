@@ -25,12 +25,12 @@ from mitmproxy import connection, http
 
 from addons import mitm_patches
 from addons.answers import answer_locally
-from addons.notes import notes_of, skip
+from addons.notes import head_of, notes_of, skip
 from addons.runtime import Runtime
 from etiquette_proxy.request_head import (
     OwnAddress,
+    RequestHead,
     head_problem,
-    head_size,
     machine_names,
     own_fields,
     protocol_problem,
@@ -39,6 +39,7 @@ from etiquette_proxy.request_head import (
 from etiquette_proxy.target import authority_mismatch, canonical_host, control_bytes, port_problem, show_authority
 
 LOOP_DETECTED = 508  # RFC 5842 §7.2
+_H2_H3 = (b"HTTP/2.0", b"HTTP/3")  # mitmproxy's is_http2 / is_http3: the authority is :authority
 
 
 class TargetCheck:
@@ -83,13 +84,13 @@ class TargetCheck:
         problem = protocol_problem(request.http_version, flow.client_conn.alpn == b"h2")
         if problem is not None:
             return 400, problem
-        size = head_size((data.method, data.scheme, data.authority, data.path, data.http_version),
-                         data.headers.fields)
+        # request_head.head_size, the fields' weight read with the fields every hook reads
+        size = sum(map(len, (data.method, data.scheme, data.authority, data.path, data.http_version))) + head_of(flow).weight
         problem = head_problem(size, self.rt.config.listen.max_header_bytes)
         if problem is not None:
             return 431, problem
         own = self.own
-        if own is not None and own.reaches(canonical_host(request.host), request.port):
+        if own is not None and request.port == own.port and own.reaches(canonical_host(request.host), request.port):
             return LOOP_DETECTED, (f"{show_authority(canonical_host(request.host), request.port)} is this proxy's "
                                    "own address: a request to it would come straight back (a loop)")
         return None
@@ -103,25 +104,30 @@ class TargetCheck:
     def request(self, flow: http.HTTPFlow) -> None:
         if skip(flow):
             return
-        problem = self.problem(flow)
+        head = head_of(flow)
+        problem = self.problem(flow, head)
         if problem is not None:
             if not self.rt.observe:
                 answer_locally(flow, 400, "refused", problem)
                 return
             notes_of(flow).would_do("refused", problem)
         # SPEC §12: the proxy's own fields never reach a site, in either mode (its token least).
-        fields = flow.request.headers.fields
-        stripped = own_fields(fields)
-        if stripped:
+        if head.own:
+            fields = head.fields
+            stripped = own_fields(fields)
             flow.request.headers.fields = without_own_fields(fields)
             notes_of(flow).extra["stripped"] = [name.decode("latin-1")[:100] for name in stripped[:10]]
 
-    def problem(self, flow: http.HTTPFlow) -> str | None:
+    def problem(self, flow: http.HTTPFlow, head: RequestHead | None = None) -> str | None:
         """Why the request must not leave, or None."""
         request = flow.request
         problem = control_bytes(request.path) or port_problem(request.port)
         if problem is not None:
             return problem
+        # mitmproxy's `Request.host_header`, from the fields read once: over HTTP/2 (and 3) the
+        # request's :authority, else its Host field.
+        host_field = (head or head_of(flow)).host
+        host_header = (request.authority or host_field) if request.data.http_version in _H2_H3 else host_field
         tunnel = self._tunnels.get(flow.client_conn.id)
         if tunnel is not None:
             # Inside a tunnel mitmproxy takes host and port from the Host header (or
@@ -130,7 +136,6 @@ class TargetCheck:
             if sni and canonical_host(sni) != canonical_host(tunnel[0]):
                 return (f"TLS server name (SNI) {sni[:100]!r} names another host than the CONNECT target "
                         f"{show_authority(canonical_host(tunnel[0]), tunnel[1])} (SPEC §12: one request, one site)")
-            return authority_mismatch(request.scheme, tunnel[0], tunnel[1], request.host_header,
+            return authority_mismatch(request.scheme, tunnel[0], tunnel[1], host_header,
                                       named_by="the CONNECT target")
-        return authority_mismatch(request.scheme, request.host, request.port, request.host_header)
-
+        return authority_mismatch(request.scheme, request.host, request.port, host_header)
