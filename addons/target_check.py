@@ -36,9 +36,17 @@ from etiquette_proxy.request_head import (
     protocol_problem,
     without_own_fields,
 )
-from etiquette_proxy.target import authority_mismatch, canonical_host, control_bytes, port_problem, show_authority
+from etiquette_proxy.target import (
+    authority_mismatch,
+    canonical_host,
+    control_bytes,
+    plainly_addressed,
+    port_problem,
+    show_authority,
+)
 
 LOOP_DETECTED = 508  # RFC 5842 §7.2
+_HTTP1 = (b"HTTP/1.1", b"HTTP/1.0")  # request_head.HTTP1_VERSIONS, as mitmproxy keeps them
 _H2_H3 = (b"HTTP/2.0", b"HTTP/3")  # mitmproxy's is_http2 / is_http3: the authority is :authority
 
 
@@ -81,9 +89,11 @@ class TargetCheck:
         if cut is not None:  # refused unfinished by mitmproxy's reader; the client has its 431
             return 431, cut
         data = request.data
-        problem = protocol_problem(request.http_version, flow.client_conn.alpn == b"h2")
-        if problem is not None:
-            return 400, problem
+        over_http2 = flow.client_conn.alpn == b"h2"
+        if over_http2 or data.http_version not in _HTTP1:  # (HTTP/1.x over HTTP/1: most requests)
+            problem = protocol_problem(request.http_version, over_http2)
+            if problem is not None:
+                return 400, problem
         # request_head.head_size, the fields' weight read with the fields every hook reads
         size = sum(map(len, (data.method, data.scheme, data.authority, data.path, data.http_version))) + head_of(flow).weight
         problem = head_problem(size, self.rt.config.listen.max_header_bytes)
@@ -121,14 +131,19 @@ class TargetCheck:
     def problem(self, flow: http.HTTPFlow, head: RequestHead | None = None) -> str | None:
         """Why the request must not leave, or None."""
         request = flow.request
-        problem = control_bytes(request.path) or port_problem(request.port)
-        if problem is not None:
-            return problem
+        data = request.data
         # mitmproxy's `Request.host_header`, from the fields read once: over HTTP/2 (and 3) the
         # request's :authority, else its Host field.
         host_field = (head or head_of(flow)).host
-        host_header = (request.authority or host_field) if request.data.http_version in _H2_H3 else host_field
+        host_header = (request.authority or host_field) if data.http_version in _H2_H3 else host_field
         tunnel = self._tunnels.get(flow.client_conn.id)
+        host, port = (data.host, data.port) if tunnel is None else tunnel  # the authority the request must name
+        sni = flow.client_conn.sni if tunnel is not None else None
+        if (not sni or sni == host) and plainly_addressed(data.path, data.port, data.scheme, host, port, host_header):
+            return None  # most requests: none of the checks below would find anything
+        problem = control_bytes(request.path) or port_problem(request.port)
+        if problem is not None:
+            return problem
         if tunnel is not None:
             # Inside a tunnel mitmproxy takes host and port from the Host header (or
             # :authority): compare that with what the CONNECT named.
