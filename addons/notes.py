@@ -85,8 +85,9 @@ def notes_of(flow: http.HTTPFlow) -> FlowNotes:
     """The flow's notes, created on first use."""
     notes = flow.metadata.get(KEY)
     if notes is None:
-        notes = FlowNotes(site=site_of(flow.request), origin=origin_of(flow.request))
-        flow.metadata[KEY] = notes
+        request = flow.request
+        site = site_of(request)
+        notes = flow.metadata[KEY] = FlowNotes(site=site, origin=f"{request.scheme.lower()}://{site}")  # origin_of
     return notes
 
 
