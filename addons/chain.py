@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Coroutine
 from inspect import isawaitable
+from types import CoroutineType
 from typing import Any
 
 from addons.answers import FAULTS, fail_closed
@@ -93,7 +94,7 @@ class Chain:
             except Exception as e:  # noqa: BLE001 - one member's bug never takes the proxy down
                 _fault(name, hook, args, e)
                 continue
-            if result is not None and isawaitable(result):
+            if result is not None and (type(result) is CoroutineType or isawaitable(result)):
                 return _finish(name, hooks, i, result, args)
         return None
 
@@ -171,7 +172,7 @@ async def _finish(name: str, hooks: tuple[Callable[..., Any], ...], i: int, pend
     for hook in hooks[i + 1:]:
         try:
             result = hook(*args)
-            if result is not None and isawaitable(result):
+            if result is not None and (type(result) is CoroutineType or isawaitable(result)):
                 await result
         except Exception as e:  # noqa: BLE001 - one member's bug never takes the proxy down
             _fault(name, hook, args, e)

@@ -38,6 +38,7 @@ from addons.mitm_version import require_verified
 from addons.notes import PAID_BODY, head_of, notes_of
 from addons.runtime import Runtime
 from etiquette_proxy.bodies import BodyCopy, OffLoopSha256, declared_length, streams_request_body
+from etiquette_proxy.headers import field_value
 from etiquette_proxy.health.signals import HEAD_BYTES
 
 log = logging.getLogger(__name__)
@@ -145,19 +146,25 @@ class BodyStreams:
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         response = flow.response
-        if response is None or response.status_code in _NO_CONTENT or response.status_code < 200:
+        if response is None:
+            return
+        status = response.data.status_code
+        if status in _NO_CONTENT or status < 200:
             return
         notes = notes_of(flow)
-        if notes.local or notes.facts.get("internal") or flow.request.method == "HEAD" or PAID_BODY in notes.facts:
+        method = flow.request.method
+        if notes.local or notes.facts.get("internal") or method == "HEAD" or PAID_BODY in notes.facts:
             return
         keep = self.rt.config.limits.stream_above
         store = self.rt.store
-        storable = store is not None and flow.request.method == "GET" and response.status_code == 200
+        storable = store is not None and method == "GET" and status == 200
         if storable:
             assert store is not None
             keep = max(keep, store.max_body)
         copy = BodyCopy(keep, HEAD_BYTES, hashed=storable, new_hash=OffLoopSha256)
-        length = declared_length(response.headers.get("content-length"))
+        # Content-Length as `Headers.get` gives it, from the raw fields (a lookup by name
+        # decodes every field of the response).
+        length = declared_length(field_value(response.data.headers.fields, b"content-length"))
         if length is not None and length > keep:
             copy.outgrown()  # known from the start: no copy is begun only to be dropped
         flow.metadata[BODY] = copy
