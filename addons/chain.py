@@ -161,7 +161,8 @@ class Chain:
         return self._run("error", flow)
 
 
-async def _finish(name: str, hooks: tuple[Callable[..., Any], ...], i: int, pending: Any, args: tuple[Any, ...]) -> None:
+async def _finish(name: str, hooks: tuple[Callable[..., Any], ...], i: int, pending: Any,
+                  args: tuple[Any, ...]) -> None:
     """The rest of `Chain._run`: `pending` (what hook `i` returned) awaited, then the hooks
     after it, each awaited if it returns an awaitable."""
     if pending is not None:

@@ -95,7 +95,8 @@ class TargetCheck:
             if problem is not None:
                 return 400, problem
         # request_head.head_size, the fields' weight read with the fields every hook reads
-        size = sum(map(len, (data.method, data.scheme, data.authority, data.path, data.http_version))) + head_of(flow).weight
+        line = (data.method, data.scheme, data.authority, data.path, data.http_version)
+        size = sum(map(len, line)) + head_of(flow).weight
         problem = head_problem(size, self.rt.config.listen.max_header_bytes)
         if problem is not None:
             return 431, problem
