@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from inspect import isawaitable
+from types import CoroutineType
 from typing import Any
 
 from addons.answers import FAULTS, fail_closed
@@ -54,12 +55,19 @@ class Chain:
     one member's exception never stops the chain; unlike it, an exception while a request is
     judged (GATE_HOOKS) answers that request 503 instead of letting it through (SPEC §12),
     and each kind of exception is logged once (`answers.FAULTS`), not once per flow.
+
+    A flow's hooks are called without coroutine machinery for as long as they finish at once:
+    mitmproxy awaits what an addon's hook returns only when it is awaitable (its own
+    `invoke_addon`, and master.HookTable), so the chain's hook returns None when every member
+    returned None, and otherwise a coroutine that awaits the member's awaitable and runs the
+    members after it (`_run`). Most members' hooks are synchronous, and the gates whose work
+    may wait (a robots.txt fetch, a name to resolve) return an awaitable only then.
     """
 
     def __init__(self, members: list[Any]):
         self.members = members
-        self._hooks: dict[str, list[Callable[..., Any]]] = {
-            name: [getattr(m, name) for m in members if callable(getattr(m, name, None))]
+        self._hooks: dict[str, tuple[Callable[..., Any], ...]] = {
+            name: tuple(getattr(m, name) for m in members if callable(getattr(m, name, None)))
             for name in SYNC_HOOKS + ASYNC_HOOKS
         }
         for name in ASYNC_HOOKS:
@@ -76,72 +84,122 @@ class Chain:
         for hook in self._hooks["configure"]:
             hook(updated)
 
-    async def _run(self, name: str, *args: Any) -> None:
-        for hook in self._hooks[name]:
+    def _run(self, name: str, *args: Any) -> Coroutine[Any, Any, None] | None:
+        """Every member's `name` hook, in order: None when each returned without anything to
+        await; else a coroutine that awaits the first awaitable and runs the rest."""
+        hooks = self._hooks[name]
+        for i, hook in enumerate(hooks):
             try:
                 result = hook(*args)
-                if result is not None and inspect.isawaitable(result):
-                    await result
             except Exception as e:  # noqa: BLE001 - one member's bug never takes the proxy down
-                where = f"{type(getattr(hook, '__self__', hook)).__name__}.{name}"
-                if name in GATE_HOOKS:
-                    # A member that raised while the request was being judged may have skipped
-                    # the check that refuses it: the request is answered here, never forwarded
-                    # (SPEC §12). The members after it still run and skip the answered flow.
-                    # A member whose work is only a saving (gone memory, the store) catches its
-                    # own errors and forwards; that choice is made there, explicitly.
-                    fail_closed(args[0], where, e)
-                else:
-                    FAULTS.report(where, e, "the next member still runs")
+                _fault(name, hook, args, e)
+                continue
+            if result is not None and (type(result) is CoroutineType or isawaitable(result)):
+                return _finish(name, hooks, i, result, args)
+        return None
 
     async def running(self) -> None:
-        await self._run("running")
+        await _finish("running", self._hooks["running"], -1, None, ())
 
     async def done(self) -> None:
-        await self._run("done")
+        await _finish("done", self._hooks["done"], -1, None, ())
 
-    async def client_connected(self, client: Any) -> None:
-        await self._run("client_connected", client)
+    def client_connected(self, client: Any) -> Coroutine[Any, Any, None] | None:
+        return self._run("client_connected", client)
 
-    async def client_disconnected(self, client: Any) -> None:
-        await self._run("client_disconnected", client)
+    def client_disconnected(self, client: Any) -> Coroutine[Any, Any, None] | None:
+        return self._run("client_disconnected", client)
 
-    async def server_connected(self, data: Any) -> None:
-        await self._run("server_connected", data)
+    def server_connected(self, data: Any) -> Coroutine[Any, Any, None] | None:
+        return self._run("server_connected", data)
 
-    async def server_disconnected(self, data: Any) -> None:
-        await self._run("server_disconnected", data)
+    def server_disconnected(self, data: Any) -> Coroutine[Any, Any, None] | None:
+        return self._run("server_disconnected", data)
 
-    async def tls_established_server(self, data: Any) -> None:
-        await self._run("tls_established_server", data)
+    def tls_established_server(self, data: Any) -> Coroutine[Any, Any, None] | None:
+        return self._run("tls_established_server", data)
 
-    async def http_connect(self, flow: Any) -> None:
-        await self._run("http_connect", flow)
+    def http_connect(self, flow: Any) -> Coroutine[Any, Any, None] | None:
+        return self._run("http_connect", flow)
 
-    async def requestheaders(self, flow: Any) -> None:
-        await self._run("requestheaders", flow)
+    def requestheaders(self, flow: Any) -> Coroutine[Any, Any, None] | None:
+        pending = self._run("requestheaders", flow)
+        if pending is not None:
+            return self._gate_streamed_after(pending, flow)
+        return self._gate_streamed(flow)
+
+    async def _gate_streamed_after(self, pending: Awaitable[None], flow: Any) -> None:
+        await pending
+        gated = self._gate_streamed(flow)
+        if gated is not None:
+            await gated
+
+    def _gate_streamed(self, flow: Any) -> Coroutine[Any, Any, None] | None:
         if flow.request.stream and flow.response is None and flow.error is None:
             # A body that streams (streaming.py) follows its head to the site as soon as this
             # hook returns, and mitmproxy's `request` hook comes only after the whole body:
             # every gate decides here, before anything leaves (SPEC §4, §5).
             flow.metadata[_GATED_AT_HEADERS] = True
-            await self._run("request", flow)
-            if flow.response is not None or flow.error is not None:
-                discard_request_body(flow)  # answered here: the body is read and dropped
+            pending = self._run("request", flow)
+            if pending is not None:
+                return _discard_if_answered_after(pending, flow)
+            _discard_if_answered(flow)
+        return None
 
-    async def request(self, flow: Any) -> None:
+    def request(self, flow: Any) -> Coroutine[Any, Any, None] | None:
         if flow.metadata.pop(_GATED_AT_HEADERS, False):
-            return  # the gates decided at the request's head
-        await self._run("request", flow)
+            return None  # the gates decided at the request's head
+        return self._run("request", flow)
 
-    async def responseheaders(self, flow: Any) -> None:
-        await self._run("responseheaders", flow)
+    def responseheaders(self, flow: Any) -> Coroutine[Any, Any, None] | None:
+        return self._run("responseheaders", flow)
 
-    async def response(self, flow: Any) -> None:
-        await self._run("response", flow)
+    def response(self, flow: Any) -> Coroutine[Any, Any, None] | None:
+        return self._run("response", flow)
 
-    async def error(self, flow: Any) -> None:
-        await self._run("error", flow)
+    def error(self, flow: Any) -> Coroutine[Any, Any, None] | None:
+        return self._run("error", flow)
+
+
+async def _finish(name: str, hooks: tuple[Callable[..., Any], ...], i: int, pending: Any,
+                  args: tuple[Any, ...]) -> None:
+    """The rest of `Chain._run`: `pending` (what hook `i` returned) awaited, then the hooks
+    after it, each awaited if it returns an awaitable."""
+    if pending is not None:
+        try:
+            await pending
+        except Exception as e:  # noqa: BLE001
+            _fault(name, hooks[i], args, e)
+    for hook in hooks[i + 1:]:
+        try:
+            result = hook(*args)
+            if result is not None and (type(result) is CoroutineType or isawaitable(result)):
+                await result
+        except Exception as e:  # noqa: BLE001 - one member's bug never takes the proxy down
+            _fault(name, hook, args, e)
+
+
+def _fault(name: str, hook: Callable[..., Any], args: tuple[Any, ...], e: Exception) -> None:
+    where = f"{type(getattr(hook, '__self__', hook)).__name__}.{name}"
+    if name in GATE_HOOKS:
+        # A member that raised while the request was being judged may have skipped the check
+        # that refuses it: the request is answered here, never forwarded (SPEC §12). The
+        # members after it still run and skip the answered flow. A member whose work is only
+        # a saving (gone memory, the store) catches its own errors and forwards; that choice is
+        # made there, explicitly.
+        fail_closed(args[0], where, e)
+    else:
+        FAULTS.report(where, e, "the next member still runs")
+
+
+def _discard_if_answered(flow: Any) -> None:
+    if flow.response is not None or flow.error is not None:
+        discard_request_body(flow)  # answered at its head: the body is read and dropped
+
+
+async def _discard_if_answered_after(pending: Awaitable[None], flow: Any) -> None:
+    await pending
+    _discard_if_answered(flow)
 
 
 def build_chain(runtime: Runtime | None = None) -> list[Any]:

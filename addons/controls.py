@@ -7,6 +7,7 @@ not even a robots fetch goes out) and holds the answer to an action until Redis 
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any
 
 from mitmproxy import http
@@ -61,15 +62,17 @@ class OperatorControls:
             return
         answer_locally(flow, 503, "paused", answer.reason, answer.retry_after_s)
 
-    async def response(self, flow: http.HTTPFlow) -> None:
+    def response(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
         """The answer to an action goes back once the action is in Redis (or says it is not)."""
         if (not self.service.sharing or flow.request.path != ROUTE or flow.request.method != "POST"
                 or not notes_of(flow).facts.get("internal")):
-            return
+            return None  # every other response: nothing to wait for
+        return self._settled(flow)
+
+    async def _settled(self, flow: http.HTTPFlow) -> None:
         why = await self.service.settled()
         if why is None or flow.response is None:
             return
         content = not_shared_answer(flow.response.content or b"", why)
         if content is not None:
             flow.response.content = content
-

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from mitmproxy import http
 
+from etiquette_proxy.request_head import RequestHead, read_head
 from etiquette_proxy.revalidation.urlkey import normalise
 from etiquette_proxy.site_key import host_site
 
@@ -24,6 +25,7 @@ FORWARDED = "forwarded"
 # response's body is already decided, no other member streams or copies it.
 PAID_BODY = "paid_body"
 _URL_KEY = "etiquette_url_key"  # flow.metadata: the normalised URL (None when not an http(s) URL)
+_HEAD = "etiquette_head"  # flow.metadata: the RequestHead of the request's fields, read once
 
 
 @dataclass
@@ -83,9 +85,21 @@ def notes_of(flow: http.HTTPFlow) -> FlowNotes:
     """The flow's notes, created on first use."""
     notes = flow.metadata.get(KEY)
     if notes is None:
-        notes = FlowNotes(site=site_of(flow.request), origin=origin_of(flow.request))
-        flow.metadata[KEY] = notes
+        request = flow.request
+        site = site_of(request)
+        notes = flow.metadata[KEY] = FlowNotes(site=site, origin=f"{request.scheme.lower()}://{site}")  # origin_of
     return notes
+
+
+def head_of(flow: http.HTTPFlow) -> RequestHead:
+    """The request's fields the hooks read (Host, User-Agent, body framing, the proxy's own
+    fields, the head's weight), read in one pass the first time a hook asks, and again only
+    when the fields were replaced since (a field set or removed makes a new tuple)."""
+    fields = flow.request.data.headers.fields
+    head: RequestHead | None = flow.metadata.get(_HEAD)
+    if head is None or head.fields is not fields:
+        head = flow.metadata[_HEAD] = read_head(fields)
+    return head
 
 
 def skip(flow: http.HTTPFlow) -> bool:

@@ -13,15 +13,15 @@ from collections.abc import Awaitable, Callable
 from mitmproxy import http
 
 from addons.answers import answer_locally, fail_closed
-from etiquette_proxy.headers import field_value, has_field
-from addons.notes import notes_of, request_url, skip
+from etiquette_proxy.headers import has_field
+from addons.notes import FlowNotes, head_of, notes_of, request_url, skip
 from addons.runtime import Runtime
 from etiquette_proxy.side_fetch import SideFetchError, SideResponse, fetch
 from etiquette_proxy.pacing.rates import Rates
 from etiquette_proxy.pacing.restraints import Restraints
 from etiquette_proxy.pacing.side_turn import SideTurn
 from etiquette_proxy.robots.entry import RobotsEntry, StoredTextLost
-from etiquette_proxy.robots.policy import RobotsSettings
+from etiquette_proxy.robots.policy import RobotsSettings, RobotsVerdict
 from etiquette_proxy.robots.service import Audit, RobotsService
 from etiquette_proxy.robots.tdmrep import PURPOSE as TDM_PURPOSE
 from etiquette_proxy.target import names_robots_txt
@@ -64,20 +64,40 @@ class RobotsGate:
         """Whether robots.txt lets `url` be fetched (the health canaries ask here)."""
         return await self.service.allows(url, site, client_ua, last_copy)
 
-    async def request(self, flow: http.HTTPFlow) -> None:
+    def request(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
         if skip(flow):
-            return
+            return None
         try:
-            await self._gate(flow)
+            return self._gate(flow)
+        except Exception as e:  # noqa: BLE001
+            fail_closed(flow, "the robots.txt gate", e)
+            return None
+
+    def _gate(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
+        """Decided now when robots.txt's fresh entry answers at once (the common request:
+        etiquette_proxy/robots/verdicts.py); else the coroutine that waits for what it needs."""
+        notes = notes_of(flow)
+        request = flow.request
+        client_ua = head_of(flow).user_agent
+        decided = self.service.now.decide(notes.origin, notes.site, request.path, client_ua)
+        if decided is None:
+            return self._waiting_gate(flow, client_ua)
+        entry, verdict, delay = decided
+        notes.extra["robots"] = entry.kind
+        notes.facts["robots_status"] = entry.status
+        self._follow(flow, notes, verdict, delay)
+        return None
+
+    async def _waiting_gate(self, flow: http.HTTPFlow, client_ua: str | None) -> None:
+        try:
+            await self._full_gate(flow, client_ua)
         except Exception as e:  # noqa: BLE001
             fail_closed(flow, "the robots.txt gate", e)
 
-    async def _gate(self, flow: http.HTTPFlow) -> None:
+    async def _full_gate(self, flow: http.HTTPFlow, client_ua: str | None) -> None:
         notes = notes_of(flow)
-        request = flow.request
         service = self.service
         settings = service.settings_for(notes.site)
-        client_ua = field_value(request.headers.fields, b"user-agent")
         entry = await service.entry_for(notes.origin, notes.site, client_ua, settings)
         if not flow.live or flow.response is not None:
             return
@@ -129,6 +149,10 @@ class RobotsGate:
                                               lambda: request_url(request))
         if verdict.purpose is not None:
             notes.extra["purposes"] = verdict.purpose.audit(self.service.declared())
+        self._follow(flow, notes, verdict, delay)
+
+    def _follow(self, flow: http.HTTPFlow, notes: FlowNotes, verdict: RobotsVerdict, delay: float | None) -> None:
+        """The request goes on (its crawl delay on the line), or is refused (observe: would be)."""
         if verdict.allowed:
             if delay is not None:
                 notes.extra["crawl_delay"] = delay

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Awaitable
 
 from addons.notes import notes_of, skip
 from addons.runtime import Runtime
@@ -26,16 +27,30 @@ class SiteGrouping:
     def __init__(self, runtime: Runtime):
         self.rt = runtime
         self._lookups: dict[str, asyncio.Future[None]] = {}
+        # Whether the runtime's config (the object: a reload is a new one) groups by host:port,
+        # read once per config instead of twice a request.
+        self._config: object = None
+        self._by_host = True
 
-    async def request(self, flow: http.HTTPFlow) -> None:
+    def request(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
         if skip(flow):
-            return
+            return None
+        config = self.rt.config
+        if config is not self._config:
+            self._by_host = self.rt.site_keys().group_by == "host"
+            self._config = config
+        if self._by_host:
+            return None  # notes.site is already host:port
         keys = self.rt.site_keys()
-        if keys.group_by == "host":
-            return  # notes.site is already host:port
         request = flow.request
         if keys.needs_address(request.host):
-            await self._resolve(keys, request.host)
+            return self._resolved(flow, keys)  # waits for the name's address, then groups
+        notes_of(flow).site = keys.site(request.host, request.port)
+        return None
+
+    async def _resolved(self, flow: http.HTTPFlow, keys: SiteKeys) -> None:
+        request = flow.request
+        await self._resolve(keys, request.host)
         notes_of(flow).site = keys.site(request.host, request.port)
 
     async def _resolve(self, keys: SiteKeys, host: str) -> None:

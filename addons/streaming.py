@@ -35,10 +35,10 @@ from typing import Any
 from mitmproxy import http
 
 from addons.mitm_version import require_verified
-from addons.notes import PAID_BODY, notes_of
+from addons.notes import PAID_BODY, head_of, notes_of
 from addons.runtime import Runtime
 from etiquette_proxy.bodies import BodyCopy, OffLoopSha256, declared_length, streams_request_body
-from etiquette_proxy.headers import has_field
+from etiquette_proxy.headers import field_value
 from etiquette_proxy.health.signals import HEAD_BYTES
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,6 @@ REQUEST_BODY = "etiquette_request_body"  # flow.metadata: the BodyCopy of a requ
 # RFC 9110 §6.4.1: these never carry content, so there is nothing to stream. A 304 is also the
 # one answer revalidation rewrites in `response` (to the stored 200), which streaming forbids.
 _NO_CONTENT = frozenset({204, 304})
-_BODY_FRAMING = frozenset({b"content-length", b"transfer-encoding"})  # what says a request has a body
 LOCAL_HOST = "etiquette.proxy"  # the proxy's own endpoints read their (bounded) request bodies whole
 
 
@@ -128,36 +127,44 @@ class BodyStreams:
         install()
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None or flow.error is not None:
+            return
+        # Most requests (GETs) carry neither Content-Length nor Transfer-Encoding: looked for
+        # with the fields every hook reads (read once), as a Headers lookup by name decodes
+        # every field of the request each time.
+        if not head_of(flow).framed:
+            return  # no body at all
         request = flow.request
-        if flow.response is not None or flow.error is not None or request.method == "CONNECT":
+        if request.method == "CONNECT" or request.host == LOCAL_HOST:
             return
-        if request.host == LOCAL_HOST:
-            return
-        # Most requests (GETs) carry neither field: looked for in the raw fields first, as a
-        # Headers lookup by name decodes every field of the request each time.
-        if not has_field(request.headers.fields, _BODY_FRAMING) or not streams_request_body(
-                request.headers.get("content-length"), request.headers.get("transfer-encoding", ""),
-                self.rt.config.limits.stream_above):
-            return  # small, or no body at all: read whole, as before
+        if not streams_request_body(request.headers.get("content-length"), request.headers.get("transfer-encoding", ""),
+                                    self.rt.config.limits.stream_above):
+            return  # small: read whole, as before
         copy = BodyCopy(0, 0)
         flow.metadata[REQUEST_BODY] = copy
         request.stream = RequestTee(copy)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         response = flow.response
-        if response is None or response.status_code in _NO_CONTENT or response.status_code < 200:
+        if response is None:
+            return
+        status = response.data.status_code
+        if status in _NO_CONTENT or status < 200:
             return
         notes = notes_of(flow)
-        if notes.local or notes.facts.get("internal") or flow.request.method == "HEAD" or PAID_BODY in notes.facts:
+        method = flow.request.method
+        if notes.local or notes.facts.get("internal") or method == "HEAD" or PAID_BODY in notes.facts:
             return
         keep = self.rt.config.limits.stream_above
         store = self.rt.store
-        storable = store is not None and flow.request.method == "GET" and response.status_code == 200
+        storable = store is not None and method == "GET" and status == 200
         if storable:
             assert store is not None
             keep = max(keep, store.max_body)
         copy = BodyCopy(keep, HEAD_BYTES, hashed=storable, new_hash=OffLoopSha256)
-        length = declared_length(response.headers.get("content-length"))
+        # Content-Length as `Headers.get` gives it, from the raw fields (a lookup by name
+        # decodes every field of the response).
+        length = declared_length(field_value(response.data.headers.fields, b"content-length"))
         if length is not None and length > keep:
             copy.outgrown()  # known from the start: no copy is begun only to be dropped
         flow.metadata[BODY] = copy

@@ -25,20 +25,29 @@ from mitmproxy import connection, http
 
 from addons import mitm_patches
 from addons.answers import answer_locally
-from addons.notes import notes_of, skip
+from addons.notes import head_of, notes_of, skip
 from addons.runtime import Runtime
 from etiquette_proxy.request_head import (
     OwnAddress,
+    RequestHead,
     head_problem,
-    head_size,
     machine_names,
     own_fields,
     protocol_problem,
     without_own_fields,
 )
-from etiquette_proxy.target import authority_mismatch, canonical_host, control_bytes, port_problem, show_authority
+from etiquette_proxy.target import (
+    authority_mismatch,
+    canonical_host,
+    control_bytes,
+    plainly_addressed,
+    port_problem,
+    show_authority,
+)
 
 LOOP_DETECTED = 508  # RFC 5842 §7.2
+_HTTP1 = (b"HTTP/1.1", b"HTTP/1.0")  # request_head.HTTP1_VERSIONS, as mitmproxy keeps them
+_H2_H3 = (b"HTTP/2.0", b"HTTP/3")  # mitmproxy's is_http2 / is_http3: the authority is :authority
 
 
 class TargetCheck:
@@ -80,16 +89,19 @@ class TargetCheck:
         if cut is not None:  # refused unfinished by mitmproxy's reader; the client has its 431
             return 431, cut
         data = request.data
-        problem = protocol_problem(request.http_version, flow.client_conn.alpn == b"h2")
-        if problem is not None:
-            return 400, problem
-        size = head_size((data.method, data.scheme, data.authority, data.path, data.http_version),
-                         data.headers.fields)
+        over_http2 = flow.client_conn.alpn == b"h2"
+        if over_http2 or data.http_version not in _HTTP1:  # (HTTP/1.x over HTTP/1: most requests)
+            problem = protocol_problem(request.http_version, over_http2)
+            if problem is not None:
+                return 400, problem
+        # request_head.head_size, the fields' weight read with the fields every hook reads
+        line = (data.method, data.scheme, data.authority, data.path, data.http_version)
+        size = sum(map(len, line)) + head_of(flow).weight
         problem = head_problem(size, self.rt.config.listen.max_header_bytes)
         if problem is not None:
             return 431, problem
         own = self.own
-        if own is not None and own.reaches(canonical_host(request.host), request.port):
+        if own is not None and request.port == own.port and own.reaches(canonical_host(request.host), request.port):
             return LOOP_DETECTED, (f"{show_authority(canonical_host(request.host), request.port)} is this proxy's "
                                    "own address: a request to it would come straight back (a loop)")
         return None
@@ -103,26 +115,36 @@ class TargetCheck:
     def request(self, flow: http.HTTPFlow) -> None:
         if skip(flow):
             return
-        problem = self.problem(flow)
+        head = head_of(flow)
+        problem = self.problem(flow, head)
         if problem is not None:
             if not self.rt.observe:
                 answer_locally(flow, 400, "refused", problem)
                 return
             notes_of(flow).would_do("refused", problem)
         # SPEC §12: the proxy's own fields never reach a site, in either mode (its token least).
-        fields = flow.request.headers.fields
-        stripped = own_fields(fields)
-        if stripped:
+        if head.own:
+            fields = head.fields
+            stripped = own_fields(fields)
             flow.request.headers.fields = without_own_fields(fields)
             notes_of(flow).extra["stripped"] = [name.decode("latin-1")[:100] for name in stripped[:10]]
 
-    def problem(self, flow: http.HTTPFlow) -> str | None:
+    def problem(self, flow: http.HTTPFlow, head: RequestHead | None = None) -> str | None:
         """Why the request must not leave, or None."""
         request = flow.request
+        data = request.data
+        # mitmproxy's `Request.host_header`, from the fields read once: over HTTP/2 (and 3) the
+        # request's :authority, else its Host field.
+        host_field = (head or head_of(flow)).host
+        host_header = (request.authority or host_field) if data.http_version in _H2_H3 else host_field
+        tunnel = self._tunnels.get(flow.client_conn.id)
+        host, port = (data.host, data.port) if tunnel is None else tunnel  # the authority the request must name
+        sni = flow.client_conn.sni if tunnel is not None else None
+        if (not sni or sni == host) and plainly_addressed(data.path, data.port, data.scheme, host, port, host_header):
+            return None  # most requests: none of the checks below would find anything
         problem = control_bytes(request.path) or port_problem(request.port)
         if problem is not None:
             return problem
-        tunnel = self._tunnels.get(flow.client_conn.id)
         if tunnel is not None:
             # Inside a tunnel mitmproxy takes host and port from the Host header (or
             # :authority): compare that with what the CONNECT named.
@@ -130,7 +152,6 @@ class TargetCheck:
             if sni and canonical_host(sni) != canonical_host(tunnel[0]):
                 return (f"TLS server name (SNI) {sni[:100]!r} names another host than the CONNECT target "
                         f"{show_authority(canonical_host(tunnel[0]), tunnel[1])} (SPEC §12: one request, one site)")
-            return authority_mismatch(request.scheme, tunnel[0], tunnel[1], request.host_header,
+            return authority_mismatch(request.scheme, tunnel[0], tunnel[1], host_header,
                                       named_by="the CONNECT target")
-        return authority_mismatch(request.scheme, request.host, request.port, request.host_header)
-
+        return authority_mismatch(request.scheme, request.host, request.port, host_header)

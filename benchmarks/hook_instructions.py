@@ -8,7 +8,8 @@ member's hooks called through `operator.call`, a C function, so that
     valgrind --tool=callgrind --collect-atstart=no --toggle-collect='_operator_call*'
 
 counts only what runs inside that member's hook calls (an async hook: each step of its
-coroutine). `whole`: every instruction of the flows' dispatch, between two os.getppid() calls.
+coroutine); `A+B`: the hooks of members A and B together,
+in one run. `whole`: every instruction of the flows' dispatch, between two os.getppid() calls.
 The first --warm flows are not counted. The wall clock the audit writer, revalidation and gone
 memory read advances 1 ms per flow (under valgrind a real minute passes within a run, and
 revalidation would rewrite rows older than a minute, a different path from run to run).
@@ -61,7 +62,7 @@ def measured(member: str, flows: int, warm: int, validators: bool) -> None:
         return make_flow(i, paths)
 
     def through_c(spent: dict[str, int], label: str, hook: Any) -> Any:
-        if label.split(".")[0] != member:
+        if label.split(".")[0] not in member.split("+"):
             return hook
         if inspect.iscoroutinefunction(hook):
             async def async_hook(*args: Any) -> Any:

@@ -12,6 +12,8 @@ stays with the proxy).
   HTTP/2 on a connection that negotiated it; anything else (`HTTP/1.2`, or `HTTP/2.0` written
   in an HTTP/1 request line) is refused 400 rather than passed on to a site that would read it
   its own way.
+- `read_head(fields)`: the fields every request hook reads, found in one pass over the raw
+  fields (mitmproxy's `Headers.get` lower-cases and decodes every field on each lookup).
 - `OwnAddress`: the proxy's listening address and the spellings that reach it, so a request
   addressed to the proxy itself is answered at once as a loop instead of being sent round
   again (its robots.txt fetch included).
@@ -52,8 +54,49 @@ def without_own_fields(fields: Sequence[tuple[bytes, bytes]]) -> tuple[tuple[byt
 
 def head_size(request_line: Iterable[bytes], fields: Sequence[tuple[bytes, bytes]]) -> int:
     """The head's weight: the request line's parts, and each field as RFC 9113 §6.5.2 counts it."""
-    return (sum(map(len, request_line)) + sum(map(len, chain.from_iterable(fields)))
-            + FIELD_OVERHEAD * len(fields))
+    return sum(map(len, request_line)) + fields_weight(fields)
+
+
+def fields_weight(fields: Sequence[tuple[bytes, bytes]]) -> int:
+    """The fields' part of `head_size`."""
+    return sum(map(len, chain.from_iterable(fields))) + FIELD_OVERHEAD * len(fields)
+
+
+class RequestHead:
+    """What the request hooks read of a request's raw fields, read in one pass (`read_head`):
+    values as mitmproxy's `Headers.get` gives them (names case-insensitive, RFC 9110 §5.1; a
+    repeated field's values joined with ", "; UTF-8 with surrogateescape), None when absent.
+    `fields` is the very tuple read: a hook that finds another one there reads it again."""
+
+    __slots__ = ("fields", "weight", "host", "user_agent", "own", "framed")
+
+    def __init__(self, fields: Sequence[tuple[bytes, bytes]], weight: int, host: str | None,
+                 user_agent: str | None, own: bool, framed: bool):
+        self.fields = fields
+        self.weight = weight  # the fields as RFC 9113 §6.5.2 counts them (head_size without the request line)
+        self.host = host  # the Host field (HTTP/2's :authority is the request's, not here)
+        self.user_agent = user_agent
+        self.own = own  # a client-sent X-Etiquette-* field is among them (own_fields names them)
+        self.framed = framed  # Content-Length or Transfer-Encoding: the request may carry a body
+
+
+_HOST, _USER_AGENT = b"host", b"user-agent"
+_READ = frozenset({_HOST, _USER_AGENT, b"content-length", b"transfer-encoding"})
+
+
+def read_head(fields: Sequence[tuple[bytes, bytes]]) -> RequestHead:
+    """The fields the request hooks read, in one pass over the raw fields."""
+    found: dict[bytes, str] = {}
+    own = False
+    for name, value in fields:
+        lowered = name.lower()
+        if lowered in _READ:
+            text = value.decode("utf-8", "surrogateescape")
+            found[lowered] = f"{found[lowered]}, {text}" if lowered in found else text
+        elif lowered[:12] == OWN_PREFIX:
+            own = True
+    framed = b"content-length" in found or b"transfer-encoding" in found
+    return RequestHead(fields, fields_weight(fields), found.get(_HOST), found.get(_USER_AGENT), own, framed)
 
 
 def head_problem(size: int, limit: int) -> str | None:

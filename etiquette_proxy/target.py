@@ -226,6 +226,22 @@ def authority_mismatch(scheme: str, url_host: str, url_port: int, host_header: s
             "(SPEC §12: one request, one site)")
 
 
+# A raw target without a control byte or a %-escape: nothing for control_bytes to find.
+_PLAIN_RAW_TARGET = re.compile(rb"[^\x00-\x1f\x7f%]*").fullmatch
+_RAW_DEFAULT_PORTS = {b"http": 80, b"https": 443}
+
+
+def plainly_addressed(path: bytes, url_port: int, scheme: bytes, host: str, port: int, host_header: str | None) -> bool:
+    """True when `control_bytes` and `port_problem` (on the URL's target and port) and
+    `authority_mismatch` (against `host`:`port`, what the URL or the CONNECT named) would find
+    nothing, told from the request's raw parts without decoding them: a target without
+    control bytes or %-escapes, a port that names a service, and a Host spelled exactly as
+    that authority, or none (most requests). False: ask them."""
+    return (0 < url_port < 65536 and _PLAIN_RAW_TARGET(path) is not None
+            and (host_header is None or host_header == f"{host}:{port}"
+                 or (host_header == host and port == _RAW_DEFAULT_PORTS.get(scheme))))
+
+
 def port_problem(port: int) -> str | None:
     """Why a URL's port cannot be contacted (port 0 names no service), or None."""
     if not 0 < port < 65536:

@@ -121,6 +121,8 @@ class OperatorPauses:
 
     def left_s(self, site: str) -> float | None:
         """Seconds of pause left; math.inf when open-ended; None when not paused."""
+        if not self._until:
+            return None  # nothing paused: most of the time, on every request
         for asked, until in list(self._until.items()):
             if not site_matches(site, asked):
                 continue

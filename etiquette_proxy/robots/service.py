@@ -36,6 +36,7 @@ from etiquette_proxy.robots.reading import product_token
 from etiquette_proxy.robots.tdmrep import PATH as TDMREP_PATH
 from etiquette_proxy.robots.tdmrep import PURPOSE as TDM_PURPOSE
 from etiquette_proxy.robots.tdmrep import TdmFile, TdmReservations, parse_file
+from etiquette_proxy.robots.verdicts import VerdictsNow
 from etiquette_proxy.site_key import SiteKeys, host_site, url_authority
 from etiquette_proxy.sites import SiteRegistry
 from etiquette_proxy.state.interface import StateStore
@@ -116,6 +117,9 @@ class RobotsService:
         # ai-train is declared, and the reservations response headers made.
         self.tdm = TdmReservations(now)
         self._tdm_inflight: dict[str, asyncio.Future[TdmFile]] = {}
+        # The common request's verdict, given without waiting (verdicts.py says what falls through).
+        self.now = VerdictsNow(config=config, entries=self.entries, policy=self.policy, declared=self.declared,
+                               settings_for=self.settings_for, verdict=self.verdict, restate=self.restate_delay)
 
     # -- questions -------------------------------------------------------------------------------
 
@@ -140,11 +144,16 @@ class RobotsService:
         if not verdict.allowed:
             return verdict, None
         delay = self.policy.crawl_delay(entry, token, settings)
+        self.restate_delay(site, delay)
+        return verdict, delay
+
+    def restate_delay(self, site: str, delay: float | None) -> None:
+        """The crawl delay an allowed request's origin asks, put on the site's pacing as a rate
+        cap (SPEC §4), or lifted: restated on every allowed request."""
         if delay is not None:
             self.restraints.restrain(site, crawl_delay_restraint(delay))
         else:
             self.restraints.release(site, "crawl-delay")
-        return verdict, delay
 
     def cached_answer(self, entry: RobotsEntry) -> CachedAnswer:
         """What a client's own robots.txt request is answered: the rules in force, or 503 while

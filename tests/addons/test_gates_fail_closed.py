@@ -22,6 +22,7 @@ from addons.revalidation import Revalidation
 from addons.robots_gate import RobotsGate
 from addons.runaway import RunawayWatch
 from addons.runtime import Runtime
+from tests.addons.test_chain_dispatch import settled
 from etiquette_proxy.audit.log import AuditLog
 from etiquette_proxy.config import load_config_file
 
@@ -93,7 +94,7 @@ def test_an_exception_in_a_gate_answers_503_and_nothing_leaves(tmp_path, caplog,
     caplog.set_level(logging.DEBUG)
     flows = [flow_for(hook) for _ in range(5)]
     for f in flows:
-        asyncio.run(getattr(chain, hook)(f))
+        asyncio.run(settled(getattr(chain, hook)(f)))
         assert f.response is not None and f.response.status_code == 503
         assert f.response.headers["X-Etiquette-Decision"] == "paused"
         assert b"internal error" in f.response.content and b"Boom" in f.response.content
@@ -120,7 +121,7 @@ def test_each_kind_of_error_gets_its_own_line(caplog):
     chain = Chain([Broken()])
     caplog.set_level(logging.WARNING)
     for _ in range(5):
-        asyncio.run(chain.request(tflow.tflow()))
+        asyncio.run(settled(chain.request(tflow.tflow())))
     said = [r.getMessage() for r in caplog.records]
     assert [m.split(": ", 1)[0] for m in said] == ["Broken.request raised Boom", "Broken.request raised KeyError",
                                                    "Broken.request raised ValueError"]
@@ -141,7 +142,7 @@ def test_a_hook_that_does_not_judge_requests_is_logged_once_and_the_chain_goes_o
     caplog.set_level(logging.WARNING)
     for _ in range(3):
         f = tflow.tflow(resp=tutils.tresp())
-        asyncio.run(chain.response(f))
+        asyncio.run(settled(chain.response(f)))
         assert f.response.status_code == 200  # the site's answer goes out as it is
     assert seen == [200, 200, 200] and len(caplog.records) == 1
 

@@ -37,3 +37,20 @@ def test_request_url_is_mitmproxys_url() -> None:
         request = tutils.treq(method=rng.choice(methods), scheme=rng.choice(schemes), host=rng.choice(hosts),
                               port=rng.choice(ports), authority=rng.choice(authorities), path=rng.choice(paths))
         assert request_url(request) == request.url, request.data
+
+
+def test_head_of_reads_the_fields_once_and_again_when_they_change() -> None:
+    """The fields every request hook reads are read once per flow; a field set or removed
+    since (a new fields tuple) is read again, never answered from the first reading."""
+    from addons.notes import head_of
+
+    f = tflow.tflow()
+    f.request.headers["User-Agent"] = "first/1.0"
+    head = head_of(f)
+    assert head_of(f) is head and head.user_agent == "first/1.0"
+    f.request.headers["User-Agent"] = "second/2.0"
+    assert head_of(f).user_agent == "second/2.0"
+    f.request.headers["X-Etiquette-Token"] = "t"
+    assert head_of(f).own
+    del f.request.headers["X-Etiquette-Token"]
+    assert not head_of(f).own

@@ -16,6 +16,7 @@ from etiquette_proxy.clock import wall
 from etiquette_proxy.config import load_config
 from etiquette_proxy.robots.policy import NAMESPACE, FetchResult, RobotsPolicy, RobotsSettings
 from etiquette_proxy.side_fetch import SideFetchError
+from tests.addons.test_chain_dispatch import settled
 
 
 @pytest.mark.parametrize("group_by, site, origins", [
@@ -103,7 +104,7 @@ def test_the_gate_asks_the_state_store_again_when_a_resting_entrys_text_is_gone(
         flow = tflow.tflow()
         flow.request.url = f"http://a.example{path}"
         flow.request.headers["User-Agent"] = ua
-        asyncio.run(gate.request(flow))
+        asyncio.run(settled(gate.request(flow)))
         return flow
 
     old = RobotsPolicy().after_fetch(origin, FetchResult(200, b"User-agent: *\nDisallow: /old/\n"), None,
@@ -143,7 +144,7 @@ def test_the_copy_kept_while_unreachable_is_the_state_stores_when_the_resting_te
     rt.state.put(NAMESPACE, origin, newer.replace(expires_at=0.0).to_state())
     flow = tflow.tflow()  # due: refreshed, unreachable
     flow.request.url = "http://a.example/new/x"
-    asyncio.run(gate.request(flow))
+    asyncio.run(settled(gate.request(flow)))
     assert flow.response is not None and flow.response.status_code == 403
     kept = gate.entries.find(rt.config, origin)
     assert kept is not None and kept.stale and kept.kind == "rules" and kept.text == newer.text

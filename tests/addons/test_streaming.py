@@ -25,6 +25,7 @@ from etiquette_proxy import bodies
 from etiquette_proxy.bodies import BodyCopy, HashingPool
 from etiquette_proxy.config import load_config_file
 from etiquette_proxy.revalidation.store import ValidatorStore
+from tests.addons.test_chain_dispatch import settled
 from tests.addons.test_revalidation import URL, flow
 from tests.core.test_body_hashing import HeldExecutor
 
@@ -170,8 +171,8 @@ def test_a_flow_awaits_its_own_digest_before_the_response_hooks_and_other_flows_
     body_streams(small, [b"hello"])
 
     async def both() -> None:
-        waiting = asyncio.create_task(chain.response(big))
-        await asyncio.wait_for(chain.response(small), 30)  # answered while the big body's hash is held
+        waiting = asyncio.create_task(settled(chain.response(big)))
+        await asyncio.wait_for(settled(chain.response(small)), 30)  # answered while the big body's hash is held
         for _ in range(5):
             await asyncio.sleep(0)
         assert not waiting.done() and reader.seen == [(small.id, None)]  # the big flow waits, alone
@@ -204,9 +205,9 @@ def test_gates_decide_at_the_head_of_a_streaming_request(rt: Runtime, answer: bo
     gate = Gate(answer)
     chain = Chain([BodyStreams(rt), gate])
     f = flow("POST", [(b"host", b"site.test"), (b"content-length", str(10 * 1024**2).encode())])
-    asyncio.run(chain.requestheaders(f))
+    asyncio.run(settled(chain.requestheaders(f)))
     assert gate.calls == ["requestheaders", "request"]  # before mitmproxy sends the head
-    asyncio.run(chain.request(f))
+    asyncio.run(settled(chain.request(f)))
     assert gate.calls == ["requestheaders", "request"]  # not twice
     if answer:
         assert not f.request.stream and f.metadata[DISCARD]  # the body is read and dropped
@@ -218,9 +219,9 @@ def test_a_small_request_body_is_gated_in_request_as_before(rt: Runtime) -> None
     gate = Gate()
     chain = Chain([BodyStreams(rt), gate])
     f = flow("POST", [(b"host", b"site.test"), (b"content-length", b"100")])
-    asyncio.run(chain.requestheaders(f))
+    asyncio.run(settled(chain.requestheaders(f)))
     assert gate.calls == ["requestheaders"] and not f.request.stream
-    asyncio.run(chain.request(f))
+    asyncio.run(settled(chain.request(f)))
     assert gate.calls == ["requestheaders", "request"]
 
 
