@@ -237,7 +237,7 @@ class ConnectionLimits:
 
     def request(self, flow: http.HTTPFlow) -> None:
         # Last gate before the audit writer: the request leaves for the site now.
-        if skip(flow) or flow.request.data.method == b"CONNECT":  # the raw method: no decode
+        if skip(flow) or flow.request.data.method.upper() == b"CONNECT":  # as `method` reads it, undecoded
             return
         notes_of(flow).facts[FORWARDED] = True
         seconds = self.rt.config.upstream.read_timeout
