@@ -57,6 +57,7 @@ from addons.answers import answer_locally
 from addons.notes import FORWARDED, notes_of, skip
 from addons.runtime import Runtime
 from addons.streaming import BODY, REQUEST_BODY
+from etiquette_proxy.operate.deadlines import Deadlines
 from etiquette_proxy.operate.descriptors import (
     ConnectionBook,
     SiteConnection,
@@ -109,7 +110,11 @@ class ConnectionLimits:
         self.rt = runtime
         self._clients: dict[str, _Client] = {}
         self.book: ConnectionBook[connection.Server] = ConnectionBook(fd_limit())
-        self._forwarded: dict[str, tuple[http.HTTPFlow, asyncio.TimerHandle]] = {}
+        # Forwarded requests in progress, by flow id, and their read deadlines (one loop timer
+        # for all of them: etiquette_proxy/operate/deadlines.py).
+        self._forwarded: dict[str, http.HTTPFlow] = {}
+        self._deadlines: Deadlines[str] = Deadlines(resolution=_CLOCK_RESOLUTION)
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop the deadlines run on
         self._sweeper: asyncio.Task[None] | None = None
         mitm_patches.install()
 
@@ -131,8 +136,7 @@ class ConnectionLimits:
         for client in self._clients.values():
             if client.timer is not None:
                 client.timer.cancel()
-        for _, timer in self._forwarded.values():
-            timer.cancel()
+        self._deadlines.close()
 
     async def drain(self, budget_s: float = DRAIN_S) -> None:
         """Stopping: let requests at sites finish for up to `budget_s`, then give them up (504)."""
@@ -140,7 +144,7 @@ class ConnectionLimits:
         deadline = loop.time() + budget_s
         while self._forwarded and loop.time() < deadline:
             await asyncio.sleep(0.05)
-        for flow, _ in list(self._forwarded.values()):
+        for flow in list(self._forwarded.values()):
             if flow.response is not None:  # a body still streaming
                 self._cut(flow, f"proxy stopping: the body had not ended within {budget_s:g}s; "
                                 "the client's connection was cut")
@@ -233,25 +237,36 @@ class ConnectionLimits:
 
     def request(self, flow: http.HTTPFlow) -> None:
         # Last gate before the audit writer: the request leaves for the site now.
-        if skip(flow) or flow.request.method == "CONNECT":
+        if skip(flow) or flow.request.data.method.upper() == b"CONNECT":  # as `method` reads it, undecoded
             return
         notes_of(flow).facts[FORWARDED] = True
         seconds = self.rt.config.upstream.read_timeout
-        loop = asyncio.get_running_loop()
+        now = self._now()
+        self._forwarded[flow.id] = flow
         if flow.metadata.get(REQUEST_BODY) is not None:  # the body streams out after this hook
-            timer = loop.call_later(seconds, self._gap_passed, flow, seconds, loop.time())
+            self._deadlines.set(flow.id, now + seconds, self._gap_passed, flow, seconds, now)
         else:
-            timer = loop.call_later(seconds, self._give_up, flow, seconds)
-        self._forwarded[flow.id] = (flow, timer)
+            self._deadlines.set(flow.id, now + seconds, self._give_up, flow, seconds)
+
+    def _now(self) -> float:
+        """The running loop's time; the deadlines of an earlier loop (a test's) are let go."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._deadlines.close()
+            self._loop = loop
+        return loop.time()
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
-        self._stop_read_timer(flow)
         streaming = flow.metadata.get(BODY) is not None
         if streaming and notes_of(flow).facts.get(FORWARDED):
-            # The body streams from here: the same timeout between its bytes.
+            # The body streams from here: the same timeout between its bytes (the head's
+            # deadline replaced).
             seconds = self.rt.config.upstream.read_timeout
-            loop = asyncio.get_running_loop()
-            self._forwarded[flow.id] = (flow, loop.call_later(seconds, self._gap_passed, flow, seconds, loop.time()))
+            now = self._now()
+            self._forwarded[flow.id] = flow
+            self._deadlines.set(flow.id, now + seconds, self._gap_passed, flow, seconds, now)
+        else:
+            self._stop_read_timer(flow)
 
     def _gap_passed(self, flow: http.HTTPFlow, seconds: float, since: float) -> None:
         """A body's timer fired: cut the exchange if nothing passed for `seconds`, else wait
@@ -259,16 +274,17 @@ class ConnectionLimits:
         if flow.id not in self._forwarded or flow.error is not None:
             self._forwarded.pop(flow.id, None)
             return
-        loop = asyncio.get_running_loop()
+        now = self._now()
         # The copies' clocks are time.monotonic, as the loop's own clock (asyncio's loop.time()).
         last = since
         for key in (REQUEST_BODY, BODY):
             copy = flow.metadata.get(key)
             if copy is not None:
                 last = max(last, copy.last_at)
-        idle = loop.time() - last
+        idle = now - last
         if idle < seconds:
-            self._forwarded[flow.id] = (flow, loop.call_later(seconds - idle, self._gap_passed, flow, seconds, since))
+            self._forwarded[flow.id] = flow
+            self._deadlines.set(flow.id, now + seconds - idle, self._gap_passed, flow, seconds, since)
             return
         if flow.response is None:  # still waiting for the head (a request body went out meanwhile)
             self._give_up(flow, seconds)
@@ -279,7 +295,7 @@ class ConnectionLimits:
 
     def _cut(self, flow: http.HTTPFlow, reason: str) -> None:
         """A body given up mid-way: the client has the head, so its connection is cut."""
-        self._forwarded.pop(flow.id, None)
+        self._stop_read_timer(flow)
         if flow.error is not None:
             return
         copy = flow.metadata.get(BODY)
@@ -298,14 +314,13 @@ class ConnectionLimits:
         self._finished(flow)
 
     def _stop_read_timer(self, flow: http.HTTPFlow) -> None:
-        entry = self._forwarded.pop(flow.id, None)
-        if entry is not None:
-            entry[1].cancel()
+        if self._forwarded.pop(flow.id, None) is not None:
+            self._deadlines.clear(flow.id)
 
     def _give_up(self, flow: http.HTTPFlow, seconds: float, stopping: bool = False) -> None:
         """A forwarded request had its time: close the connection carrying it, or cancel the
         one it waits for; the client gets 504 (mitm_patches)."""
-        self._forwarded.pop(flow.id, None)
+        self._stop_read_timer(flow)
         if flow.response is not None or flow.error is not None:
             return
         client_id = flow.client_conn.id

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import math
 import time
+from operator import itemgetter
 
 from addons.answers import answer_locally, fail_closed
-from etiquette_proxy.headers import fields_named
+from etiquette_proxy.headers import LowerFields, fields_named
 from addons.notes import FlowNotes, notes_of, skip
 from addons.runtime import Runtime
 from etiquette_proxy.side_fetch import SideFetchError
@@ -35,6 +36,8 @@ _JOINED = frozenset({"retry-after", "ratelimit", "ratelimit-policy"})  # every v
 # The fields SiteBudget.on_response reads (the 429 contract's Retry-After, SPEC §5, and the
 # rate-limit fields of ratelimit_fields.py): only these are decoded from each response.
 _READ = frozenset(name.encode("ascii") for name in (*_JOINED, *RATE_LIMIT_FIELDS))
+_NAME = itemgetter(0)  # a raw field's name
+_NO_FIELDS = LowerFields()  # an answer with none of them (read-only: the core only reads it)
 TICKET = "pacing_ticket"
 DEPARTED = "pacing_departed"    # when the request left for the site (the latency signal)
 LEASE = "pacing_lease"          # the shared budget's concurrency lease (state.backend: redis)
@@ -86,12 +89,27 @@ class Pacing:
             return
         notes = notes_of(flow)
         try:
-            await self._hold(flow, notes)
+            # The common case first: a site under its rate with a slot free starts at once
+            # (one bucket check, no Admission); anything else (a line, a pause, observe mode,
+            # Redis) is decided by the whole admission sequence in _hold.
+            ticket = self.service.start_at_once(notes.site)
+            if ticket is not None:
+                notes.facts[TICKET] = ticket
+                await self._leave(flow, notes.site, ticket)
+            else:
+                await self._hold(flow, notes)
             if TICKET in notes.facts and flow.response is None:
                 notes.facts[DEPARTED] = time.monotonic()  # latency signal: when it left
         except Exception as e:  # noqa: BLE001
             self._give_back(flow, notes)
             fail_closed(flow, "pacing", e)
+
+    async def _leave(self, flow: http.HTTPFlow, site: str, ticket: int) -> None:
+        """A started request leaves now on a connection already open (departing.py), through
+        the site's departure gate; else when its connection is (server_connected)."""
+        if self.service.departing.started(flow.client_conn.id, (flow.request.host, flow.request.port), site,
+                                          ticket, via_proxy=self.service.via_proxy()):
+            await self.service.leave([(site, ticket)])  # on a connection already open
 
     async def _hold(self, flow: http.HTTPFlow, notes: FlowNotes) -> None:
         client = flow.client_conn
@@ -109,9 +127,7 @@ class Pacing:
             notes.facts[TICKET] = adm.ticket
             if adm.lease is not None:
                 notes.facts[LEASE] = adm.lease
-            if self.service.departing.started(client.id, (flow.request.host, flow.request.port), notes.site,
-                                              adm.ticket, via_proxy=self.service.via_proxy()):
-                await self.service.leave([(notes.site, adm.ticket)])  # on a connection already open
+            await self._leave(flow, notes.site, adm.ticket)
 
     async def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
         # Its request leaves now, or over TLS once the handshake is done (tls_established_server).
@@ -142,7 +158,12 @@ class Pacing:
             self.service.give_back(notes.site, None, lease)
         # One pass over the raw fields: last value wins, except that a repeated Retry-After /
         # RateLimit / RateLimit-Policy gives every value, comma-joined, so the parsers see all.
-        headers = fields_named(flow.response.headers.fields, _READ, joined=_JOINED)
+        # Most answers have none of them: their names, joined and lower-cased in one C call,
+        # say so (every field read contains "retry-after" or "ratelimit"), and none is decoded.
+        fields = flow.response.headers.fields
+        names = b"\n".join(map(_NAME, fields)).lower()
+        headers = (fields_named(fields, _READ, joined=_JOINED)
+                   if b"ratelimit" in names or b"retry-after" in names else _NO_FIELDS)
         status = notes.upstream_status or flow.response.status_code  # what the site said
         left = notes.facts.pop(DEPARTED, None)
         took_s = None if left is None else time.monotonic() - left

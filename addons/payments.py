@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from operator import itemgetter
 from typing import Any
 
 from mitmproxy import http
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 
 _PRICE_FIELDS = frozenset(name.encode("ascii") for name in PRICE_HEADERS)
 _PAYMENT_FIELDS = frozenset({b"crawler-price", b"crawler-charged", b"crawler-error", b"payment-required"})
+_NAME = itemgetter(0)  # a raw field's name
 _OFFER = "payment_offer"  # notes.facts: the Offer a request left with
 # Fields of the site's paid answer that described the side request's own framing: mitmproxy
 # frames the body the client gets (the side request inflated gzip already).
@@ -53,7 +55,7 @@ class Payments:
     def __init__(self, runtime: Runtime, before_fetch: Callable[[str], Awaitable[None]] | None = None):
         self.rt = runtime
         self._before_fetch = before_fetch  # the paid retry takes a turn of the site's pacing
-        self._limits = PerSite(runtime, PaymentLimits.from_config)
+        self._limits = PerSite(runtime, PaymentLimits.for_site)
         self._service: PaymentService | None = None
         self._built_for: tuple[int, bool] | None = None
 
@@ -93,8 +95,10 @@ class Payments:
         request = flow.request
         notes = notes_of(flow)
         # Looked for in the raw fields first: a client rarely sends either, and a Headers lookup
-        # by name decodes every field of the request each time.
-        if has_field(request.headers.fields, _PRICE_FIELDS):
+        # by name decodes every field of the request each time. Their names joined and
+        # lower-cased in one C call say whether any "crawler-" field is there at all.
+        fields = request.headers.fields
+        if b"crawler-" in _names(fields) and has_field(fields, _PRICE_FIELDS):
             dropped = [name for name in PRICE_HEADERS if name in request.headers]
             for name in dropped:
                 del request.headers[name]
@@ -130,8 +134,11 @@ class Payments:
                 notes.site, offer, status, {k.lower(): v for k, v in response.headers.items()}))
             if status != 402:
                 return
-        if status != 402 and not has_field(response.headers.fields, _PAYMENT_FIELDS):
-            return
+        if status != 402:
+            fields = response.headers.fields
+            names = _names(fields)  # every payment field's name has one of these in it
+            if not (b"crawler-" in names or b"payment-required" in names) or not has_field(fields, _PAYMENT_FIELDS):
+                return
         price = response.headers.get("crawler-price")
         limits = self._limits.get(notes.site)
         if status == 402 and price is not None and limits is not None and not self.rt.observe:
@@ -195,6 +202,11 @@ class Payments:
         notes = notes_of(flow)
         notes.upstream_status = answer.status
         notes.facts[PAID_BODY] = answer.body
+
+
+def _names(fields: tuple[tuple[bytes, bytes], ...]) -> bytes:
+    """Every raw field's name, lower case, one per line (built in C: no per-field Python)."""
+    return b"\n".join(map(_NAME, fields)).lower()
 
 
 class _InPlaceOf402:

@@ -35,7 +35,10 @@ class RunawayWatch:
             return
         notes = notes_of(flow)
         try:
-            check = self.service.observe_request(notes.site, resolve_target(flow.request.path))  # SPEC §4: one URL
+            # SPEC §4: one URL, the target resolved. A target without a query counts nothing
+            # (traps are a query's values): it goes as sent, unresolved.
+            path = flow.request.path
+            check = self.service.observe_request(notes.site, resolve_target(path) if "?" in path else path)
             for trap in check.declared:
                 notes.extra["trap"] = trap.reason
             if check.refuse:

@@ -45,7 +45,7 @@ class _Context:
     """What a budget shares with every budget of equal settings, clock and restraint: one
     object per (settings, clock, restraint), not three fields in each of 100,000 budgets."""
 
-    __slots__ = ("burst", "burst_less_one", "clock", "restraint", "settings")
+    __slots__ = ("burst", "burst_less_one", "burst_uncapped", "clock", "restraint", "settings", "slots")
 
     def __init__(self, settings: PacingSettings, clock: Clock, restraint: tuple[float, float, float]):
         self.settings = settings
@@ -54,6 +54,11 @@ class _Context:
         # A full bucket's tokens, before and after a start: one number for every such site.
         self.burst = float(settings.burst)
         self.burst_less_one = self.burst - 1.0
+        # The bucket's size without a ceiling or RateLimit hint (TokenBucket._burst_f): no
+        # burst under a restraint's cap.
+        self.burst_uncapped = self.burst if restraint[1] == math.inf else _ONE
+        # Requests in flight at once before a learned concurrency (Slots.max_concurrency).
+        self.slots = max(1, math.floor(settings.max_concurrency * restraint[2] + _EPS))
 
 
 

@@ -29,13 +29,14 @@ from collections.abc import Callable
 from typing import Any
 
 from etiquette_proxy.clock import Clock, wall
-from etiquette_proxy.pacing.bucket import _EPS, _NO_RESTRAINT, _Sends
+from etiquette_proxy.pacing.bucket import _EPS, _NO_RESTRAINT, _ONE, _Sends
 from etiquette_proxy.pacing.contract import ContractBudget
+from etiquette_proxy.pacing.learner import Departures
 from etiquette_proxy.pacing.line import Turn
 from etiquette_proxy.pacing.ratelimit_fields import RateHint
 from etiquette_proxy.pacing.settings import PacingSettings
 from etiquette_proxy.pacing.slots import _NO_TICKETS
-from etiquette_proxy.pacing.throttle import ThrottleDecision
+from etiquette_proxy.pacing.throttle import ThrottleDecision, is_shared
 
 __all__ = ["SiteBudget", "Turn"]
 
@@ -64,26 +65,39 @@ class SiteBudget(ContractBudget):
         and concurrency now (its expected start), not after it has waited.
         """
         now = self._ctx.clock()
-        turn = self._start_at_once(now)
-        return turn if turn is not None else self._reserve_at(now)
+        rate = self._start_at_once(now)
+        return self._reserve_at(now) if rate is None else Turn("go", self._next_ticket - 1, rate)
 
-    def _start_at_once(self, now: float) -> Turn | None:
-        """`reserve()` for the common case, the same Turn by fewer steps: nobody in line, no
-        pause, breaker or RateLimit hint in force, a token and a slot free. None otherwise
-        (then the full path decides; tests/core/pacing/test_budget_fast.py compares both)."""
+    def start_at_once(self) -> int | None:
+        """`reserve()` when it starts the request at once: its ticket, and no Turn built; None
+        when the full path must decide (a line, a pause, no token or slot free), the budget
+        then as it was."""
+        rate = self._start_at_once(self._ctx.clock())
+        return None if rate is None else self._next_ticket - 1
+
+    def is_unrestrained(self) -> bool:
+        """True while no other feature restrains the site (`restrain()` has nothing in force)."""
+        return self._ctx.restraint is _NO_RESTRAINT
+
+    def _start_at_once(self, now: float) -> float | None:
+        """`reserve()` for the common case, the same start by fewer steps: nobody in line, no
+        pause, breaker or RateLimit hint in force, a token and a slot free; the rate it started
+        at (its ticket is the last one given). None otherwise (then the full path decides;
+        tests/core/pacing/test_budget_fast.py compares both)."""
         throttle = self.throttle
         if (self._queue or throttle.hint_rate is not None or now < throttle.paused_until
                 or now < throttle.breaker_until or now < self._tokens_at):
             return None
-        throttle.forget_ceiling(now)
+        if throttle.ceiling is not None or throttle.concurrency is not None:
+            throttle.forget_ceiling(now)
         ctx = self._ctx
-        factor, cap, concurrency = ctx.restraint
+        factor, cap, _ = ctx.restraint
         # `rate * 1.0` is `rate`: without the product the site's rate stays the shared object
         rate = min(throttle.rate * factor if factor != 1.0 else throttle.rate, cap)
         k = self._tokens
-        if now > self._tokens_at:  # _tokens_after without a hint
-            k = min(self._burst_f(), k + (now - self._tokens_at) * rate)
-        cap = max(1, math.floor(ctx.settings.max_concurrency * concurrency + _EPS))
+        if now > self._tokens_at:  # _tokens_after without a hint; the burst as _burst_f's
+            k = min(ctx.burst_uncapped if throttle.ceiling is None else _ONE, k + (now - self._tokens_at) * rate)
+        cap = ctx.slots
         if throttle.concurrency is not None and throttle.concurrency < cap:
             cap = throttle.concurrency
         if k < 1.0 - _EPS or len(self._in_flight) >= cap:
@@ -98,8 +112,11 @@ class SiteBudget(ContractBudget):
         if self._in_flight is _NO_TICKETS:
             self._in_flight = {}
         self._in_flight[ticket] = now
-        self._depart(now, rate)
-        return Turn("go", ticket, rate)
+        departs = self._departs
+        if departs is None:
+            departs = self._departs = Departures()
+        departs.record(now, len(self._in_flight), rate)  # as _depart
+        return rate
 
     def at_rest(self) -> bool:
         """True when a budget rebuilt from config and `to_state()` would decide exactly as this
@@ -138,6 +155,22 @@ class SiteBudget(ContractBudget):
         for _, sent_rate in sends.older:
             if sent_rate < rate:
                 return False
+        return True
+
+    def on_plain_answer(self, ticket: int | None, status: int) -> bool:
+        """`on_response()` for an answer that carries none of the fields it reads (no
+        Retry-After, no rate-limit field) and no 429, at a site that has taught nothing: the
+        same state by fewer steps. Its contract is then the shared calm one (no ceiling, hint,
+        learned concurrency or lowered rate), so there is nothing to settle, space, hold or
+        recover, and the decision is the calm one, which teaches nothing: the request lands
+        (its slot freed, the learner told) and that is all. False, nothing done, otherwise:
+        the caller takes `on_response` (tests/core/pacing/test_budget_fast.py compares both)."""
+        if status == 429 or not is_shared(self.throttle):
+            return False
+        started = self._land(ticket) if ticket is not None else None
+        if started is not None and self._departs is not None:
+            now = self._ctx.clock()
+            self._departs.landed(now, now - started)
         return True
 
     def _on_answer(self, now: float, status: int, hint: RateHint | None,

@@ -49,36 +49,44 @@ _KEPT_SITES = 10_000  # sites watched at once; the oldest is dropped beyond (it 
 class LatencyWatch:
     """One site's response times: its usual, its recent, and the factor they ask for."""
 
-    __slots__ = ("answers", "factor", "last", "recent", "usual")
+    __slots__ = ("answers", "factor", "last", "usual")
 
     def __init__(self) -> None:
         self.answers = 0
         self.usual = 0.0
-        self.recent = 0.0
         self.last: list[float] = []  # the last RECENT_ANSWERS times, oldest first
         self.factor = 1.0  # 1.0: not slowed
 
+    @property
+    def recent(self) -> float:
+        """The median of the last answers' times (0.0 before any)."""
+        last = self.last
+        return sorted(last)[len(last) >> 1] if last else 0.0
+
     def observe(self, seconds: float) -> float:
         """One answer took `seconds` to its headers: the rate factor asked now (1.0: none)."""
-        if not (math.isfinite(seconds) and seconds >= 0):
+        if not 0 <= seconds < math.inf:  # NaN fails too
             return self.factor
-        self.answers += 1
+        answers = self.answers = self.answers + 1
         last = self.last
         last.append(seconds)
         if len(last) > RECENT_ANSWERS:
             del last[0]
-        self.recent = recent = sorted(last)[len(last) // 2]
-        if self.answers <= BASELINE_ANSWERS:
+        factor = self.factor
+        if answers <= BASELINE_ANSWERS:
             # the first answers make the baseline: their mean
-            self.usual += (seconds - self.usual) / self.answers
-            return self.factor
-        self.usual += (seconds - self.usual) * (USUAL_WEIGHT if self.factor == 1.0 else USUAL_WEIGHT / 10)
-        usual = self.usual
+            self.usual += (seconds - self.usual) / answers
+            return factor
+        usual = self.usual = self.usual + (seconds - self.usual) * (
+            USUAL_WEIGHT if factor == 1.0 else USUAL_WEIGHT / 10)
+        if factor == 1.0 and max(last) < SLOW_AT * usual:
+            return factor  # the median is below the slowest of them: not slowed, and stays so
+        recent = self.recent
         if recent >= SLOW_AT * usual and recent - usual >= MIN_EXCESS_S:
-            self.factor = max(FLOOR, round(math.floor(usual / recent / STEP) * STEP, 2))
+            factor = self.factor = max(FLOOR, round(math.floor(usual / recent / STEP) * STEP, 2))
         elif recent < LIFT_AT * usual:
-            self.factor = 1.0
-        return self.factor
+            factor = self.factor = 1.0
+        return factor
 
 
 @lru_cache(maxsize=64)
@@ -100,7 +108,7 @@ class LatencySignals:
     def observe(self, site: str, seconds: float, status: int) -> bool:
         """An answer from `site` took `seconds` to its headers: restrain or lift. True when the
         site's restraint changed."""
-        if not (200 <= status < 400 or status in (404, 410)):
+        if not (200 <= status < 400 or status == 404 or status == 410):
             return False  # errors and throttling answers: not a measure of the site's load
         watch = self._watches.get(site)
         if watch is None:
@@ -110,7 +118,7 @@ class LatencySignals:
         before = watch.factor
         factor = watch.observe(seconds)
         if factor >= 1.0:
-            return self.restraints.release(site, SOURCE) if before < 1.0 else False
+            return before < 1.0 and self.restraints.release(site, SOURCE)
         restraint = latency_restraint(factor, round(watch.recent * 1000), round(watch.usual * 1000))
         if factor == before and self.restraints.get(site, SOURCE) is not None:
             return False  # the same factor restated: the reason's numbers need not move

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import time
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass
 
@@ -109,20 +110,19 @@ class Departures:
         """A request left at `at` with `at_site` requests at the site; forget what lies beyond
         the window at `rate` (a clock that stepped back keeps the order by time)."""
         times, counts = self.at, self.at_site
+        window = window_for(rate)
         if times and at < times[-1]:
             times.clear()
             counts.clear()
-        if not times or at - times[-1] > window_for(rate) or self.run_count == 0:
+        if not times or at - times[-1] > window or self.run_count == 0:
             # The site at rest (a window-counting site has forgotten us, a bucket has refilled a
             # window's worth) or just paused: a new run starts with this departure.
             self.run_from, self.run_count = at, 0
         self.run_count += 1
         times.append(at)
         counts.append(at_site)
-        horizon = at - window_for(rate)
-        drop = 0
-        while drop < len(times) - 1 and times[drop] < horizon:
-            drop += 1
+        # The times are in order: those before the horizon are a prefix (the newest stays).
+        drop = bisect_left(times, at - window, 0, len(times) - 1)
         if len(times) - drop > _KEPT:
             drop = len(times) - _KEPT
         if drop:

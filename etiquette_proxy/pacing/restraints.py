@@ -50,7 +50,7 @@ class Folded:
 def fold(restraints: Iterable[Restraint]) -> Folded:
     """Factors multiplied, the lowest cap, the first pause (its reason, or who paused)."""
     if isinstance(restraints, (list, tuple)) and not restraints:
-        return _UNRESTRAINED  # most sites, on every request
+        return UNRESTRAINED  # most sites, on every request
     factor, concurrency, cap = 1.0, 1.0, math.inf
     paused = None
     for r in restraints:
@@ -64,7 +64,7 @@ def fold(restraints: Iterable[Restraint]) -> Folded:
                   min(1.0, max(concurrency, _SMALLEST)), paused)
 
 
-_UNRESTRAINED = Folded()
+UNRESTRAINED = Folded()  # what every site nothing restrains folds to: one object, known by identity
 
 
 @lru_cache(maxsize=256)
@@ -126,7 +126,7 @@ class Restraints:
             return kept
         current = self._by_site.get(site)
         if not current:
-            return _UNRESTRAINED  # most sites: nothing kept for them
+            return UNRESTRAINED  # most sites: nothing kept for them
         kept = self._folded[site] = fold(list(current.values()))
         return kept
 

@@ -43,7 +43,7 @@ from etiquette_proxy.pacing.budget import SiteBudget, Turn
 from etiquette_proxy.pacing.departing import DepartureGates, Departing
 from etiquette_proxy.pacing.latency import LatencySignals
 from etiquette_proxy.pacing.per_site import budget_registry
-from etiquette_proxy.pacing.restraints import Restraints, restraint_note
+from etiquette_proxy.pacing.restraints import UNRESTRAINED, Restraints, restraint_note
 from etiquette_proxy.pacing.shared_admission import OPERATOR, STOPPING, SharedAdmission
 from etiquette_proxy.pacing.throttle import ThrottleDecision
 from etiquette_proxy.sites import SiteRegistry
@@ -100,11 +100,15 @@ class Admission(NamedTuple):
 
 
 class Answered(NamedTuple):
-    """What a site's answer taught (None when it could not be read), and the 429 contract to
+    """What a site's answer taught (None when it could not be read, or taught nothing to
+    record: `QUIET`), and the 429 contract to
     share with every instance before the response goes on (SPEC §10; None: nothing to share)."""
 
     decision: ThrottleDecision | None
     publish: tuple[str, float, str, str] | None = None
+
+
+QUIET = Answered(None)  # an answer that taught nothing to record
 
 
 class PacingService:
@@ -182,6 +186,8 @@ class PacingService:
     def restrain(self, site: str, budget: SiteBudget) -> str | None:
         """Apply other features' restraints; the reason of a pause among them, if any."""
         folded = self.restraints.folded(site)  # folded once per change, not per request
+        if folded is UNRESTRAINED and budget.is_unrestrained():
+            return None  # most sites, on every request: nothing to apply
         try:
             budget.restrain(folded.rate_factor, folded.rate_cap, folded.concurrency_factor)
         except ValueError as e:  # a feature's bad numbers must not take pacing down
@@ -193,6 +199,19 @@ class PacingService:
         return restraint_note(self.restraints.on(site), lambda: self.budget(site).rate)
 
     # -- admission -----------------------------------------------------------------------------
+
+    def start_at_once(self, site: str) -> int | None:
+        """`admit(site)` for the common case, a site under its rate with a slot free: the
+        ticket of a request that starts now, with no wait and no Admission built. None when
+        `admit` must decide (observe mode, Redis, a restraint that pauses, a line, a pause,
+        no token or slot free); nothing has changed then."""
+        around = self.around
+        if around.shared is not None or around.observe:
+            return None
+        budget = self.budget(site)
+        if self.restrain(site, budget) is not None:
+            return None
+        return budget.start_at_once()
 
     async def admit(self, site: str, client: object | None = None,
                     connected: Callable[[], bool] | None = None, always_hold: bool = False) -> Admission:
@@ -283,6 +302,15 @@ class PacingService:
         """What the site said (`status` and the fields SiteBudget.on_response reads), and how
         long after the request left it answered (`took_s`: the latency signal)."""
         budget = self.budget(site)
+        if not headers and budget.on_plain_answer(ticket, status):
+            # Most answers: no field the contract reads, no 429, a site that taught nothing.
+            # The request landed and nothing was learned: the line moves only if anyone waits
+            # in it or its timer is set (else `pump` has nothing to do), nothing to store.
+            if budget.held() or site in self._timers:
+                self.pump(site, budget)
+            if took_s is not None:
+                self.latency.observe(site, took_s, status)
+            return QUIET
         try:
             decision = budget.on_response(ticket, status, headers)
         except Exception:  # noqa: BLE001 - learning must never take the response down

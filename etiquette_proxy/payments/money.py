@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
+from collections.abc import Mapping
 from typing import Any
 
 SCALE = 10**9  # nano-units: the finest amount counted
@@ -96,3 +97,30 @@ class PaymentLimits:
         # against its own budget, not the crawl's (written down in README "Payment").
         own = site is not None and "payments.daily_budget" in config.site_overrides(site)
         return cls(max_price, budget, site if own and site is not None else CRAWL)
+
+    @classmethod
+    def for_site(cls, config: Any, site: str | None) -> PaymentLimits | None:
+        """`from_config`, asked per request: a config that sets `payments.max_price` nowhere
+        (most crawls) pays no site, known by one lookup per request instead of reading the
+        config for the site each time. Configs are immutable (a reload is a new object), so
+        the answer is kept per config object."""
+        kept = _PAYS.get(id(config))
+        if kept is None or kept[0] is not config:
+            if len(_PAYS) >= 16:  # old configs are let go
+                _PAYS.clear()
+            kept = _PAYS[id(config)] = (config, _pays_somewhere(config))
+        return cls.from_config(config, site) if kept[1] else None
+
+
+# id(config) -> (config, whether payments.max_price is set for any site): PaymentLimits.for_site
+_PAYS: dict[int, tuple[Any, bool]] = {}
+
+
+def _pays_somewhere(config: Any) -> bool:
+    """Whether `payments.max_price` is set in `config`, for every site or through `sites:`
+    (without it no site is paid). Not a Config (no `sites`): True, from_config decides."""
+    sites = getattr(config, "sites", None)
+    if not isinstance(sites, Mapping):
+        return True
+    return (config.get("payments.max_price") is not None
+            or any("payments.max_price" in overrides for overrides in sites.values()))

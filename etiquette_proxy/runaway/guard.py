@@ -54,8 +54,11 @@ class RunawayGuard:
         """Record the site's answer (upstream status only)."""
         retired = self.retired
         if type(retired) is CalmRetired:
-            if type(status) is int and 200 <= status <= 299:
-                self.retired = retired._next  # noqa: SLF001 - one more live answer in the window
+            # A live answer (2xx), or any other answer that is not a 404/410 (a 304 to a
+            # revalidation, a 5xx): into a window without a 404/410, of a site not retired,
+            # each only counts one more answer (RetiredDetector.observe's _push(False)).
+            if type(status) is int and (200 <= status <= 299 or (100 <= status <= 999 and status != 404 and status != 410)):
+                self.retired = retired._next  # noqa: SLF001 - one more answer in the window
                 return None
             if status_code(status) is None:
                 return None  # junk status: no evidence either way (RetiredDetector.observe)

@@ -91,8 +91,10 @@ class RetiredDetector:
 
     def observe(self, status: object) -> RetiredFlip | None:
         """Record one answer from the site; a flip when it retires or revives the site."""
-        if type(status) is int and 200 <= status <= 299 and not self._recent and not self._retired:
-            # A live answer into a window without a 404/410: the window only grows (_push(False)).
+        if (type(status) is int and not self._recent and not self._retired
+                and (200 <= status <= 299 or (100 <= status <= 999 and status != 404 and status != 410))):
+            # A live answer, or any answer but a 404/410, into a window without a 404/410 of a
+            # site not retired: the window only grows (_push(False)).
             if self._len < self.settings.window:
                 self._len += 1
             return None

@@ -1,6 +1,6 @@
 """SiteBudget.reserve()'s one-step start, at_rest()'s calm path, on_response()'s shared calm
-decision and its answer without rate-limit fields: the same turns, decisions and state as the full path, on random sequences under a
-fake clock."""
+decision, its answer without rate-limit fields and on_plain_answer(): the same turns, decisions
+and state as the full path, on random sequences under a fake clock."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import random
 import pytest
 
 from etiquette_proxy.clock import FakeClock
-from etiquette_proxy.pacing.budget import SiteBudget, Turn
+from etiquette_proxy.pacing.budget import SiteBudget
+from etiquette_proxy.pacing.ratelimit_fields import _FIELDS as RATE_LIMIT_FIELDS
 from etiquette_proxy.pacing.settings import PacingSettings
 
 
@@ -17,8 +18,11 @@ class FullPathBudget(SiteBudget):
     """The budget without its one-step start, calm at_rest and hint-less answer: every call
     takes the full path."""
 
-    def _start_at_once(self, now: float) -> Turn | None:
+    def _start_at_once(self, now: float) -> float | None:
         return None
+
+    def on_plain_answer(self, ticket: int | None, status: int) -> bool:
+        return False
 
     def _calm_at_rest(self, now: float) -> bool:
         return self._full_at_rest(now)
@@ -33,6 +37,22 @@ RESPONSES = [
     (200, {"RateLimit-Remaining": "5", "RateLimit-Reset": "10"}),
     (200, {"x-ratelimit-remaining": "1", "x-ratelimit-reset": "2"}),
 ]
+
+
+# What on_response reads of an answer: an answer with none of these takes on_plain_answer
+# first, as PacingService.answered gives it (addons/pacing.py passes no fields then).
+_READ = {"retry-after", *RATE_LIMIT_FIELDS}
+
+
+def _answer(budget: SiteBudget, ticket: int, status: int, headers: dict[str, str]) -> object:
+    """What the service does with an answer: on_plain_answer when it may, else on_response;
+    a decision that teaches nothing is said as "calm" (the service records nothing for it)."""
+    if not _READ.intersection(k.lower() for k in headers) and budget.on_plain_answer(ticket, status):
+        return "calm"
+    decision = budget.on_response(ticket, status, headers)
+    if decision.throttled or decision.reason or decision.notes or decision.pause_s:
+        return decision
+    return "calm"
 
 
 def _steps(seed: int, settings: PacingSettings) -> list[tuple[object, ...]]:
@@ -53,7 +73,7 @@ def _steps(seed: int, settings: PacingSettings) -> list[tuple[object, ...]]:
                     flying.append(turn.ticket)
             elif op < 0.7 and flying:
                 status, headers = rng.choice(RESPONSES)
-                seen.append(budget.on_response(flying.pop(rng.randrange(len(flying))), status, headers))
+                seen.append(_answer(budget, flying.pop(rng.randrange(len(flying))), status, headers))
             elif op < 0.75 and flying:
                 budget.release(flying.pop(0))
             elif op < 0.8:
@@ -93,6 +113,18 @@ def test_the_common_case_takes_the_one_step_start() -> None:
     assert budget._start_at_once(clock()) is not None  # noqa: SLF001 - the burst's second token
     assert budget._start_at_once(clock()) is None  # noqa: SLF001 - bucket empty: the full path
     assert budget.reserve().action == "wait"
+
+
+def test_a_calm_site_takes_the_plain_answer_until_it_is_taught() -> None:
+    clock = FakeClock()
+    budget = SiteBudget("example.com:443", PacingSettings(rate=10.0, burst=2), clock=clock)
+    ticket = budget.start_at_once()
+    assert ticket is not None and budget.in_flight() == 1
+    assert budget.on_plain_answer(ticket, 304) is True and budget.in_flight() == 0
+    second = budget.reserve().ticket
+    assert budget.on_plain_answer(second, 429) is False and budget.in_flight() == 1  # the full path's
+    budget.on_response(second, 429, {"Retry-After": "1"})
+    assert budget.on_plain_answer(None, 200) is False  # the site taught something: the full path
 
 
 def test_calm_decisions_are_shared_and_equal_to_a_fresh_one() -> None:

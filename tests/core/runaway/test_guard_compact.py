@@ -13,18 +13,44 @@ import pytest
 from etiquette_proxy.clock import FakeClock
 from etiquette_proxy.config import load_config
 from etiquette_proxy.runaway.guard import RunawayGuard
-from etiquette_proxy.runaway.retired import CalmRetired, RetiredDetector, RetiredSettings
+from etiquette_proxy.runaway.checks import status_code
+from etiquette_proxy.runaway.retired import GONE_STATUSES, CalmRetired, RetiredDetector, RetiredFlip, RetiredSettings
 from etiquette_proxy.runaway.traps import TrapDetector, TrapSettings
 
-# Live answers most of the time (the shared path), junk that is no evidence either way, and
-# now and then a 404/410 or a 5xx (the guard takes its own detector).
-STATUSES: list[object] = [200] * 12 + [204, 299, HTTPStatus.OK, True, "200", None, 200.0, 99, 1000,
-                                        301, 404, 410, 500]
+# Answers that are not 404/410 most of the time (the shared path: live ones, a 304 to a
+# revalidation, a 503), junk that is no evidence either way, and now and then a 404/410 (the
+# guard takes its own detector) or another answer.
+CALM: list[object] = [200] * 12 + [204, 299, 304, 503, HTTPStatus.OK, True, "200", None, 200.0, 99, 1000]
+STATUSES: list[object] = CALM + [301, 404, 410, 500]
+
+
+class PlainDetector(RetiredDetector):
+    """RetiredDetector.observe as SPEC §7 states it, every answer pushed into the window (no
+    shortcut for the common answer): the reference."""
+
+    __slots__ = ()
+
+    def observe(self, status: object) -> RetiredFlip | None:
+        code = status_code(status)
+        if code is None:
+            return None
+        if 200 <= code <= 299:
+            if self._retired:
+                before = self.summary()
+                self._reset()
+                return RetiredFlip(False, f"revived: the site answered {code} ({before} before)")
+            self._push(False)
+            return None
+        self._push(code in GONE_STATUSES)
+        if not self._retired and self._is_full_of_gone():
+            self._retired = True
+            return RetiredFlip(True, f"retired: {self.summary()}")
+        return None
 
 
 def _own(config: object, site: str, clock: FakeClock) -> RunawayGuard:
-    """The reference: a detector of the guard's own from the start."""
-    return RunawayGuard(RetiredDetector(RetiredSettings.from_config(config, site)),
+    """The reference: a plain detector of the guard's own from the start."""
+    return RunawayGuard(PlainDetector(RetiredSettings.from_config(config, site)),
                         TrapDetector(TrapSettings.from_config(config, site), clock))
 
 
@@ -53,11 +79,21 @@ def test_a_shared_detector_answers_as_a_detector_of_the_sites_own(seed: int, win
             target = rng.choice(["/a", "/b?q=1", f"/c?q={step}"])
             assert compact[site].observe_request(target) == reference[site].observe_request(target)
         else:
-            status = rng.choice(STATUSES if bad or step > 3 * window else STATUSES[:13])
+            status = rng.choice(STATUSES if bad or step > 3 * window else CALM)
             assert compact[site].observe_answer(status) == reference[site].observe_answer(status), step
         assert _look(compact[site]) == _look(reference[site]), step
     untouched = (0, 0, False, {"v": 1, "retired": False, "recent": ""})
     assert (calm.answers, calm.gone, calm.retired, calm.to_state()) == untouched
+
+
+def test_a_304_or_a_503_keeps_the_shared_detector() -> None:
+    config = load_config("", overrides=["runaway.retired_window=3"])
+    a, b = (RunawayGuard.from_config(config, s) for s in ("a.test:80", "b.test:80"))
+    a.observe_answer(304)
+    a.observe_answer(503)
+    b.observe_answer(200)
+    b.observe_answer(200)
+    assert a.retired is b.retired and type(a.retired) is CalmRetired and a.retired.answers == 2
 
 
 def test_ordinary_sites_share_their_detector_until_their_first_other_answer() -> None:
