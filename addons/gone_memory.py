@@ -19,11 +19,12 @@ from typing import Any
 
 from addons.answers import answer_locally, fail_closed
 from addons.notes import notes_of, skip, url_key
-from addons.runtime import PerSite, Runtime
+from addons.runtime import Runtime
 from mitmproxy import http
 
 from etiquette_proxy.clock import wall
 from etiquette_proxy.revalidation.gone import NAMESPACE, GonePolicy, GoneRecord
+from etiquette_proxy.revalidation.site_rules import BySite, StoreRules
 from etiquette_proxy.state.redis_store import RedisShared, SharedStateUnavailable
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,8 @@ _HAD_RECORD = "etiquette_gone_record"
 class GoneMemory:
     def __init__(self, runtime: Runtime):
         self.rt = runtime
-        self.policies: PerSite[GonePolicy] = PerSite(runtime, GonePolicy.from_config)
+        # gone.ttl_410 / ttl_404 per site, read once per site and config (site_rules.py)
+        self.rules: BySite[StoreRules] = BySite(StoreRules.from_config)
         self._follower: asyncio.Task[None] | None = None
 
     def running(self) -> None:
@@ -85,7 +87,7 @@ class GoneMemory:
         if record is None:
             return
         flow.metadata[_HAD_RECORD] = True
-        decision = self.policies.get(notes.site).check(flow.request.method, record, wall())
+        decision = self.rules.get(self.rt.config, notes.site).gone.check(flow.request.method, record, wall())
         if not decision.gone:
             return
         assert decision.status is not None
@@ -124,7 +126,7 @@ class GoneMemory:
         assert self.rt.store is not None
         if status in (404, 410):
             key = url_key(flow, self.rt)
-            policy = self.policies.get(notes_of(flow).site)
+            policy = self.rules.get(self.rt.config, notes_of(flow).site).gone
             assert flow.response is not None
             headers = flow.response.headers
             # RFC 9111 §4.2: the site's own freshness bounds what is remembered (every value of

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple, TypeVar
 from addons.answers import FAULTS, answer_locally, fail_closed
 from addons.audit_log import DECISION_HEADER
 from addons.notes import FlowNotes, notes_of, skip, url_key
-from addons.runtime import PerSite, Runtime
+from addons.runtime import Runtime
 from addons.sitemaps import SitemapHooks
 from etiquette_proxy.side_fetch import SideFetchError, fetch
 from addons.streaming import body_of
@@ -39,14 +39,14 @@ from mitmproxy import http
 from etiquette_proxy.clock import wall
 from etiquette_proxy.revalidation.fingerprint import (  # noqa: F401 - decoded_for_fingerprint: tests
     DECODE_FACTOR,
-    Fingerprinter,
     body_digest,
     decoded_for_fingerprint,
 )
 from etiquette_proxy.revalidation.recent import Recent
 from etiquette_proxy.revalidation.revisit import NAMESPACE as REVISIT
-from etiquette_proxy.revalidation.revisit import RevisitPolicy, RevisitState
+from etiquette_proxy.revalidation.revisit import RevisitState
 from etiquette_proxy.revalidation.service import THREAD_ABOVE, stored_body
+from etiquette_proxy.revalidation.site_rules import BySite, StoreRules
 from etiquette_proxy.revalidation.store import HOT_ENTRIES
 from etiquette_proxy.revalidation.validators import (
     Answer304,
@@ -147,8 +147,8 @@ class Revalidation:
         # SPEC §6 change signals: a sitemap's lastmod makes a URL due (request) and is scored
         # against what its fetch found (response); chain.py hands in the sitemap hooks.
         self.sitemaps = sitemaps
-        self.revisits: PerSite[RevisitPolicy] = PerSite(runtime, RevisitPolicy.from_config)
-        self.fingerprinters: PerSite[Fingerprinter] = PerSite(runtime, Fingerprinter.from_config)
+        # revisit, fingerprint and sitemap settings: read once per site and config (site_rules.py)
+        self.rules: BySite[StoreRules] = BySite(StoreRules.from_config)
         # (id(entry), header fields) -> (entry, result, encoded fields); the entry is kept, so
         # its id cannot be reused while the result is here.
         self._injections: Recent[tuple[int, Any], tuple[StoredEntry, Injection, Any, tuple[str, ...]]] = \
@@ -174,8 +174,8 @@ class Revalidation:
         key = url_key(flow, self.rt)
         if key is None:
             return
-        sitemaps = self.sitemaps.service(notes.site) if self.sitemaps is not None else None
-        policy = self.revisits.get(notes.site)
+        rules = self.rules.get(self.rt.config, notes.site)
+        policy = rules.revisit
         state: RevisitState | None = None
         if policy.enforce:  # the schedule rides in the entry's row: one read for both
             entry, state = store.get_with_record(key, REVISIT, parse=RevisitState.from_state)
@@ -188,6 +188,7 @@ class Revalidation:
         if policy.enforce:
             request_headers = decoded(flow.request.headers.fields)
             decision = policy.serve_stored(state, wall())
+            sitemaps = self.sitemaps.service(notes.site) if self.sitemaps is not None else None
             if decision.serve_stored and sitemaps is not None and sitemaps.asks_site(key, state, notes.extra):
                 pass  # SPEC §6: the sitemap's lastmod moved (or this is a sitemap): ask the site
             elif decision.serve_stored and may_serve_unvalidated(entry, request_headers).ok:
@@ -354,7 +355,8 @@ class Revalidation:
         response_headers = site_headers(response)
         now = wall()
         decision = should_store_pairs("GET", 200, request_headers, response_headers, len(raw), store.max_body)
-        fingerprinter = self.fingerprinters.get(notes.site)
+        rules = self.rules.get(self.rt.config, notes.site)
+        fingerprinter = rules.fingerprinter
 
         def work() -> tuple[dict[str, Any], StoredEntry | None]:
             sha = hashlib.sha256(raw).hexdigest()
@@ -422,7 +424,7 @@ class Revalidation:
         store = self.rt.store
         key = url_key(flow, self.rt)
         assert store is not None and key is not None
-        policy = self.revisits.get(notes.site)
+        policy = self.rules.get(self.rt.config, notes.site).revisit
         if state is False:  # not read by the caller
             state = store.get_record(REVISIT, key, parse=RevisitState.from_state)
         assert state is None or isinstance(state, RevisitState)
