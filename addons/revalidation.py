@@ -111,6 +111,7 @@ class Injected(NamedTuple):
     entry: StoredEntry
     body: bytes
     names: tuple[str, ...]
+    said: str  # the audit reason of a 304 to them (worked out once with the injection)
 
 
 def encoded(headers: HeaderPairs) -> tuple[tuple[bytes, bytes], ...]:
@@ -132,7 +133,7 @@ def set_stored_response(response: http.Response, body: bytes, headers: HeaderPai
 def set_stored_fields(response: http.Response, body: bytes, fields: tuple[tuple[bytes, bytes], ...]) -> None:
     """`set_stored_response` with the header fields encoded already (framed for `body`)."""
     response.status_code = 200
-    response.reason = "OK"
+    response.data.reason = b"OK"  # what the reason setter stores, without its always_bytes call
     # The fields are checked bytes pairs already (encoded() made them) and immutable, so they
     # replace the response's own fields as they are: every Headers edit builds a new tuple,
     # never changes this one. (A new Headers would check and copy each field again.)
@@ -151,7 +152,7 @@ class Revalidation:
         self.rules: BySite[StoreRules] = BySite(StoreRules.from_config)
         # (id(entry), header fields) -> (entry, result, encoded fields); the entry is kept, so
         # its id cannot be reused while the result is here.
-        self._injections: Recent[tuple[int, Any], tuple[StoredEntry, Injection, Any, tuple[str, ...]]] = \
+        self._injections: Recent[tuple[int, Any], tuple[StoredEntry, Injection, Any, tuple[str, ...], str]] = \
             Recent(INJECTIONS_KEPT)
         self._merges: Recent[tuple[int, Any], tuple[StoredEntry, Answer304, Any]] = Recent()
 
@@ -208,35 +209,38 @@ class Revalidation:
                     store.touch(entry)  # a use: keeps the page young for eviction
                     return
 
-        injection, fields, names = self._injection(entry, flow.request.headers.fields)
+        injection, fields, names, said = self._injection(entry, flow.request.headers.fields)
         if not injection.inject or injection.entry is None:
             log.debug("no validators for %s: %s", key, injection.reason)
             return
         if self.rt.observe:
             flow.metadata[_WOULD_INJECT] = injection.entry
             return
-        body = await stored_body(store, injection.entry)
+        # A small body straight from the store (no coroutine: most are kept in memory).
+        entry = injection.entry
+        body = store.body(entry) if entry.body_size <= THREAD_ABOVE else await stored_body(store, entry)
         if body is None:  # evicted or damaged since the entry was read: a plain fetch
             log.info("stored body for %s is missing or damaged; not revalidating", key)
             return
         # inject_headers adds nothing when the client sent a conditional of its own, so these
         # names are not in the request yet: appending is setting them.
         flow.request.headers.fields += fields
-        flow.metadata[_INJECTED] = Injected(injection.entry, body, names)
+        flow.metadata[_INJECTED] = Injected(entry, body, names, said)
         notes.extra["injected"] = list(names)
 
     def _injection(self, entry: StoredEntry, request_fields: tuple[tuple[bytes, bytes], ...],
-                   ) -> tuple[Injection, tuple[tuple[bytes, bytes], ...], tuple[str, ...]]:
-        """inject_headers for this entry and request, the header fields to add (encoded) and
-        their names."""
+                   ) -> tuple[Injection, tuple[tuple[bytes, bytes], ...], tuple[str, ...], str]:
+        """inject_headers for this entry and request, the header fields to add (encoded), their
+        names and the audit reason of a 304 to them."""
         kept = self._injections.get((id(entry), request_fields))
         if kept is not None and kept[0] is entry:
-            return kept[1], kept[2], kept[3]
+            return kept[1], kept[2], kept[3], kept[4]
         injection = inject_headers(entry, "GET", decoded(request_fields))
         fields = encoded(injection.headers)
         names = tuple(name for name, _ in injection.headers)
-        self._injections.put((id(entry), request_fields), (entry, injection, fields, names))
-        return injection, fields, names
+        said = f"site answered 304 to {' and '.join(names)}; stored body served"
+        self._injections.put((id(entry), request_fields), (entry, injection, fields, names, said))
+        return injection, fields, names, said
 
     # -- response: 304 -> 200, unchanged, store and fingerprint ------------------------------
 
@@ -289,7 +293,7 @@ class Revalidation:
         # body is the entry's (store.body() checked its size and SHA-256).
         set_stored_fields(flow.response, injected.body, fields)
         notes.outcome = "revalidated"
-        notes.reason = f"site answered 304 to {' and '.join(injected.names)}; stored body served"
+        notes.reason = injected.said
         notes.extra["changed"] = False
         if not write or answer.entry is None:
             # The schedule is not rewritten, but the sitemap learns this check happened (a
@@ -359,11 +363,13 @@ class Revalidation:
         fingerprinter = rules.fingerprinter
 
         def work() -> tuple[dict[str, Any], StoredEntry | None]:
-            sha = hashlib.sha256(raw).hexdigest()
-            encoding = first_field(response_headers, "content-encoding")
             # The stored entry and its schedule come from one row: the schedule's fingerprint
             # is that of the entry's body (put() writes them together; a 304 keeps both).
             current, state = store.get_with_record(key, REVISIT, parse=RevisitState.from_state)
+            # The same bytes as the stored body the store keeps in memory: its SHA-256, compared
+            # rather than hashed again (a page fetched again unchanged, most re-fetches).
+            sha = store.known_sha256(current, raw) or hashlib.sha256(raw).hexdigest()
+            encoding = first_field(response_headers, "content-encoding")
             same_body = (current is not None and current.body_sha256 == sha and current.body_size == len(raw)
                          and first_field(current.headers, "content-encoding") == encoding)
             if same_body and state is not None and state.fingerprint is not None and len(raw) <= store.max_body:
@@ -387,7 +393,7 @@ class Revalidation:
             # body the store holds already is not written again: only the entry row is, and
             # the body row counts a use (refresh), unless the store changed meanwhile.
             if entry is not None and not (same_body and store.refresh(entry, {REVISIT: revisit})) \
-                    and not store.put(entry, raw, {REVISIT: revisit}):
+                    and not store.put(entry, raw, {REVISIT: revisit}, hashed=True):
                 entry = None
             return revisit, entry
 

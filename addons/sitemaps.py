@@ -16,13 +16,14 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from addons.notes import notes_of, skip
+from addons.notes import notes_of, request_url, skip
 from addons.runtime import Runtime
 from etiquette_proxy.side_fetch import fetch
 from mitmproxy import http
 
 from etiquette_proxy.audit.log import audit_record
 from etiquette_proxy.clock import wall
+from etiquette_proxy.headers import field_value
 from etiquette_proxy.revalidation.efficiency import Efficiencies
 from etiquette_proxy.revalidation.revisit import NAMESPACE as REVISIT
 from etiquette_proxy.revalidation.revisit import RevisitState
@@ -101,9 +102,13 @@ class SitemapHooks:
         service = None if notes.local else self.service(notes.site)
         if service is None:
             return
-        url, raw = flow.request.url, response.raw_content
-        found = service.sitemap_body(url, raw, response.headers.get("content-encoding"), DECODE_LIMIT)
-        if found is None and not response.headers.get("content-encoding") \
+        # Asked of every 200: the URL and Content-Encoding read from the raw fields (request_url
+        # builds request.url's string; field_value is Headers.get's), without mitmproxy's
+        # per-lookup decoding.
+        url, raw = request_url(flow.request), response.raw_content
+        encoding = field_value(response.headers.fields, b"content-encoding")
+        found = service.sitemap_body(url, raw, encoding, DECODE_LIMIT)
+        if found is None and not encoding \
                 and await service.listed_in_robots(notes.origin, notes.site, url, raw[:64]):
             found = raw, True  # a text sitemap robots.txt names (SPEC §6)
         if found is None:
