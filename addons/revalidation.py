@@ -44,7 +44,7 @@ from etiquette_proxy.revalidation.fingerprint import (  # noqa: F401 - decoded_f
 )
 from etiquette_proxy.revalidation.recent import Recent
 from etiquette_proxy.revalidation.revisit import NAMESPACE as REVISIT
-from etiquette_proxy.revalidation.revisit import RevisitState
+from etiquette_proxy.revalidation.revisit import RevisitState, fetch_changed
 from etiquette_proxy.revalidation.service import THREAD_ABOVE, stored_body
 from etiquette_proxy.revalidation.site_rules import BySite, StoreRules
 from etiquette_proxy.revalidation.store import HOT_ENTRIES
@@ -93,14 +93,14 @@ def site_headers(message: http.Message) -> HeaderPairs:
     """The message's headers as the site sent them: without the decision header the audit writer
     has already added in `responseheaders` (it must never be stored or merged); decoded as
     `decoded` decodes them, in the same pass."""
-    return tuple((k.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape"))
-                 for k, v in message.headers.fields if k.lower() != _DECISION_NAME)
+    return tuple([(k.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape"))
+                  for k, v in message.headers.fields if k.lower() != _DECISION_NAME])
 
 
 def decoded(fields: tuple[tuple[bytes, bytes], ...]) -> HeaderPairs:
     """Raw header fields as text pairs, decoded as mitmproxy's `Headers.items(multi=True)`
     decodes them (utf-8, surrogateescape), without its per-field calls."""
-    return tuple((k.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape")) for k, v in fields)
+    return tuple([(k.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape")) for k, v in fields])
 
 
 class Injected(NamedTuple):
@@ -362,7 +362,7 @@ class Revalidation:
         rules = self.rules.get(self.rt.config, notes.site)
         fingerprinter = rules.fingerprinter
 
-        def work() -> tuple[dict[str, Any], StoredEntry | None]:
+        def work() -> tuple[dict[str, Any] | None, StoredEntry | None]:
             # The stored entry and its schedule come from one row: the schedule's fingerprint
             # is that of the entry's body (put() writes them together; a 304 keeps both).
             current, state = store.get_with_record(key, REVISIT, parse=RevisitState.from_state)
@@ -376,7 +376,6 @@ class Revalidation:
                 digest = state.fingerprint  # byte-identical body: the same fingerprint, no regex passes
             else:
                 digest = body_digest(raw, encoding, fingerprinter, store.max_body)
-            revisit = self._revisit(flow, notes, digest, now, state)
             recent = decision.store and current is not None and same_body and written_lately(current, now)
             # Told from the headers when the site sends no Vary; else from the built entry.
             unchanged = recent and current is not None and _same_variant_as(current, request_headers, response_headers)
@@ -387,8 +386,11 @@ class Revalidation:
             if unchanged:
                 # The same body, validators, Vary values and credentials stored less than a
                 # minute ago: as after a 304 (_not_modified), the row is not rewritten for
-                # each repeat (other headers, e.g. Date, are stored with the next write).
-                return revisit, current
+                # each repeat (other headers, e.g. Date, are stored with the next write), nor
+                # is a new schedule worked out: only whether the page changed is told.
+                self._told(notes, key, state, fetch_changed(state, digest))
+                return None, current
+            revisit = self._revisit(flow, notes, digest, now, state)
             # Body, entry and revisit schedule in one write (the schedule rides in the row). A
             # body the store holds already is not written again: only the entry row is, and
             # the body row counts a use (refresh), unless the store changed meanwhile.
@@ -405,6 +407,7 @@ class Revalidation:
             store.forget(key)  # the stored copy is outdated and the new one is not storable
         if entry is None:
             log.debug("%s not stored: %s", key, decision.reason)
+            assert revisit is not None  # worked out whenever no entry is kept
             store.put_record(REVISIT, key, revisit)
 
         _note_would_revalidate(flow, notes, response_headers)
@@ -438,11 +441,16 @@ class Revalidation:
             revisit = policy.after_not_modified(state, now)
         else:
             revisit = policy.after_fetch(state, digest, now)
-        if revisit.changed is not None:
-            notes.extra["changed"] = revisit.changed
-        if self.sitemaps is not None:
-            self.sitemaps.checked(notes.site, key, state, revisit.changed)
+        self._told(notes, key, state, revisit.changed)
         return revisit.state.to_state()
+
+    def _told(self, notes: FlowNotes, key: str, state: RevisitState | None, changed: bool | None) -> None:
+        """A fetch of `key` found the page `changed` (None: nothing to compare with): into the
+        audit line, and to the sitemap's lastmod score."""
+        if changed is not None:
+            notes.extra["changed"] = changed
+        if self.sitemaps is not None:
+            self.sitemaps.checked(notes.site, key, state, changed)
 
 
 def _note_would_revalidate(flow: http.HTTPFlow, notes: FlowNotes, response_headers: HeaderPairs) -> None:
