@@ -18,7 +18,8 @@ from collections.abc import Awaitable
 from typing import Any
 
 from addons.answers import answer_locally, fail_closed
-from addons.notes import notes_of, skip, url_key
+from addons.notes import notes_of, skip
+from addons.store_keys import store_key
 from addons.runtime import Runtime
 from mitmproxy import http
 
@@ -79,7 +80,7 @@ class GoneMemory:
 
     def _check(self, flow: http.HTTPFlow) -> None:
         notes = notes_of(flow)
-        key = url_key(flow, self.rt)
+        key = store_key(flow, self.rt, self.rules)
         if key is None:
             return
         assert self.rt.store is not None
@@ -125,7 +126,7 @@ class GoneMemory:
         """Keep or clear the URL's record; what changed (key, record or None, ttl), if anything."""
         assert self.rt.store is not None
         if status in (404, 410):
-            key = url_key(flow, self.rt)
+            key = store_key(flow, self.rt, self.rules)
             policy = self.rules.get(self.rt.config, notes_of(flow).site).gone
             assert flow.response is not None
             headers = flow.response.headers
@@ -145,7 +146,7 @@ class GoneMemory:
                 return key, None, 0.0
         elif flow.metadata.get(_HAD_RECORD) and (GonePolicy.clears(status) or status == 304):
             # A 304 also says the URL exists (it answers our or the client's validators).
-            key = url_key(flow, self.rt)
+            key = store_key(flow, self.rt, self.rules)
             if key is not None:
                 self.rt.store.forget_record(NAMESPACE, key)
                 return key, None, 0.0

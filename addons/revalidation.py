@@ -29,7 +29,8 @@ from typing import Any, NamedTuple, TypeVar
 
 from addons.answers import FAULTS, answer_locally, fail_closed
 from addons.audit_log import DECISION_HEADER
-from addons.notes import FlowNotes, notes_of, skip, url_key
+from addons.notes import FlowNotes, notes_of, skip
+from addons.store_keys import store_key
 from addons.runtime import Runtime
 from addons.sitemaps import SitemapHooks
 from etiquette_proxy.side_fetch import SideFetchError, fetch
@@ -172,7 +173,7 @@ class Revalidation:
     async def _before(self, flow: http.HTTPFlow, notes: FlowNotes) -> None:
         store = self.rt.store
         assert store is not None
-        key = url_key(flow, self.rt)
+        key = store_key(flow, self.rt, self.rules)
         if key is None:
             return
         rules = self.rules.get(self.rt.config, notes.site)
@@ -261,7 +262,7 @@ class Revalidation:
             elif status == 200:
                 await self._fetched(flow, notes)
             elif status in (404, 410) and flow.metadata.get(_HAD_ENTRY):
-                key = url_key(flow, self.rt)
+                key = store_key(flow, self.rt, self.rules)
                 if key is not None:
                     self.rt.store.forget(key)  # never serve a page the site says is gone
         except Exception as e:  # noqa: BLE001
@@ -298,7 +299,7 @@ class Revalidation:
         if not write or answer.entry is None:
             # The schedule is not rewritten, but the sitemap learns this check happened (a
             # moved lastmod is answered: the URL is not due again for it).
-            key = url_key(flow, self.rt)
+            key = store_key(flow, self.rt, self.rules)
             if self.sitemaps is not None and key is not None:
                 self.sitemaps.checked(notes.site, key, None, False, read_before=True)
             return
@@ -346,7 +347,7 @@ class Revalidation:
         response = flow.response
         store = self.rt.store
         assert response is not None and store is not None
-        key = url_key(flow, self.rt)
+        key = store_key(flow, self.rt, self.rules)
         if key is None:
             return
         if response.raw_content is None:
@@ -431,7 +432,7 @@ class Revalidation:
         """The new revisit schedule after a 200 (digest) or a 304 to our validators (None), to
         be written by the caller with the entry; sets `changed` on the notes."""
         store = self.rt.store
-        key = url_key(flow, self.rt)
+        key = store_key(flow, self.rt, self.rules)
         assert store is not None and key is not None
         policy = self.rules.get(self.rt.config, notes.site).revisit
         if state is False:  # not read by the caller
