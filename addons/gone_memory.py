@@ -19,8 +19,8 @@ from typing import Any
 
 from addons.answers import answer_locally, fail_closed
 from addons.notes import notes_of, skip
-from addons.store_keys import store_key
 from addons.runtime import Runtime
+from addons.store_keys import store_key
 from mitmproxy import http
 
 from etiquette_proxy.clock import wall

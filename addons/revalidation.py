@@ -30,9 +30,9 @@ from typing import Any, NamedTuple, TypeVar
 from addons.answers import FAULTS, answer_locally, fail_closed
 from addons.audit_log import DECISION_HEADER
 from addons.notes import FlowNotes, notes_of, skip
-from addons.store_keys import store_key
 from addons.runtime import Runtime
 from addons.sitemaps import SitemapHooks
+from addons.store_keys import store_key
 from etiquette_proxy.side_fetch import SideFetchError, fetch
 from addons.streaming import body_of
 from mitmproxy import http
