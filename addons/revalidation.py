@@ -283,7 +283,8 @@ class Revalidation:
             kept = self._merges.put((id(entry), flow.response.headers.fields), (entry, merged, fields))
         _, answer, fields = kept
         if not answer.usable or answer.entry is None:
-            await self._refetch(flow, notes, injected, answer.reason)
+            if await _fetched_again(self.rt, flow, notes, injected, answer.reason):
+                await self._fetched(flow, notes)
             return
         # Written less than a minute ago, same validators: the client gets the merged headers;
         # the row is not rewritten for each repeat (variants.py REFRESH_EVERY_S says why).
@@ -309,39 +310,6 @@ class Revalidation:
         revisit = self._revisit(flow, notes, None, now)
         if not self.rt.store.refresh(answer.entry, {REVISIT: revisit}):
             self.rt.store.put_record(REVISIT, answer.entry.url, revisit)
-
-    async def _refetch(self, flow: http.HTTPFlow, notes: FlowNotes, injected: Injected, why: str) -> None:
-        """A 304 naming another validator says nothing about our body (RFC 9111 §4.3.4): ask
-        again without validators, so the client gets the current page, never a 304."""
-        assert flow.response is not None
-        dropped = {n.lower() for n in injected.names} | _HOP_BY_HOP | {"host", "accept-encoding"}
-        headers = {k: v for k, v in flow.request.headers.items() if k.lower() not in dropped}
-        assert self.rt.store is not None
-        limit = DECODE_FACTOR * max(self.rt.store.max_body, 1024**2)
-        try:
-            side = await fetch(flow.request.url, path=self.rt.upstream, headers=headers,
-                               timeout=REFETCH_TIMEOUT_S, max_bytes=limit)
-        except SideFetchError as e:
-            answer_locally(flow, 502, "failed", f"{why}; fetching again without validators failed: {e}")
-            return
-        if side.truncated or side.status == 304:
-            answer_locally(flow, 502, "failed", f"{why}; the second answer was unusable "
-                                                f"({side.status}{', too large' if side.truncated else ''})")
-            return
-        response = flow.response
-        response.status_code = side.status
-        response.reason = ""
-        # side_fetch has already undone gzip/deflate: the body goes out (and is stored) plain.
-        response.headers = http.Headers([
-            (k.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape"))
-            for k, v in side.headers if k.lower() not in _HOP_BY_HOP])
-        response.raw_content = side.body
-        response.headers["Content-Length"] = str(len(side.body))
-        notes.upstream_status = side.status
-        notes.extra.pop("injected", None)
-        notes.reason = f"{why}; fetched again without validators"
-        if side.status == 200:
-            await self._fetched(flow, notes)
 
     async def _fetched(self, flow: http.HTTPFlow, notes: FlowNotes) -> None:
         response = flow.response
@@ -452,6 +420,39 @@ class Revalidation:
             notes.extra["changed"] = changed
         if self.sitemaps is not None:
             self.sitemaps.checked(notes.site, key, state, changed)
+
+
+async def _fetched_again(rt: Runtime, flow: http.HTTPFlow, notes: FlowNotes, injected: Injected, why: str) -> bool:
+    """A 304 naming another validator says nothing about our body (RFC 9111 §4.3.4): ask
+    again without validators, so the client gets the current page, never a 304. True when the
+    answer is a 200 (to be stored and fingerprinted as any other)."""
+    assert flow.response is not None and rt.store is not None
+    dropped = {n.lower() for n in injected.names} | _HOP_BY_HOP | {"host", "accept-encoding"}
+    headers = {k: v for k, v in flow.request.headers.items() if k.lower() not in dropped}
+    limit = DECODE_FACTOR * max(rt.store.max_body, 1024**2)
+    try:
+        side = await fetch(flow.request.url, path=rt.upstream, headers=headers,
+                           timeout=REFETCH_TIMEOUT_S, max_bytes=limit)
+    except SideFetchError as e:
+        answer_locally(flow, 502, "failed", f"{why}; fetching again without validators failed: {e}")
+        return False
+    if side.truncated or side.status == 304:
+        answer_locally(flow, 502, "failed", f"{why}; the second answer was unusable "
+                                            f"({side.status}{', too large' if side.truncated else ''})")
+        return False
+    response = flow.response
+    response.status_code = side.status
+    response.reason = ""
+    # side_fetch has already undone gzip/deflate: the body goes out (and is stored) plain.
+    response.headers = http.Headers([
+        (k.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape"))
+        for k, v in side.headers if k.lower() not in _HOP_BY_HOP])
+    response.raw_content = side.body
+    response.headers["Content-Length"] = str(len(side.body))
+    notes.upstream_status = side.status
+    notes.extra.pop("injected", None)
+    notes.reason = f"{why}; fetched again without validators"
+    return side.status == 200
 
 
 def _note_would_revalidate(flow: http.HTTPFlow, notes: FlowNotes, response_headers: HeaderPairs) -> None:
