@@ -18,12 +18,14 @@ from collections.abc import Awaitable
 from typing import Any
 
 from addons.answers import answer_locally, fail_closed
-from addons.notes import notes_of, skip, url_key
-from addons.runtime import PerSite, Runtime
+from addons.notes import notes_of, skip
+from addons.runtime import Runtime
+from addons.store_keys import store_key
 from mitmproxy import http
 
 from etiquette_proxy.clock import wall
 from etiquette_proxy.revalidation.gone import NAMESPACE, GonePolicy, GoneRecord
+from etiquette_proxy.revalidation.site_rules import BySite, StoreRules
 from etiquette_proxy.state.redis_store import RedisShared, SharedStateUnavailable
 
 log = logging.getLogger(__name__)
@@ -35,7 +37,8 @@ _HAD_RECORD = "etiquette_gone_record"
 class GoneMemory:
     def __init__(self, runtime: Runtime):
         self.rt = runtime
-        self.policies: PerSite[GonePolicy] = PerSite(runtime, GonePolicy.from_config)
+        # gone.ttl_410 / ttl_404 per site, read once per site and config (site_rules.py)
+        self.rules: BySite[StoreRules] = BySite(StoreRules.from_config)
         self._follower: asyncio.Task[None] | None = None
 
     def running(self) -> None:
@@ -77,7 +80,7 @@ class GoneMemory:
 
     def _check(self, flow: http.HTTPFlow) -> None:
         notes = notes_of(flow)
-        key = url_key(flow, self.rt)
+        key = store_key(flow, self.rt, self.rules)
         if key is None:
             return
         assert self.rt.store is not None
@@ -85,7 +88,7 @@ class GoneMemory:
         if record is None:
             return
         flow.metadata[_HAD_RECORD] = True
-        decision = self.policies.get(notes.site).check(flow.request.method, record, wall())
+        decision = self.rules.get(self.rt.config, notes.site).gone.check(flow.request.method, record, wall())
         if not decision.gone:
             return
         assert decision.status is not None
@@ -123,8 +126,8 @@ class GoneMemory:
         """Keep or clear the URL's record; what changed (key, record or None, ttl), if anything."""
         assert self.rt.store is not None
         if status in (404, 410):
-            key = url_key(flow, self.rt)
-            policy = self.policies.get(notes_of(flow).site)
+            key = store_key(flow, self.rt, self.rules)
+            policy = self.rules.get(self.rt.config, notes_of(flow).site).gone
             assert flow.response is not None
             headers = flow.response.headers
             # RFC 9111 §4.2: the site's own freshness bounds what is remembered (every value of
@@ -143,7 +146,7 @@ class GoneMemory:
                 return key, None, 0.0
         elif flow.metadata.get(_HAD_RECORD) and (GonePolicy.clears(status) or status == 304):
             # A 304 also says the URL exists (it answers our or the client's validators).
-            key = url_key(flow, self.rt)
+            key = store_key(flow, self.rt, self.rules)
             if key is not None:
                 self.rt.store.forget_record(NAMESPACE, key)
                 return key, None, 0.0

@@ -29,9 +29,10 @@ from typing import Any, NamedTuple, TypeVar
 
 from addons.answers import FAULTS, answer_locally, fail_closed
 from addons.audit_log import DECISION_HEADER
-from addons.notes import FlowNotes, notes_of, skip, url_key
-from addons.runtime import PerSite, Runtime
+from addons.notes import FlowNotes, notes_of, skip
+from addons.runtime import Runtime
 from addons.sitemaps import SitemapHooks
+from addons.store_keys import store_key
 from etiquette_proxy.side_fetch import SideFetchError, fetch
 from addons.streaming import body_of
 from mitmproxy import http
@@ -39,14 +40,14 @@ from mitmproxy import http
 from etiquette_proxy.clock import wall
 from etiquette_proxy.revalidation.fingerprint import (  # noqa: F401 - decoded_for_fingerprint: tests
     DECODE_FACTOR,
-    Fingerprinter,
     body_digest,
     decoded_for_fingerprint,
 )
 from etiquette_proxy.revalidation.recent import Recent
 from etiquette_proxy.revalidation.revisit import NAMESPACE as REVISIT
-from etiquette_proxy.revalidation.revisit import RevisitPolicy, RevisitState
+from etiquette_proxy.revalidation.revisit import RevisitState, fetch_changed
 from etiquette_proxy.revalidation.service import THREAD_ABOVE, stored_body
+from etiquette_proxy.revalidation.site_rules import BySite, StoreRules
 from etiquette_proxy.revalidation.store import HOT_ENTRIES
 from etiquette_proxy.revalidation.validators import (
     Answer304,
@@ -93,14 +94,14 @@ def site_headers(message: http.Message) -> HeaderPairs:
     """The message's headers as the site sent them: without the decision header the audit writer
     has already added in `responseheaders` (it must never be stored or merged); decoded as
     `decoded` decodes them, in the same pass."""
-    return tuple((k.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape"))
-                 for k, v in message.headers.fields if k.lower() != _DECISION_NAME)
+    return tuple([(k.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape"))
+                  for k, v in message.headers.fields if k.lower() != _DECISION_NAME])
 
 
 def decoded(fields: tuple[tuple[bytes, bytes], ...]) -> HeaderPairs:
     """Raw header fields as text pairs, decoded as mitmproxy's `Headers.items(multi=True)`
     decodes them (utf-8, surrogateescape), without its per-field calls."""
-    return tuple((k.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape")) for k, v in fields)
+    return tuple([(k.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape")) for k, v in fields])
 
 
 class Injected(NamedTuple):
@@ -111,6 +112,7 @@ class Injected(NamedTuple):
     entry: StoredEntry
     body: bytes
     names: tuple[str, ...]
+    said: str  # the audit reason of a 304 to them (worked out once with the injection)
 
 
 def encoded(headers: HeaderPairs) -> tuple[tuple[bytes, bytes], ...]:
@@ -132,7 +134,7 @@ def set_stored_response(response: http.Response, body: bytes, headers: HeaderPai
 def set_stored_fields(response: http.Response, body: bytes, fields: tuple[tuple[bytes, bytes], ...]) -> None:
     """`set_stored_response` with the header fields encoded already (framed for `body`)."""
     response.status_code = 200
-    response.reason = "OK"
+    response.data.reason = b"OK"  # what the reason setter stores, without its always_bytes call
     # The fields are checked bytes pairs already (encoded() made them) and immutable, so they
     # replace the response's own fields as they are: every Headers edit builds a new tuple,
     # never changes this one. (A new Headers would check and copy each field again.)
@@ -147,11 +149,11 @@ class Revalidation:
         # SPEC §6 change signals: a sitemap's lastmod makes a URL due (request) and is scored
         # against what its fetch found (response); chain.py hands in the sitemap hooks.
         self.sitemaps = sitemaps
-        self.revisits: PerSite[RevisitPolicy] = PerSite(runtime, RevisitPolicy.from_config)
-        self.fingerprinters: PerSite[Fingerprinter] = PerSite(runtime, Fingerprinter.from_config)
+        # revisit, fingerprint and sitemap settings: read once per site and config (site_rules.py)
+        self.rules: BySite[StoreRules] = BySite(StoreRules.from_config)
         # (id(entry), header fields) -> (entry, result, encoded fields); the entry is kept, so
         # its id cannot be reused while the result is here.
-        self._injections: Recent[tuple[int, Any], tuple[StoredEntry, Injection, Any, tuple[str, ...]]] = \
+        self._injections: Recent[tuple[int, Any], tuple[StoredEntry, Injection, Any, tuple[str, ...], str]] = \
             Recent(INJECTIONS_KEPT)
         self._merges: Recent[tuple[int, Any], tuple[StoredEntry, Answer304, Any]] = Recent()
 
@@ -171,11 +173,11 @@ class Revalidation:
     async def _before(self, flow: http.HTTPFlow, notes: FlowNotes) -> None:
         store = self.rt.store
         assert store is not None
-        key = url_key(flow, self.rt)
+        key = store_key(flow, self.rt, self.rules)
         if key is None:
             return
-        sitemaps = self.sitemaps.service(notes.site) if self.sitemaps is not None else None
-        policy = self.revisits.get(notes.site)
+        rules = self.rules.get(self.rt.config, notes.site)
+        policy = rules.revisit
         state: RevisitState | None = None
         if policy.enforce:  # the schedule rides in the entry's row: one read for both
             entry, state = store.get_with_record(key, REVISIT, parse=RevisitState.from_state)
@@ -188,6 +190,7 @@ class Revalidation:
         if policy.enforce:
             request_headers = decoded(flow.request.headers.fields)
             decision = policy.serve_stored(state, wall())
+            sitemaps = self.sitemaps.service(notes.site) if self.sitemaps is not None else None
             if decision.serve_stored and sitemaps is not None and sitemaps.asks_site(key, state, notes.extra):
                 pass  # SPEC §6: the sitemap's lastmod moved (or this is a sitemap): ask the site
             elif decision.serve_stored and may_serve_unvalidated(entry, request_headers).ok:
@@ -207,35 +210,38 @@ class Revalidation:
                     store.touch(entry)  # a use: keeps the page young for eviction
                     return
 
-        injection, fields, names = self._injection(entry, flow.request.headers.fields)
+        injection, fields, names, said = self._injection(entry, flow.request.headers.fields)
         if not injection.inject or injection.entry is None:
             log.debug("no validators for %s: %s", key, injection.reason)
             return
         if self.rt.observe:
             flow.metadata[_WOULD_INJECT] = injection.entry
             return
-        body = await stored_body(store, injection.entry)
+        # A small body straight from the store (no coroutine: most are kept in memory).
+        entry = injection.entry
+        body = store.body(entry) if entry.body_size <= THREAD_ABOVE else await stored_body(store, entry)
         if body is None:  # evicted or damaged since the entry was read: a plain fetch
             log.info("stored body for %s is missing or damaged; not revalidating", key)
             return
         # inject_headers adds nothing when the client sent a conditional of its own, so these
         # names are not in the request yet: appending is setting them.
         flow.request.headers.fields += fields
-        flow.metadata[_INJECTED] = Injected(injection.entry, body, names)
+        flow.metadata[_INJECTED] = Injected(entry, body, names, said)
         notes.extra["injected"] = list(names)
 
     def _injection(self, entry: StoredEntry, request_fields: tuple[tuple[bytes, bytes], ...],
-                   ) -> tuple[Injection, tuple[tuple[bytes, bytes], ...], tuple[str, ...]]:
-        """inject_headers for this entry and request, the header fields to add (encoded) and
-        their names."""
+                   ) -> tuple[Injection, tuple[tuple[bytes, bytes], ...], tuple[str, ...], str]:
+        """inject_headers for this entry and request, the header fields to add (encoded), their
+        names and the audit reason of a 304 to them."""
         kept = self._injections.get((id(entry), request_fields))
         if kept is not None and kept[0] is entry:
-            return kept[1], kept[2], kept[3]
+            return kept[1], kept[2], kept[3], kept[4]
         injection = inject_headers(entry, "GET", decoded(request_fields))
         fields = encoded(injection.headers)
         names = tuple(name for name, _ in injection.headers)
-        self._injections.put((id(entry), request_fields), (entry, injection, fields, names))
-        return injection, fields, names
+        said = f"site answered 304 to {' and '.join(names)}; stored body served"
+        self._injections.put((id(entry), request_fields), (entry, injection, fields, names, said))
+        return injection, fields, names, said
 
     # -- response: 304 -> 200, unchanged, store and fingerprint ------------------------------
 
@@ -256,7 +262,7 @@ class Revalidation:
             elif status == 200:
                 await self._fetched(flow, notes)
             elif status in (404, 410) and flow.metadata.get(_HAD_ENTRY):
-                key = url_key(flow, self.rt)
+                key = store_key(flow, self.rt, self.rules)
                 if key is not None:
                     self.rt.store.forget(key)  # never serve a page the site says is gone
         except Exception as e:  # noqa: BLE001
@@ -277,7 +283,8 @@ class Revalidation:
             kept = self._merges.put((id(entry), flow.response.headers.fields), (entry, merged, fields))
         _, answer, fields = kept
         if not answer.usable or answer.entry is None:
-            await self._refetch(flow, notes, injected, answer.reason)
+            if await _fetched_again(self.rt, flow, notes, injected, answer.reason):
+                await self._fetched(flow, notes)
             return
         # Written less than a minute ago, same validators: the client gets the merged headers;
         # the row is not rewritten for each repeat (variants.py REFRESH_EVERY_S says why).
@@ -288,12 +295,12 @@ class Revalidation:
         # body is the entry's (store.body() checked its size and SHA-256).
         set_stored_fields(flow.response, injected.body, fields)
         notes.outcome = "revalidated"
-        notes.reason = f"site answered 304 to {' and '.join(injected.names)}; stored body served"
+        notes.reason = injected.said
         notes.extra["changed"] = False
         if not write or answer.entry is None:
             # The schedule is not rewritten, but the sitemap learns this check happened (a
             # moved lastmod is answered: the URL is not due again for it).
-            key = url_key(flow, self.rt)
+            key = store_key(flow, self.rt, self.rules)
             if self.sitemaps is not None and key is not None:
                 self.sitemaps.checked(notes.site, key, None, False, read_before=True)
             return
@@ -304,44 +311,11 @@ class Revalidation:
         if not self.rt.store.refresh(answer.entry, {REVISIT: revisit}):
             self.rt.store.put_record(REVISIT, answer.entry.url, revisit)
 
-    async def _refetch(self, flow: http.HTTPFlow, notes: FlowNotes, injected: Injected, why: str) -> None:
-        """A 304 naming another validator says nothing about our body (RFC 9111 §4.3.4): ask
-        again without validators, so the client gets the current page, never a 304."""
-        assert flow.response is not None
-        dropped = {n.lower() for n in injected.names} | _HOP_BY_HOP | {"host", "accept-encoding"}
-        headers = {k: v for k, v in flow.request.headers.items() if k.lower() not in dropped}
-        assert self.rt.store is not None
-        limit = DECODE_FACTOR * max(self.rt.store.max_body, 1024**2)
-        try:
-            side = await fetch(flow.request.url, path=self.rt.upstream, headers=headers,
-                               timeout=REFETCH_TIMEOUT_S, max_bytes=limit)
-        except SideFetchError as e:
-            answer_locally(flow, 502, "failed", f"{why}; fetching again without validators failed: {e}")
-            return
-        if side.truncated or side.status == 304:
-            answer_locally(flow, 502, "failed", f"{why}; the second answer was unusable "
-                                                f"({side.status}{', too large' if side.truncated else ''})")
-            return
-        response = flow.response
-        response.status_code = side.status
-        response.reason = ""
-        # side_fetch has already undone gzip/deflate: the body goes out (and is stored) plain.
-        response.headers = http.Headers([
-            (k.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape"))
-            for k, v in side.headers if k.lower() not in _HOP_BY_HOP])
-        response.raw_content = side.body
-        response.headers["Content-Length"] = str(len(side.body))
-        notes.upstream_status = side.status
-        notes.extra.pop("injected", None)
-        notes.reason = f"{why}; fetched again without validators"
-        if side.status == 200:
-            await self._fetched(flow, notes)
-
     async def _fetched(self, flow: http.HTTPFlow, notes: FlowNotes) -> None:
         response = flow.response
         store = self.rt.store
         assert response is not None and store is not None
-        key = url_key(flow, self.rt)
+        key = store_key(flow, self.rt, self.rules)
         if key is None:
             return
         if response.raw_content is None:
@@ -354,21 +328,23 @@ class Revalidation:
         response_headers = site_headers(response)
         now = wall()
         decision = should_store_pairs("GET", 200, request_headers, response_headers, len(raw), store.max_body)
-        fingerprinter = self.fingerprinters.get(notes.site)
+        rules = self.rules.get(self.rt.config, notes.site)
+        fingerprinter = rules.fingerprinter
 
-        def work() -> tuple[dict[str, Any], StoredEntry | None]:
-            sha = hashlib.sha256(raw).hexdigest()
-            encoding = first_field(response_headers, "content-encoding")
+        def work() -> tuple[dict[str, Any] | None, StoredEntry | None]:
             # The stored entry and its schedule come from one row: the schedule's fingerprint
             # is that of the entry's body (put() writes them together; a 304 keeps both).
             current, state = store.get_with_record(key, REVISIT, parse=RevisitState.from_state)
+            # The same bytes as the stored body the store keeps in memory: its SHA-256, compared
+            # rather than hashed again (a page fetched again unchanged, most re-fetches).
+            sha = store.known_sha256(current, raw) or hashlib.sha256(raw).hexdigest()
+            encoding = first_field(response_headers, "content-encoding")
             same_body = (current is not None and current.body_sha256 == sha and current.body_size == len(raw)
                          and first_field(current.headers, "content-encoding") == encoding)
             if same_body and state is not None and state.fingerprint is not None and len(raw) <= store.max_body:
                 digest = state.fingerprint  # byte-identical body: the same fingerprint, no regex passes
             else:
                 digest = body_digest(raw, encoding, fingerprinter, store.max_body)
-            revisit = self._revisit(flow, notes, digest, now, state)
             recent = decision.store and current is not None and same_body and written_lately(current, now)
             # Told from the headers when the site sends no Vary; else from the built entry.
             unchanged = recent and current is not None and _same_variant_as(current, request_headers, response_headers)
@@ -379,13 +355,16 @@ class Revalidation:
             if unchanged:
                 # The same body, validators, Vary values and credentials stored less than a
                 # minute ago: as after a 304 (_not_modified), the row is not rewritten for
-                # each repeat (other headers, e.g. Date, are stored with the next write).
-                return revisit, current
+                # each repeat (other headers, e.g. Date, are stored with the next write), nor
+                # is a new schedule worked out: only whether the page changed is told.
+                self._told(notes, key, state, fetch_changed(state, digest))
+                return None, current
+            revisit = self._revisit(flow, notes, digest, now, state)
             # Body, entry and revisit schedule in one write (the schedule rides in the row). A
             # body the store holds already is not written again: only the entry row is, and
             # the body row counts a use (refresh), unless the store changed meanwhile.
             if entry is not None and not (same_body and store.refresh(entry, {REVISIT: revisit})) \
-                    and not store.put(entry, raw, {REVISIT: revisit}):
+                    and not store.put(entry, raw, {REVISIT: revisit}, hashed=True):
                 entry = None
             return revisit, entry
 
@@ -397,6 +376,7 @@ class Revalidation:
             store.forget(key)  # the stored copy is outdated and the new one is not storable
         if entry is None:
             log.debug("%s not stored: %s", key, decision.reason)
+            assert revisit is not None  # worked out whenever no entry is kept
             store.put_record(REVISIT, key, revisit)
 
         _note_would_revalidate(flow, notes, response_headers)
@@ -420,9 +400,9 @@ class Revalidation:
         """The new revisit schedule after a 200 (digest) or a 304 to our validators (None), to
         be written by the caller with the entry; sets `changed` on the notes."""
         store = self.rt.store
-        key = url_key(flow, self.rt)
+        key = store_key(flow, self.rt, self.rules)
         assert store is not None and key is not None
-        policy = self.revisits.get(notes.site)
+        policy = self.rules.get(self.rt.config, notes.site).revisit
         if state is False:  # not read by the caller
             state = store.get_record(REVISIT, key, parse=RevisitState.from_state)
         assert state is None or isinstance(state, RevisitState)
@@ -430,11 +410,49 @@ class Revalidation:
             revisit = policy.after_not_modified(state, now)
         else:
             revisit = policy.after_fetch(state, digest, now)
-        if revisit.changed is not None:
-            notes.extra["changed"] = revisit.changed
-        if self.sitemaps is not None:
-            self.sitemaps.checked(notes.site, key, state, revisit.changed)
+        self._told(notes, key, state, revisit.changed)
         return revisit.state.to_state()
+
+    def _told(self, notes: FlowNotes, key: str, state: RevisitState | None, changed: bool | None) -> None:
+        """A fetch of `key` found the page `changed` (None: nothing to compare with): into the
+        audit line, and to the sitemap's lastmod score."""
+        if changed is not None:
+            notes.extra["changed"] = changed
+        if self.sitemaps is not None:
+            self.sitemaps.checked(notes.site, key, state, changed)
+
+
+async def _fetched_again(rt: Runtime, flow: http.HTTPFlow, notes: FlowNotes, injected: Injected, why: str) -> bool:
+    """A 304 naming another validator says nothing about our body (RFC 9111 §4.3.4): ask
+    again without validators, so the client gets the current page, never a 304. True when the
+    answer is a 200 (to be stored and fingerprinted as any other)."""
+    assert flow.response is not None and rt.store is not None
+    dropped = {n.lower() for n in injected.names} | _HOP_BY_HOP | {"host", "accept-encoding"}
+    headers = {k: v for k, v in flow.request.headers.items() if k.lower() not in dropped}
+    limit = DECODE_FACTOR * max(rt.store.max_body, 1024**2)
+    try:
+        side = await fetch(flow.request.url, path=rt.upstream, headers=headers,
+                           timeout=REFETCH_TIMEOUT_S, max_bytes=limit)
+    except SideFetchError as e:
+        answer_locally(flow, 502, "failed", f"{why}; fetching again without validators failed: {e}")
+        return False
+    if side.truncated or side.status == 304:
+        answer_locally(flow, 502, "failed", f"{why}; the second answer was unusable "
+                                            f"({side.status}{', too large' if side.truncated else ''})")
+        return False
+    response = flow.response
+    response.status_code = side.status
+    response.reason = ""
+    # side_fetch has already undone gzip/deflate: the body goes out (and is stored) plain.
+    response.headers = http.Headers([
+        (k.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape"))
+        for k, v in side.headers if k.lower() not in _HOP_BY_HOP])
+    response.raw_content = side.body
+    response.headers["Content-Length"] = str(len(side.body))
+    notes.upstream_status = side.status
+    notes.extra.pop("injected", None)
+    notes.reason = f"{why}; fetched again without validators"
+    return side.status == 200
 
 
 def _note_would_revalidate(flow: http.HTTPFlow, notes: FlowNotes, response_headers: HeaderPairs) -> None:

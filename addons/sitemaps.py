@@ -16,17 +16,19 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from addons.notes import notes_of, skip
-from addons.runtime import PerSite, Runtime
+from addons.notes import notes_of, request_url, skip
+from addons.runtime import Runtime
 from etiquette_proxy.side_fetch import fetch
 from mitmproxy import http
 
 from etiquette_proxy.audit.log import audit_record
 from etiquette_proxy.clock import wall
+from etiquette_proxy.headers import field_value
 from etiquette_proxy.revalidation.efficiency import Efficiencies
 from etiquette_proxy.revalidation.revisit import NAMESPACE as REVISIT
 from etiquette_proxy.revalidation.revisit import RevisitState
-from etiquette_proxy.revalidation.service import Fetched, SitemapService, SitemapSettings
+from etiquette_proxy.revalidation.service import Fetched, SitemapService
+from etiquette_proxy.revalidation.site_rules import BySite, StoreRules
 from etiquette_proxy.revalidation.urlkey import normalise
 
 FETCH_TIMEOUT_S = 60.0
@@ -39,7 +41,8 @@ class SitemapHooks:
                  robots_sitemaps: Callable[[str, str], Awaitable[tuple[str, ...]]] | None = None,
                  robots_allows: Callable[[str, str, str], Awaitable[bool]] | None = None):
         self.rt = runtime
-        self.settings: PerSite[SitemapSettings] = PerSite(runtime, SitemapSettings.from_config)
+        # revisit.sitemaps per site, read once per site and config (site_rules.py)
+        self.rules: BySite[StoreRules] = BySite(StoreRules.from_config)
         self._take_turn, self._robots_sitemaps, self._robots_allows = take_turn, robots_sitemaps, robots_allows
         self._service: SitemapService | None = None
         # Efficiency is counted whatever revisit.sitemaps says: every site's audit lines.
@@ -49,7 +52,7 @@ class SitemapHooks:
     def service(self, site: str) -> SitemapService | None:
         """The sitemap service over the current store; None when sitemaps are off for `site`."""
         store = self.rt.store
-        if store is None or not self.settings.get(site).reads:
+        if store is None or not self.rules.get(self.rt.config, site).sitemaps.reads:
             return None
         if self._service is None or self._service.store is not store:
             self._service = SitemapService(
@@ -65,18 +68,27 @@ class SitemapHooks:
         service = self.service(site)
         if service is None:
             return
+        # The URL's sitemap record first: without one (a URL no sitemap listed, most of them)
+        # there is nothing to score or remember, and the schedule need not be read.
+        record = service.record_of(key)
+        if record is None:
+            return
         if read_before and self.rt.store is not None:
             before = self.rt.store.get_record(REVISIT, key, parse=RevisitState.from_state)
-        service.fetched(site, key, before, changed)
+        service.fetched(site, key, before, changed, record)
 
     # -- hooks ---------------------------------------------------------------------------------
 
     async def request(self, flow: http.HTTPFlow) -> None:
-        if skip(flow) or self.rt.observe:  # observe mode: nothing of the proxy's own on the wire
+        if skip(flow):
             return
         notes = notes_of(flow)
-        settings = self.settings.get(notes.site)
-        service = self.service(notes.site) if settings.fetches else None
+        settings = self.rules.get(self.rt.config, notes.site).sitemaps
+        # Only `revisit.sitemaps: fetch` has work here (most sites: `read`); observe mode puts
+        # nothing of the proxy's own on the wire.
+        if not settings.fetches or self.rt.observe:
+            return
+        service = self.service(notes.site)
         if service is not None:
             ua = self.rt.config.identity.user_agent or "etiquette-proxy"
             service.start_refresh(notes.origin, notes.site, settings.interval_s, ua)
@@ -90,9 +102,13 @@ class SitemapHooks:
         service = None if notes.local else self.service(notes.site)
         if service is None:
             return
-        url, raw = flow.request.url, response.raw_content
-        found = service.sitemap_body(url, raw, response.headers.get("content-encoding"), DECODE_LIMIT)
-        if found is None and not response.headers.get("content-encoding") \
+        # Asked of every 200: the URL and Content-Encoding read from the raw fields (request_url
+        # builds request.url's string; field_value is Headers.get's), without mitmproxy's
+        # per-lookup decoding.
+        url, raw = request_url(flow.request), response.raw_content
+        encoding = field_value(response.headers.fields, b"content-encoding")
+        found = service.sitemap_body(url, raw, encoding, DECODE_LIMIT)
+        if found is None and not encoding \
                 and await service.listed_in_robots(notes.origin, notes.site, url, raw[:64]):
             found = raw, True  # a text sitemap robots.txt names (SPEC §6)
         if found is None:

@@ -100,6 +100,14 @@ def _state(fingerprint: str | None, interval_s: float, last_fetched: float, next
     return state
 
 
+def fetch_changed(state: RevisitState | None, fingerprint: str) -> bool | None:
+    """`after_fetch(...).changed`: did a 200 whose body has `fingerprint` change the page (None:
+    no earlier fetch to compare with)? Alone for a 200 whose schedule is not rewritten."""
+    if state is None:
+        return None
+    return state.fingerprint is None or state.fingerprint != fingerprint
+
+
 def _revisit(state: RevisitState, changed: bool | None) -> Revisit:
     """Revisit(state, changed), as `_state` makes a RevisitState."""
     revisit = _NEW(Revisit)
@@ -163,7 +171,7 @@ class RevisitPolicy:
         if state is None:
             interval = self._clamp(self.initial_interval)
             return _revisit(_state(fingerprint, interval, now, now + interval, 0, 1), None)
-        changed = state.fingerprint is None or state.fingerprint != fingerprint
+        changed = fetch_changed(state, fingerprint)
         factor = CHANGE_FACTOR if changed else UNCHANGED_FACTOR
         interval = self._clamp(state.interval_s * factor)
         new = _state(fingerprint, interval, now, now + interval, state.changes + int(changed), state.fetches + 1)

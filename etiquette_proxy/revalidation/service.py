@@ -283,10 +283,15 @@ class SitemapService:
             return True
         return False
 
-    def fetched(self, site: str, key: str, before: RevisitState | None, changed: bool | None) -> None:
+    def fetched(self, site: str, key: str, before: RevisitState | None, changed: bool | None,
+                record: SitemapRecord | None | bool = False) -> None:
         """After a fetch of `key` (a 200, or a 304 to our validators): score the site's lastmod
-        and remember the lastmod this fetch answered."""
-        record, verdict = fetched(self.record_of(key), before, changed)
+        and remember the lastmod this fetch answered. `record`: the URL's sitemap record, when
+        the caller has just read it (record_of)."""
+        if record is False:
+            record = self.record_of(key)
+        assert record is None or isinstance(record, SitemapRecord)
+        record, verdict = fetched(record, before, changed)
         if verdict is not None:
             self.trust(site).add(verdict)
         if record is not None:

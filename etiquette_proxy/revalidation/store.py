@@ -192,11 +192,20 @@ class ValidatorStore(_StoreRows):
         self._bodies.put(entry, raw, version)
         return raw
 
+    def known_sha256(self, entry: StoredEntry | None, body: bytes) -> str | None:
+        """`entry`'s body SHA-256 when `body` is byte for byte the body kept in memory for it
+        (a page fetched again unchanged: compared, not hashed again); None when not known so."""
+        if entry is None or not self._bodies.holds(entry, body):
+            return None
+        return entry.body_sha256
+
     @guarded_write(False)
     def put(self, entry: StoredEntry, body: bytes,
-            records: Mapping[str, dict[str, Any]] | None = None) -> bool:
+            records: Mapping[str, dict[str, Any]] | None = None, hashed: bool = False) -> bool:
         """Store `entry` and its body (and `records` of ENTRY_RECORDS namespaces in its row);
-        False (nothing stored) when over store.max_body."""
+        False (nothing stored) when over store.max_body. `hashed`: the caller took
+        entry.body_sha256 from this very body, so it is kept in memory as body() keeps what it
+        read and checked (the next fetch of the page compares it, a 304 is answered from it)."""
         if len(body) != entry.body_size:
             raise ValueError(f"body is {len(body)} bytes, entry says {entry.body_size}")
         if len(body) > self.max_body:
@@ -213,6 +222,8 @@ class ValidatorStore(_StoreRows):
             self._cache.set(f"e|{entry.url}", row)
             for namespace in ENTRY_RECORDS:
                 self._cache.delete(f"{namespace}|{entry.url}")  # superseded by the row's
+        if hashed:  # before _wrote(): a cull there drops it with the rest
+            self._bodies.keep(entry, bytes(body), self._data_version.version())
         self._wrote(2, len(body) + len(row))
         return True
 

@@ -219,6 +219,20 @@ class _HotBodies:
             _, (_, oldest) = self._bodies.popitem(last=False)
             self._bytes -= len(oldest)
 
+    def keep(self, entry: StoredEntry, body: bytes, version: object) -> None:
+        """put() for a body this store has just written for `entry` (its own commit moves no
+        data_version; None, another thread's: not kept)."""
+        if version is not None and version != self._version:  # another connection wrote
+            self.clear()
+            self._version = version
+        self.put(entry, body, version)
+
+    def holds(self, entry: StoredEntry, body: bytes) -> bool:
+        """Whether `body` is byte for byte the body kept for `entry` (any thread; whatever the
+        data_version: a kept body is always the one its SHA-256 names, which is all it says)."""
+        kept = self._bodies.get(entry.url)
+        return kept is not None and kept[0] == entry.body_sha256 and kept[1] == body
+
     def drop(self, key: str) -> None:
         """This store wrote or deleted `key`'s body (any thread)."""
         kept = self._bodies.pop(key, None)

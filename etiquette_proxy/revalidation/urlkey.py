@@ -60,14 +60,45 @@ def normalise(url: str, tracking_params: Iterable[str] = DEFAULT_TRACKING_PARAMS
             netloc = _netloc(scheme, host, port_text)
             if netloc is None:
                 return _normalise(url, tracking_params)  # raises, as urlsplit does
-            if query_text:
-                last = _LAST_MATCHER  # _matcher(tracking_params) without the call when it is the last
-                matcher = last[1] if last[0] is tracking_params else _matcher(tracking_params)
-                query = _literal_query(query_text, matcher)
-                if query:
-                    return f"{scheme}://{netloc}{path or '/'}?{query}"
-            return f"{scheme}://{netloc}{path or '/'}"
+            return _plain_key(scheme, netloc, path or "/", query_text, tracking_params)
     return _simple(url, tracking_params)
+
+
+# A request's target (path and query, as mitmproxy keeps it) that _PLAIN would take: a normal
+# path, a literal query, no fragment; and a host already lower case (_PLAIN's class, lower case).
+_PLAIN_TARGET = re.compile(rf"(/[{_NORMAL_PATH_CHARS}]*)(?:\?([{_LITERAL_CHARS}]*)|)", re.ASCII | re.DOTALL)
+_PLAIN_LOWER_HOST = re.compile(r"[a-z0-9_.-]+", re.ASCII)
+
+
+def key_of_parts(scheme: str, host: str, port: int, target: str,
+                 tracking_params: Iterable[str] = DEFAULT_TRACKING_PARAMS) -> str | None:
+    """normalise() of the URL a request's parts make (`scheme://host[:port]target`, as
+    mitmproxy's Request.url builds it, the port left out when it is the scheme's default), for
+    the plainest requests (lower-case http(s) scheme and host, a target _PLAIN takes as it is),
+    without building that URL and matching it again; None for any other request (the caller
+    normalises its URL: the same key, the long way)."""
+    if scheme != "http" and scheme != "https":
+        return None
+    plain = _PLAIN_TARGET.fullmatch(target)
+    if (plain is None or _PLAIN_LOWER_HOST.fullmatch(host) is None or ".." in host or host[0] == "."
+            or host[-1] == "." or not 0 <= port <= 65535):
+        return None
+    path, query_text = plain.groups()
+    if "//" in path or "/." in path:
+        return None
+    netloc = host if port == _DEFAULT_PORTS[scheme] else f"{host}:{port}"
+    return _plain_key(scheme, netloc, path, query_text, tracking_params)
+
+
+def _plain_key(scheme: str, netloc: str, path: str, query_text: str | None, tracking_params: Iterable[str]) -> str:
+    """The key of a _PLAIN URL from its parts (the path normal and not empty)."""
+    if query_text:
+        last = _LAST_MATCHER  # _matcher(tracking_params) without the call when it is the last
+        matcher = last[1] if last[0] is tracking_params else _matcher(tracking_params)
+        query = _literal_query(query_text, matcher)
+        if query:
+            return f"{scheme}://{netloc}{path}?{query}"
+    return f"{scheme}://{netloc}{path}"
 
 
 def _netloc(scheme: str, host: str, port_text: str | None) -> str | None:

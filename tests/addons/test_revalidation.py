@@ -226,8 +226,8 @@ def test_a_byte_identical_200_reuses_its_fingerprint_and_keeps_the_stored_body(r
     assert rt.store is not None
     puts: list[str] = []
     real_put = rt.store.put
-    monkeypatch.setattr(rt.store, "put", lambda entry, body, records=None: puts.append(entry.url)
-                        or real_put(entry, body, records))
+    monkeypatch.setattr(rt.store, "put", lambda entry, body, records=None, **kw: puts.append(entry.url)
+                        or real_put(entry, body, records, **kw))
     clock = [1_800_000_000.0]
     monkeypatch.setattr(reval_module, "wall", lambda: clock[0])
     addon = Revalidation(rt)
