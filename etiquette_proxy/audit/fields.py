@@ -55,7 +55,7 @@ def fields_of(fields: tuple[tuple[bytes, bytes], ...] | list[tuple[bytes, bytes]
     once. Only the names present are visited (a set intersection, in C)."""
     out = LowerFields()
     names = lowered_names(fields)
-    for name in wanted.intersection(names):
+    for name in wanted.intersection(names):  # only the names present
         if names.count(name) == 1:
             value = fields[names.index(name)][1].decode("utf-8", "surrogateescape")
         else:
