@@ -15,11 +15,11 @@ from addons.answers import answer_locally
 from addons.mitm_patches import ANSWERED_WITH
 from addons.notes import FORWARDED, FlowNotes, client_ended, notes_of, request_url, skip
 from addons.runtime import Runtime
-from etiquette_proxy.audit.fields import field_of, has_name
 from etiquette_proxy.audit.log import line_record
 from etiquette_proxy.audit.outcome import default_reason, error_outcome
 from etiquette_proxy.audit.outcome import final_outcome as outcome_of
 from etiquette_proxy.clock import wall
+from etiquette_proxy.headers import field_value
 from etiquette_proxy.pacing.rates import Rates
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,7 @@ class AuditWriter:
                 wall(), outcome or final_outcome(notes, flow), request.method, request_url(request), notes.site,
                 status, None if notes.local else notes.upstream_status, notes.waited_s,
                 self.rates.of(notes.site), notes.reason or _default_reason(flow),
-                field_of(request.headers.fields, b"user-agent"), extra,
+                field_value(request.headers.fields, b"user-agent"), extra,
             )
             if notes.would is not None:
                 record["would"] = notes.would
@@ -138,9 +138,10 @@ def mark(response: http.Response, outcome: str) -> None:
     """Set the X-Etiquette-Decision field: appended to the fields as they are when the response
     has none (the usual case), else replaced where it is (`Headers.__setitem__`)."""
     fields = response.headers.fields
-    if has_name(fields, b"x-etiquette-decision"):
-        response.headers[DECISION_HEADER] = outcome
-        return
+    for name, _ in fields:
+        if name.lower() == b"x-etiquette-decision":
+            response.headers[DECISION_HEADER] = outcome
+            return
     response.headers.fields = (*fields, (_DECISION_FIELD, outcome.encode("ascii")))
 
 

@@ -25,11 +25,11 @@ from collections.abc import Mapping
 
 from mitmproxy import http
 
+from etiquette_proxy.headers import fields_named
 from addons.notes import client_ended, notes_of, skip
 from addons.runtime import Runtime
 from etiquette_proxy.side_fetch import SideFetchError, SideResponse, fetch
 from addons.streaming import body_of
-from etiquette_proxy.audit.fields import fields_of
 from etiquette_proxy.bodies import BodyCopy
 from etiquette_proxy.clock import Clock, wall
 from etiquette_proxy.health.canary import FetchFailed, RobotsAllows, canaries_of
@@ -137,6 +137,6 @@ class HealthWatch:
 
 def _headers(response: http.Response) -> dict[str, str]:
     # The few fields health reads (_READ): lower-cased names, a repeated field comma-joined, as
-    # `Headers.items()` gives them, the names scanned in C (audit/fields.py), the other fields
-    # not decoded at all.
-    return fields_of(response.headers.fields, _READ)
+    # `Headers.items()` gives them, in one pass over the raw fields (items() looks every name
+    # up again: quadratic in the header count), the others not decoded at all.
+    return fields_named(response.headers.fields, _READ)

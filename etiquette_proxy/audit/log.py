@@ -22,11 +22,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import partial
 from hashlib import sha256
-from itertools import compress
-from math import isfinite
-from operator import contains, is_
 from typing import Any
 
 from etiquette_proxy.audit.hash_chain import ZERO, last_link
@@ -132,15 +128,9 @@ def line_record(
         "reason": reason,
         "client_ua": client_ua,
     }
-    if extra:
-        # `None in values` tests identity first: False means no value is None, and the keys go
-        # in as they are in one C call; else (one is None, or claims to equal it) one by one.
-        if None in extra.values():
-            for key, value in extra.items():
-                if value is not None:
-                    record[key] = value
-        else:
-            record.update(extra)
+    for key, value in extra.items():
+        if value is not None:
+            record[key] = value
     return record
 
 
@@ -171,10 +161,6 @@ except ImportError:  # pragma: no cover - a dependency; kept optional so a line 
     orjson = None
 
 _PLAIN = frozenset((str, int, bool, type(None)))
-_NESTED = frozenset((dict, list, tuple))
-_WALKED = _PLAIN | _NESTED | {float}  # what _same_in_orjson looks into
-_IS_FLOAT = partial(is_, float)  # type(v) is float, as a C callable
-_IS_NESTED = partial(contains, _NESTED)
 
 
 def _same_in_orjson(value: Any, _plain: frozenset[type] = _PLAIN) -> bool:
@@ -186,25 +172,17 @@ def _same_in_orjson(value: Any, _plain: frozenset[type] = _PLAIN) -> bool:
     switches to an exponent below 1e-4 (`1e-05`, orjson `0.00001`), and orjson writes NaN and the
     infinities as null. What orjson refuses (lone surrogates, ints past 64 bits, keys that are not
     strings, where json turns int keys into strings) raises, and the caller falls back."""
-    values = value.values() if value.__class__ is dict else value
-    # Every line asks: the checks run in C (map, filter, compress over the value types), with
-    # no Python step per value; a nested dict, list or tuple is asked the same, recursively.
-    kinds = list(map(type, values))
-    kind_set = set(kinds)
-    if kind_set <= _plain:
-        return True
-    if not kind_set <= _WALKED:
-        return False
-    if float in kind_set:
-        # 0.0 and -0.0 print alike; any other float must be finite, 1e-4 <= |v| < 1e16.
-        nonzero = list(filter(None, compress(values, map(_IS_FLOAT, kinds))))
-        if nonzero and not (all(map(isfinite, nonzero)) and 1e-4 <= min(map(abs, nonzero))
-                            and max(map(abs, nonzero)) < 1e16):
+    for v in value.values() if value.__class__ is dict else value:
+        cls = v.__class__
+        if cls in _plain:
+            continue
+        if cls is float:
+            if v == 0.0 or 1e-4 <= abs(v) < 1e16:
+                continue
             return False
-    if not kind_set.isdisjoint(_NESTED):
-        for nested in compress(values, map(_IS_NESTED, kinds)):
-            if not _same_in_orjson(nested):
-                return False
+        if (cls is dict or cls is list or cls is tuple) and _same_in_orjson(v):
+            continue
+        return False
     return True
 
 

@@ -34,7 +34,6 @@ from typing import Any
 
 from etiquette_proxy.clock import Clock, wall
 from etiquette_proxy.health.line import score_on_line
-from etiquette_proxy.visibility.tally import COUNTED_KEYS
 from etiquette_proxy.visibility.site_tally import (  # noqa: F401 -- re-exported for the callers of `board`
     HEALTH_POINTS,
     SiteTally,
@@ -49,8 +48,6 @@ StatusProvider = Callable[[str], Mapping[str, Any]]
 
 # Event lines that are no request (SPEC §3 operator actions; SPEC §12 start-up's state check).
 _NOT_REQUESTS = frozenset({"operator", "state_damaged", "state_rebuilt"})
-# What `_count` reads from every line, in its order (the last ones tally.py's COUNTED_KEYS).
-_BOARD_KEYS = ("site", "event", "rate", "signed", "not_signed", "would", "health", *COUNTED_KEYS)
 RECENT_KEYS = ("ts", "site", "outcome", "status", "method", "url", "reason", "waited_s", "would", "event")
 RATE_WINDOW_S = 10.0  # "requests/s now" on the dashboard: decisions in the last 10 s
 LATEST_KEPT = 100_000  # arrival times kept for that rate (bounded)
@@ -241,12 +238,10 @@ class SiteBoard:
             _add_counts(self._folded, {k: counts[k] for k in counts if k not in ("last_ts", "last_rate")})
 
     def _count(self, now: float, record: Mapping[str, Any]) -> None:
-        # Every key this reads, in one C pass over the record (_BOARD_KEYS; `outcome` and `ts`
-        # have defaults of their own, below): a line is counted with no lookup call per key.
-        site, event, rate, keyid, not_signed, would, health, upstream, size, robots_fetch, before, after = \
-            map(record.get, _BOARD_KEYS)
+        site = record.get("site")
         if not isinstance(site, str) or not site:
             return
+        event = record.get("event")
         if event in _NOT_REQUESTS:  # an operator's action or start-up's, not a request: recent only
             self._recent.append(record)
             if record.get("action") == "pause" or event == "state_rebuilt" or site in self._sites:
@@ -263,9 +258,7 @@ class SiteBoard:
             tally = self._tally(site)
         else:
             tally.seen = self._folds
-        outcome = record.get("outcome", "")
-        if type(outcome) is not str:
-            outcome = str(outcome)
+        outcome = str(record.get("outcome", ""))
         ts = record.get("ts", "")
         millis = ts_millis(ts)
         if millis is not None:
@@ -274,15 +267,18 @@ class SiteBoard:
             text = str(ts)
             if text:
                 tally._last_ts = text  # noqa: SLF001
+        rate = record.get("rate")
         if isinstance(rate, (int, float)):
             tally.last_rate = float(rate)
+        keyid = record.get("signed")
         if isinstance(keyid, str):
             tally.add_signed(keyid)
-        elif not_signed:
+        elif record.get("not_signed"):
             tally.not_signed += 1
-        if not tally.count_values(outcome, str(would) if would else None, upstream, size, robots_fetch,
-                                  before, after):
+        would = record.get("would")
+        if not tally.count(record, outcome, str(would) if would else None):
             return  # the proxy's own robots.txt fetch
+        health = record.get("health")
         score = None if health is None else score_on_line(health)
         if score is not None:
             # The point as the snapshot shows it: the line's time, or the board's when the

@@ -21,8 +21,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-# What `Counting.count` reads from a line, in `count_values`' order.
-COUNTED_KEYS = ("upstream_status", "bytes", "robots_fetch", "header_bytes", "header_bytes_sent")
 # Outcomes whose `bytes` the site did not send: the proxy answered from what it had stored.
 SAVED_BY_STORE = ("revalidated", "served-stored")
 
@@ -53,16 +51,11 @@ class Counting:
     def count(self, record: Mapping[str, Any], outcome: str, would: str | None) -> bool:
         """Count one decision line (not an event) under `would` (the caller's label for the
         line's `would`, None when it has none); True when it was a client's request."""
-        return self.count_values(outcome, would, *map(record.get, COUNTED_KEYS))
-
-    def count_values(self, outcome: str, would: str | None, upstream: Any, size: Any, robots_fetch: Any,
-                     before: Any, after: Any) -> bool:
-        """`count` with the line's COUNTED_KEYS values read already (the board reads them
-        with its own keys in one pass)."""
+        upstream = record.get("upstream_status")
         if is_429(upstream, outcome):
             self.received_429 += 1
-        size = byte_count(size)
-        if robots_fetch:
+        size = byte_count(record.get("bytes"))
+        if record.get("robots_fetch"):
             self.robots_fetches += 1
             if size:
                 self.bytes_sent += size
@@ -74,6 +67,7 @@ class Counting:
                 self.saved_revalidation += size
             elif upstream is not None:
                 self.bytes_sent += size
+        before, after = record.get("header_bytes"), record.get("header_bytes_sent")
         if type(before) is int and type(after) is int and before > after:
             self.saved_trimming += before - after
         return True
