@@ -263,7 +263,7 @@ class HealthService(HealthKeeping):
                 self._origins.pop(site, None)
         if self._unseen:
             self._unseen.discard(site)
-        self.ticker.saw(h.settings.window_s)
+        self.ticker.saw(h._kind.window_s)  # noqa: SLF001 - settings.window_s, without the property
         return h
 
     def _after(self, site: str, h: SiteHealth, changes: Iterable[BandChange | None] | BandChange | None,

@@ -187,6 +187,14 @@ def classify_response(
     if mitigated and str(mitigated).strip().lower() == "challenge":
         return Classification(Signal.CHALLENGE, "cf-mitigated: challenge")
     is_2xx = 200 <= status < 300
+    # Most responses: a 2xx of at least half the site's usual size for its type, no markers of
+    # the site's own. The built-in markers are not searched for it (INTERSTITIAL_FRACTION), no
+    # status rule applies to a 2xx, it is not empty (> 256 bytes) and not small (above
+    # SMALL_BODY_FRACTION): ordinary, as the full walk below would find. Anything else walks.
+    if (is_2xx and normal_size is not None and body_size > 256
+            and body_size >= INTERSTITIAL_FRACTION * normal_size
+            and not markers.site_challenge and not markers.site_block):
+        return _OK
     # A 2xx of normal size is content (see INTERSTITIAL_FRACTION); anything else may be a
     # challenge or block page whatever its status (Cloudflare challenges come as 403/503).
     maybe_interstitial = not (
