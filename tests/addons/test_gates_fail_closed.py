@@ -147,10 +147,13 @@ def test_a_hook_that_does_not_judge_requests_is_logged_once_and_the_chain_goes_o
     assert seen == [200, 200, 200] and len(caplog.records) == 1
 
 
-INNER = [(RobotsGate, "_gate"), (Pacing, "_hold"), (RunawayWatch, "service.guard"), (GoneMemory, "_check")]
+# Pacing: the fast start (a site under its rate), the departure after it, and the whole
+# admission sequence are three places a request can fail while it is judged.
+INNER = [(RobotsGate, "_gate"), (Pacing, "service.start_at_once"), (Pacing, "_leave"), (Pacing, "_hold"),
+         (RunawayWatch, "service.guard"), (GoneMemory, "_check")]
 
 
-@pytest.mark.parametrize(("kind", "inner"), INNER, ids=[k.__name__ for k, _ in INNER])
+@pytest.mark.parametrize(("kind", "inner"), INNER, ids=[f"{k.__name__}.{i}" for k, i in INNER])
 def test_gates_that_catch_their_own_errors_fail_closed_the_same_way(tmp_path, caplog, monkeypatch, kind, inner):
     rt = runtime(tmp_path)
     rt.store = object()  # gone memory reads the store only when there is one
@@ -164,6 +167,8 @@ def test_gates_that_catch_their_own_errors_fail_closed_the_same_way(tmp_path, ca
     for part in path:
         target = getattr(target, part)
     monkeypatch.setattr(target, name, broken)
+    if kind is Pacing and inner == "_hold":  # the whole admission: as for a site with a line
+        monkeypatch.setattr(member.service, "start_at_once", lambda site: None)
     caplog.set_level(logging.WARNING)
     for _ in range(3):
         f = tflow.tflow()
