@@ -36,10 +36,10 @@ def hammer(proxy, site, seconds: float, clients: int = 4) -> float:
     return started
 
 
-# The kinds that meet the bar through the real proxy today. Not yet (benchmarks/learn_limits.py
-# prints their figures): a token bucket sent at twice its rate (2 throttling answers: up to its
-# first 429 it answers exactly as a window of 7 per second would, so one 429 cannot teach both
-# right: tests/core/pacing/test_learner.py; the second lesson measures the run and holds).
+# The kinds that meet the bar through the real proxy. A token bucket sent at twice its rate
+# draws 2 throttling answers (up to its first 429 it answers exactly as a window of 7 per second
+# would, so one 429 cannot teach both right: tests/core/pacing/test_learner.py); its own test
+# below holds it to two, none inside a pause, and the steady rate.
 MEETING = tuple(k for k in KINDS if k in ("sliding", "concurrency", "overload", "announcing", "burst-ra0"))
 # A 429 without Retry-After is backed off 2^1 x uniform(0.5, 1.5) s (SPEC §5): the concurrency
 # site's first one, at ~0.7 s, may pause the crawl until ~3.7 s, so its run is longer (and a
@@ -62,3 +62,21 @@ def test_one_throttling_answer_at_most_then_near_the_sites_limit(start_proxy, fr
     # at the concurrency site) are not time the site could have served more.
     steady = limited.steady(started + seconds / 2, started + seconds)
     assert steady >= 0.85, f"{kind}: {steady:.2f} x its limit; throttled at {at}"
+
+
+def test_a_token_bucket_draws_a_second_lesson_at_most_then_holds_near_its_rate(start_proxy, fresh):  # noqa: F811
+    # The one kind not in MEETING, and why (tests/core/pacing/test_learner.py
+    # test_one_429_cannot_tell_a_token_bucket_from_a_window_with_a_higher_limit): up to its
+    # first 429 a bucket of 5/s answers as a window of 7 per second would, so the first lesson
+    # is the window's; the second measures the run's sustained rate and holds. Never more than
+    # two, never an arrival inside a pause, and near the bucket's rate after.
+    site = fresh()
+    limited = make(site, "bucket", LIMIT)
+    proxy = start_proxy(sets=per_site(site, **EAGER))
+    seconds = 10.0
+    started = hammer(proxy, site, seconds)
+    at = [round(t - started, 2) for t, _ in limited.throttled]
+    assert limited.events(answered_in=0.2 + limited.hold_s) <= 2, at
+    assert limited.inside_pauses(site.arrivals) == []
+    steady = limited.steady(started + seconds / 2, started + seconds)
+    assert steady >= 0.85, f"bucket: {steady:.2f} x its limit; throttled at {at}"
