@@ -167,6 +167,28 @@ async def run(with_chain: bool, n: int, paths: int, tmp: str, without: str | Non
     return times
 
 
+
+WALL_START = 1_800_000_000.0  # the fixed wall clock of the counted runs (hook_instructions, hook_opcodes)
+
+
+def run_counted(state: dict[str, int], flows: int, validators: bool, prefix: str) -> None:
+    """The chain over `flows` flows with the wall clock the audit writer, revalidation and gone
+    memory read advancing 1 ms per flow (`state["flow"]`): under a profiler a real minute
+    passes within a run, and revalidation would rewrite rows older than a minute, a different
+    path from run to run. The caller has replaced `make_flow` and `timed`."""
+    import addons.audit_log
+    import addons.gone_memory
+    import addons.revalidation
+
+    def wall() -> float:
+        return WALL_START + state["flow"] * 0.001
+
+    for module in (addons.audit_log, addons.revalidation, addons.gone_memory):
+        module.wall = wall  # type: ignore[attr-defined]
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        asyncio.run(run(True, flows, 64, tmp, validators=validators, quiet=True, spent={}))
+
+
 def _lines(state_dir: str) -> int:
     path = Path(state_dir) / "audit.jsonl"
     return sum(1 for _ in open(path)) if path.exists() else 0

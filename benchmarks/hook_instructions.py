@@ -25,7 +25,6 @@ hashing counts more than it costs on this CPU.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import inspect
 import operator
 import os
@@ -43,7 +42,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _harness import checkout_path, clean_env, header, same_checkout  # noqa: E402
 
-WALL_START = 1_800_000_000.0
 
 
 def measured(member: str, flows: int, warm: int, validators: bool) -> None:
@@ -84,18 +82,9 @@ def measured(member: str, flows: int, warm: int, validators: bool) -> None:
             return operator.call(hook, *args)
         return sync_hook
 
-    def wall() -> float:
-        return WALL_START + state["flow"] * 0.001
-
-    import addons.audit_log
-    import addons.gone_memory
-    import addons.revalidation
-    for module in (addons.audit_log, addons.revalidation, addons.gone_memory):
-        module.wall = wall  # type: ignore[attr-defined]
     chain_cost.make_flow = counted_flow
     chain_cost.timed = through_c
-    with tempfile.TemporaryDirectory(prefix="etiquette-hook-ir-") as tmp:
-        asyncio.run(chain_cost.run(True, warm + flows, 64, tmp, validators=validators, quiet=True, spent={}))
+    chain_cost.run_counted(state, warm + flows, validators, "etiquette-hook-ir-")
     if member == "whole":
         os.getppid()  # marker
 

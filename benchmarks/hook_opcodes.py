@@ -16,7 +16,6 @@ hook_instructions.py's counts.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import inspect
 import json
 import os
@@ -32,7 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import checkout_path, clean_env, header, same_checkout  # noqa: E402
 
 OTHER_CHECKOUT = "ETIQUETTE_CHAIN_COST_OTHER"  # chain_cost.py's: PYTHONPATH names the other checkout
-WALL_START = 1_800_000_000.0
 
 
 def measured(members: list[str], flows: int, warm: int, validators: bool) -> dict[str, Any]:
@@ -95,18 +93,9 @@ def measured(members: list[str], flows: int, warm: int, validators: bool) -> dic
                 sys.settrace(None)
         return sync_hook
 
-    def wall() -> float:
-        return WALL_START + state["flow"] * 0.001
-
-    import addons.audit_log
-    import addons.gone_memory
-    import addons.revalidation
-    for module in (addons.audit_log, addons.revalidation, addons.gone_memory):
-        module.wall = wall  # type: ignore[attr-defined]
     chain_cost.make_flow = counted_flow
     chain_cost.timed = traced
-    with tempfile.TemporaryDirectory(prefix="etiquette-hook-ops-") as tmp:
-        asyncio.run(chain_cost.run(True, warm + flows, 64, tmp, validators=validators, quiet=True, spent={}))
+    chain_cost.run_counted(state, warm + flows, validators, "etiquette-hook-ops-")
     return {"hooks": {k: v / flows for k, v in per_hook.items()},
             "functions": {k: {f: n / flows for f, n in c.items()} for k, c in per_function.items()}}
 
