@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import math
 import time
-from operator import itemgetter
 
 from addons.answers import answer_locally, fail_closed
-from etiquette_proxy.headers import LowerFields, fields_named
+from etiquette_proxy.headers import LowerFields, fields_named, names_lowered
 from addons.notes import FlowNotes, notes_of, skip
 from addons.runtime import Runtime
 from etiquette_proxy.side_fetch import SideFetchError
@@ -36,7 +35,6 @@ _JOINED = frozenset({"retry-after", "ratelimit", "ratelimit-policy"})  # every v
 # The fields SiteBudget.on_response reads (the 429 contract's Retry-After, SPEC §5, and the
 # rate-limit fields of ratelimit_fields.py): only these are decoded from each response.
 _READ = frozenset(name.encode("ascii") for name in (*_JOINED, *RATE_LIMIT_FIELDS))
-_NAME = itemgetter(0)  # a raw field's name
 _NO_FIELDS = LowerFields()  # an answer with none of them (read-only: the core only reads it)
 TICKET = "pacing_ticket"
 DEPARTED = "pacing_departed"    # when the request left for the site (the latency signal)
@@ -161,7 +159,7 @@ class Pacing:
         # Most answers have none of them: their names, joined and lower-cased in one C call,
         # say so (every field read contains "retry-after" or "ratelimit"), and none is decoded.
         fields = flow.response.headers.fields
-        names = b"\n".join(map(_NAME, fields)).lower()
+        names = names_lowered(fields)
         headers = (fields_named(fields, _READ, joined=_JOINED)
                    if b"ratelimit" in names or b"retry-after" in names else _NO_FIELDS)
         status = notes.upstream_status or flow.response.status_code  # what the site said

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from operator import itemgetter
 from typing import Any
 
 from mitmproxy import http
@@ -26,7 +25,7 @@ from mitmproxy import http
 from addons.answers import answer_locally
 from addons.notes import KEY, PAID_BODY, notes_of, request_url, skip
 from addons.runtime import PerSite, Runtime
-from etiquette_proxy.headers import has_field
+from etiquette_proxy.headers import has_field, names_lowered
 from etiquette_proxy.payments import payment_asked
 from etiquette_proxy.payments.ledger import LocalLedger, RedisLedger
 from etiquette_proxy.payments.money import PaymentLimits
@@ -44,7 +43,6 @@ log = logging.getLogger(__name__)
 
 _PRICE_FIELDS = frozenset(name.encode("ascii") for name in PRICE_HEADERS)
 _PAYMENT_FIELDS = frozenset({b"crawler-price", b"crawler-charged", b"crawler-error", b"payment-required"})
-_NAME = itemgetter(0)  # a raw field's name
 _OFFER = "payment_offer"  # notes.facts: the Offer a request left with
 # Fields of the site's paid answer that described the side request's own framing: mitmproxy
 # frames the body the client gets (the side request inflated gzip already).
@@ -98,7 +96,7 @@ class Payments:
         # by name decodes every field of the request each time. Their names joined and
         # lower-cased in one C call say whether any "crawler-" field is there at all.
         fields = request.headers.fields
-        if b"crawler-" in _names(fields) and has_field(fields, _PRICE_FIELDS):
+        if b"crawler-" in names_lowered(fields) and has_field(fields, _PRICE_FIELDS):
             dropped = [name for name in PRICE_HEADERS if name in request.headers]
             for name in dropped:
                 del request.headers[name]
@@ -136,7 +134,7 @@ class Payments:
                 return
         if status != 402:
             fields = response.headers.fields
-            names = _names(fields)  # every payment field's name has one of these in it
+            names = names_lowered(fields)  # every payment field's name has one of these in it
             if not (b"crawler-" in names or b"payment-required" in names) or not has_field(fields, _PAYMENT_FIELDS):
                 return
         price = response.headers.get("crawler-price")
@@ -202,11 +200,6 @@ class Payments:
         notes = notes_of(flow)
         notes.upstream_status = answer.status
         notes.facts[PAID_BODY] = answer.body
-
-
-def _names(fields: tuple[tuple[bytes, bytes], ...]) -> bytes:
-    """Every raw field's name, lower case, one per line (built in C: no per-field Python)."""
-    return b"\n".join(map(_NAME, fields)).lower()
 
 
 class _InPlaceOf402:
