@@ -146,9 +146,12 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    as_program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in COMMANDS + ("-h", "--help"):
         argv.insert(0, "run")
+    if as_program and argv[0] == "run":
+        _optimized()
     args = _parser().parse_args(argv)
     if args.command == "check-config":
         return check_config(args.file, args.set)
@@ -171,6 +174,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.workers != 1:
         return run_workers(config, args.config, overrides, args.workers)
     return run(config, args.config, overrides, worker=args.worker, handoff_fd=args.handoff_fd)
+
+
+OPTIMIZE_ENV = "ETIQUETTE_PROXY_ASSERTS"  # set to 1: `run` keeps assertions (debugging)
+
+
+def _optimized() -> None:
+    """Become `python -O` (same PID, same arguments) before the proxy starts.
+
+    mitmproxy's HTTP layers check their invariants with `assert` and name every task for its
+    own test suite under `if __debug__` (an environment lookup per hook task): work done for
+    every request that tells the crawler's operator nothing. `python -O` drops both, as the
+    leanest mitmproxy benchmarks/overhead.py compares against runs; it costs the proxy about
+    a sixth of its CPU per request (benchmarks/README.md, "python -O"). The asserts of this
+    package only narrow types for the checker: every check that guards a promise is an `if`.
+    exec keeps the process (its PID, open descriptors, signals): whoever started it still
+    holds it. Not done when called as a function (tests), when already optimized, or with
+    ETIQUETTE_PROXY_ASSERTS=1.
+    """
+    if sys.flags.optimize or os.environ.get(OPTIMIZE_ENV) == "1" or not sys.executable:
+        return
+    original = getattr(sys, "orig_argv", None)
+    if not original:
+        return
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, [sys.executable, "-O", *original[1:]])
+    except OSError as e:  # run as we are: slower, same behaviour
+        print(f"etiquette-proxy: could not restart under python -O ({e}); running with assertions",
+              file=sys.stderr)
 
 
 def check_config(path: str, overrides: Sequence[str] = ()) -> int:
@@ -465,7 +498,8 @@ def run_workers(config: Config, config_path: str | None, overrides: list[str], c
         # Later --set wins: each worker gets the supervisor's port and its own audit file
         # (each file its own hash chain, SPEC §11); `-` stays stdout, passed on by the supervisor.
         own_audit = audit if audit == "-" else worker_audit_path(os.path.expanduser(audit), index)
-        cmd = [sys.executable, "-m", "addons.cli", "run", "--worker", str(index)]
+        cmd = [sys.executable, *(["-O"] if sys.flags.optimize else []), "-m", "addons.cli", "run",
+               "--worker", str(index)]
         cmd += [f"--config={config_path}"] if config_path else []
         cmd += [f"--set={s}" for s in overrides]
         cmd += [f"--set=state.dir={directory}", f"--set=audit.log={own_audit}",

@@ -197,8 +197,14 @@ def same_checkout(other_checkout: str) -> None:
 
 
 def etiquette_command(state_dir: Path, sets: Sequence[str] = (), extra: Sequence[str] = ()) -> list[str]:
-    exe = shutil.which("etiquette-proxy", path=str(BIN)) or "etiquette-proxy"
-    cmd = [exe, "run", "--listen-port", "0", "--state-dir", str(state_dir)]
+    """`etiquette-proxy run` as `python -O` from the start: `run` restarts itself under -O
+    (addons/cli.py `_optimized`), which a tracer started with it (valgrind, strace) would not
+    follow; started so, a checkout from before that restart (`--before`) runs under -O too,
+    and an arm's figures compare the chain's code alone."""
+    exe = shutil.which("etiquette-proxy", path=str(BIN))
+    if exe is None:
+        raise SystemExit(f"etiquette-proxy is not installed in {BIN}: pip install -e '.[test]'")
+    cmd = [sys.executable, "-O", exe, "run", "--listen-port", "0", "--state-dir", str(state_dir)]
     for s in sets:
         cmd += ["--set", s]
     return cmd + list(extra)
@@ -210,7 +216,10 @@ def start_etiquette(state_dir: Path, sets: Sequence[str] = (), prefix: Sequence[
     `pythonpath` a directory holding another checkout's addons and etiquette_proxy."""
     state_dir.mkdir(parents=True, exist_ok=True)
     stderr = open(state_dir.parent / f"{state_dir.name}.stderr", "ab")
-    proc = subprocess.Popen([*prefix, *etiquette_command(state_dir, sets)], stdout=subprocess.PIPE,
+    cmd = [*prefix, *etiquette_command(state_dir, sets)]
+    if prefix and prefix[0] == sys.executable:  # a Python runner (cProfile...) runs the script itself
+        cmd = [sys.executable, "-O", *prefix[1:], *etiquette_command(state_dir, sets)[2:]]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
                             stderr=stderr, text=True, env=clean_env(pythonpath))
     stderr.close()
     try:
@@ -266,7 +275,7 @@ def start_product_master(confdir: Path, extra: Sequence[str] = (), prefix: Seque
     """`run`'s own mitmproxy master (benchmarks/_product_master.py): with no `extra`, lean
     mitmproxy with no etiquette addon; `extra` e.g. `--chain STATE --reverse URL`."""
     return _start_master("_product_master.py", confdir, free_port(), extra, prefix, pythonpath,
-                         "mitmproxy, run's master, no etiquette addon")
+                         "mitmproxy, run's master, no etiquette addon", ["-O"])  # as `run` runs
 
 
 def start_lean(confdir: Path, extra: Sequence[str] = (), prefix: Sequence[str] = (),

@@ -95,6 +95,10 @@ def test_workers_share_one_port_survive_a_kill_and_stop_cleanly(start_proxy, red
     state = proxy.state_dir
     workers = workers_of(proxy)
     assert len(workers) == 2 and all(alive(p) for p in workers)
+    # Supervisor and workers all run under python -O (addons/cli.py `_optimized`).
+    for pid in [proxy.proc.pid, *workers]:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            assert f.read().split(b"\0")[1] == b"-O", pid
     assert (state / "proxy-url").read_text().strip() == proxy.url
 
     # Serves, and the supervisor hands new connections to the workers in turn: 24 connections
