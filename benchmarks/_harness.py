@@ -196,31 +196,41 @@ def same_checkout(other_checkout: str) -> None:
             raise SystemExit(f"before arm: {module.__name__} imported from {got}, not from {want}")
 
 
-def etiquette_command(state_dir: Path, sets: Sequence[str] = (), extra: Sequence[str] = ()) -> list[str]:
+ASSERTS_ENV = "ETIQUETTE_PROXY_ASSERTS"  # addons/cli.py: `run` keeps assertions, no restart
+
+
+def etiquette_command(state_dir: Path, sets: Sequence[str] = (), extra: Sequence[str] = (),
+                      optimize: bool = True) -> list[str]:
     """`etiquette-proxy run` as `python -O` from the start: `run` restarts itself under -O
     (addons/cli.py `_optimized`), which a tracer started with it (valgrind, strace) would not
     follow; started so, a checkout from before that restart (`--before`) runs under -O too,
-    and an arm's figures compare the chain's code alone."""
+    and an arm's figures compare the chain's code alone. `optimize=False`: with assertions
+    (start it with ASSERTS_ENV set, or `run` restarts itself under -O)."""
     exe = shutil.which("etiquette-proxy", path=str(BIN))
     if exe is None:
         raise SystemExit(f"etiquette-proxy is not installed in {BIN}: pip install -e '.[test]'")
-    cmd = [sys.executable, "-O", exe, "run", "--listen-port", "0", "--state-dir", str(state_dir)]
+    cmd = [sys.executable, *(["-O"] if optimize else []), exe,
+           "run", "--listen-port", "0", "--state-dir", str(state_dir)]
     for s in sets:
         cmd += ["--set", s]
     return cmd + list(extra)
 
 
 def start_etiquette(state_dir: Path, sets: Sequence[str] = (), prefix: Sequence[str] = (),
-                    pythonpath: str | None = None) -> Started:
+                    pythonpath: str | None = None, optimize: bool = True) -> Started:
     """The real proxy process (console script of this venv); `prefix` e.g. a profiler;
     `pythonpath` a directory holding another checkout's addons and etiquette_proxy."""
     state_dir.mkdir(parents=True, exist_ok=True)
     stderr = open(state_dir.parent / f"{state_dir.name}.stderr", "ab")
-    cmd = [*prefix, *etiquette_command(state_dir, sets)]
+    own = etiquette_command(state_dir, sets, optimize=optimize)  # [python, (-O), script, run, ...]
+    cmd = [*prefix, *own]
     if prefix and prefix[0] == sys.executable:  # a Python runner (cProfile...) runs the script itself
-        cmd = [sys.executable, "-O", *prefix[1:], *etiquette_command(state_dir, sets)[2:]]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
-                            stderr=stderr, text=True, env=clean_env(pythonpath))
+        flags = own[1:own.index("run") - 1]
+        cmd = [sys.executable, *flags, *prefix[1:], *own[1 + len(flags):]]
+    env = clean_env(pythonpath)
+    if not optimize:
+        env[ASSERTS_ENV] = "1"
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
     stderr.close()
     try:
         url = _ready_line(proc, "etiquette-proxy listening on ")
@@ -271,11 +281,11 @@ def _start_master(script: str, confdir: Path, port: int, extra: Sequence[str], p
 
 
 def start_product_master(confdir: Path, extra: Sequence[str] = (), prefix: Sequence[str] = (),
-                         pythonpath: str | None = None) -> Started:
+                         pythonpath: str | None = None, optimize: bool = True) -> Started:
     """`run`'s own mitmproxy master (benchmarks/_product_master.py): with no `extra`, lean
     mitmproxy with no etiquette addon; `extra` e.g. `--chain STATE --reverse URL`."""
     return _start_master("_product_master.py", confdir, free_port(), extra, prefix, pythonpath,
-                         "mitmproxy, run's master, no etiquette addon", ["-O"])  # as `run` runs
+                         "mitmproxy, run's master, no etiquette addon", ["-O"] if optimize else [])  # as `run`
 
 
 def start_lean(confdir: Path, extra: Sequence[str] = (), prefix: Sequence[str] = (),

@@ -7,7 +7,7 @@ If-None-Match) is loaded by wrk at a fixed concurrency for a fixed duration:
   (b') the leanest forward proxy on mitmproxy (benchmarks/_lean_master.py): a plain `Master`
        with mitmproxy's own `core`, `proxyserver`, `next_layer` and `tlsconfig`, importing no
        code of ours, under `python -O` (that file says why);
-  (c)  `etiquette-proxy run` (the real process, the whole addon chain of this checkout,
+  (c)  `etiquette-proxy run` (the real process under `python -O`, as `run` runs, the whole addon chain of this checkout,
        enforce mode, defaults) with pacing out of the way for the site:
        sites."127.0.0.1".pacing.rate/burst = 100000, max_concurrency = 1000.
 
@@ -20,6 +20,7 @@ c/b' >= 0.85, p99 added <= 2 ms, CPU added <= 0.15 ms/request, on each path belo
 
 Optional arms: `--mitmdump` (b) bare `mitmdump -q` (34 default addons: what users run),
 `--run-master` (m) `run`'s own master (addons/master.py) with no etiquette addon,
+`--asserts` (ca) the same chain with assertions (not under `python -O`, which `run` uses),
 `--before DIR` (c0) the same chain from another checkout (`git worktree add /tmp/before main`,
 or `git archive BASE` unpacked): a change's before/after from one run, under the same load.
 DIR's `addons/` and `etiquette_proxy/` are linked side by side and checked to import from DIR
@@ -103,16 +104,17 @@ def _reverse(site: Started) -> list[str]:
 
 
 def start_chain(tmp: Path, site: Started, sets: list[str], https: bool, prefix: list[str] | None = None,
-                checkout: Path | None = None) -> tuple[Started, Path]:
-    """The etiquette chain (of this checkout, or of another `checkout`) and its state dir."""
+                checkout: Path | None = None, optimize: bool = True) -> tuple[Started, Path]:
+    """The etiquette chain (of this checkout, or of another `checkout`) and its state dir;
+    under `python -O` as `run` runs, or with assertions (`optimize=False`)."""
     state = tmp / "state"
     pythonpath = checkout_path(checkout, tmp / "pythonpath") if checkout else None
     if not https:
-        return start_etiquette(state, sets, prefix=prefix or (), pythonpath=pythonpath), state
+        return start_etiquette(state, sets, prefix=prefix or (), pythonpath=pythonpath, optimize=optimize), state
     chain = ["--chain", str(state), "--reverse", site.url]
     for s in [*sets, "upstream.insecure=true"]:
         chain += ["--set", s]
-    ety = start_product_master(tmp / "mitm", chain, prefix=prefix or (), pythonpath=pythonpath)
+    ety = start_product_master(tmp / "mitm", chain, prefix=prefix or (), pythonpath=pythonpath, optimize=optimize)
     ety.url = ety.url.replace("http://", "https://")
     ety.name = "run's master + build_chain() (reverse, TLS)"
     return ety, state
@@ -138,7 +140,7 @@ def arm_medians(rs: list[WrkResult]) -> tuple[float, float, float]:
 
 
 LABELS = {"b'": "(b') lean mitmproxy", "c": "(c) etiquette-proxy", "b": "(b) bare mitmdump",
-          "m": "(m) run's master, no chain", "c0": "(c0) before"}
+          "m": "(m) run's master, no chain", "c0": "(c0) before", "ca": "(ca) with assertions"}
 
 
 def main() -> int:
@@ -158,6 +160,8 @@ def main() -> int:
                     help="arm m: run's own mitmproxy master with no etiquette addon (see above)")
     ap.add_argument("--lean", dest="run_master", action="store_true",
                     help="the old name of --run-master (older figures' commands); (b') is always on")
+    ap.add_argument("--asserts", action="store_true",
+                    help="arm ca: (c) with assertions, not under python -O (ETIQUETTE_PROXY_ASSERTS=1)")
     ap.add_argument("--close", action="store_true",
                     help="every request on a new client connection (Connection: close): per-connection cost")
     args = ap.parse_args()
@@ -190,6 +194,8 @@ def main() -> int:
             proxies["b"] = mitm
         if args.run_master:
             proxies["m"] = start_product_master(Path(tmp) / "run-master", reverse)
+        if args.asserts:
+            proxies["ca"], _ = start_chain(Path(tmp) / "ca", site, sets, args.https, optimize=False)
         if args.before:
             proxies["c0"], _ = start_chain(Path(tmp) / "c0", site, sets, args.https, checkout=Path(args.before))
             rev = subprocess.run(["git", "-C", args.before, "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -237,7 +243,7 @@ def main() -> int:
     print(f"  HEADLINE c/b' (etiquette-proxy / lean mitmproxy): throughput {c_rps / l_rps:.3f} "
           f"(per round {min(per_round):.3f}..{max(per_round):.3f}), p99 added {c99 - l99:+.2f} ms, "
           f"CPU per request added {c_cpu - l_cpu:+.3f} ms ({l_cpu:.3f} -> {c_cpu:.3f}, /proc utime+stime)")
-    for name in ("b", "m", "c0"):
+    for name in ("b", "m", "c0", "ca"):
         if name in figures:
             rps, p99, cpu = figures[name]
             print(f"  {LABELS[name]}: c/{name} {c_rps / rps:.3f}, {name}/b' {rps / l_rps:.3f}, "
