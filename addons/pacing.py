@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Awaitable
 
 from addons.answers import answer_locally, fail_closed
 from etiquette_proxy.headers import LowerFields, fields_named, names_lowered
@@ -82,20 +83,39 @@ class Pacing:
                 done.append(f"{site}: learned limit forgotten (pacing as configured)")
         return done
 
-    async def request(self, flow: http.HTTPFlow) -> None:
+    def request(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
+        # The common case is decided without a coroutine: a site under its rate with a slot
+        # free starts at once (one bucket check, no Admission) and, on a connection already
+        # open with nobody at the site's departure gate, leaves now (its token spent here).
+        # Anything else (a line, a pause, observe mode, Redis, a departure to wait for, no
+        # connection yet) returns the awaitable that decides it (_hold, _leave).
         if skip(flow):
-            return
+            return None
         notes = notes_of(flow)
         try:
-            # The common case first: a site under its rate with a slot free starts at once
-            # (one bucket check, no Admission); anything else (a line, a pause, observe mode,
-            # Redis) is decided by the whole admission sequence in _hold.
-            ticket = self.service.start_at_once(notes.site)
-            if ticket is not None:
-                notes.facts[TICKET] = ticket
-                await self._leave(flow, notes.site, ticket)
-            else:
-                await self._hold(flow, notes)
+            service = self.service
+            site = notes.site
+            ticket = service.start_at_once(site)
+            if ticket is None:
+                return self._decided(flow, notes, self._hold(flow, notes))
+            notes.facts[TICKET] = ticket
+            # start_at_once answers only outside observe mode and without Redis, where
+            # `service.leave` is the departure gate alone (`leave_now`, else `depart`).
+            if service.departing.started(flow.client_conn.id, (flow.request.host, flow.request.port), site,
+                                         ticket, via_proxy=service.via_proxy()):
+                if not service.gates.leave_now(site):
+                    return self._decided(flow, notes, service.gates.depart(site))
+            if flow.response is None:
+                notes.facts[DEPARTED] = time.monotonic()  # latency signal: when it left
+        except Exception as e:  # noqa: BLE001
+            self._give_back(flow, notes)
+            fail_closed(flow, "pacing", e)
+        return None
+
+    async def _decided(self, flow: http.HTTPFlow, notes: FlowNotes, deciding: Awaitable[None]) -> None:
+        """`request`'s rest when it must wait: the admission or the departure gate awaited."""
+        try:
+            await deciding
             if TICKET in notes.facts and flow.response is None:
                 notes.facts[DEPARTED] = time.monotonic()  # latency signal: when it left
         except Exception as e:  # noqa: BLE001
@@ -176,11 +196,13 @@ class Pacing:
         if answered.publish is not None:
             notes.facts[PUBLISH] = answered.publish
 
-    async def response(self, flow: http.HTTPFlow) -> None:
-        """SPEC §10: a 429 seen here pauses the site for every instance before the client hears of it."""
+    def response(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
+        """SPEC §10: a 429 seen here pauses the site for every instance before the client hears
+        of it (awaited by the chain; nothing to await for any other answer)."""
         publish = notes_of(flow).facts.pop(PUBLISH, None)
         if publish is not None:
-            await self.service.shared.publish(*publish)
+            return self.service.shared.publish(*publish)
+        return None
 
     def error(self, flow: http.HTTPFlow) -> None:
         self._give_back(flow, notes_of(flow))

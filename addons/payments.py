@@ -23,7 +23,7 @@ from typing import Any
 from mitmproxy import http
 
 from addons.answers import answer_locally
-from addons.notes import KEY, PAID_BODY, notes_of, request_url, skip
+from addons.notes import KEY, PAID_BODY, FlowNotes, notes_of, request_url, skip
 from addons.runtime import PerSite, Runtime
 from etiquette_proxy.headers import has_field, names_lowered
 from etiquette_proxy.payments import payment_asked
@@ -87,9 +87,11 @@ class Payments:
             return "signed" in extra
         return self.rt.upstream.signer is not None and not client_signed(flow.request.headers.keys())
 
-    async def request(self, flow: http.HTTPFlow) -> None:
+    def request(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
+        # Synchronous unless the site has payment limits (an offer to ask the ledger for): most
+        # sites have none, and a coroutine per request would cost more than the check itself.
         if skip(flow):
-            return
+            return None
         request = flow.request
         notes = notes_of(flow)
         # Looked for in the raw fields first: a client rarely sends either, and a Headers lookup
@@ -103,7 +105,12 @@ class Payments:
             notes.extra["payment_headers_dropped"] = dropped
         limits = self._limits.get(notes.site)
         if limits is None or self.rt.observe:
-            return
+            return None
+        return self._offer(flow, notes, limits)
+
+    async def _offer(self, flow: http.HTTPFlow, notes: FlowNotes, limits: PaymentLimits) -> None:
+        """The ledger's answer for a site with payment limits: refuse (402), offer a price, or go."""
+        request = flow.request
         offer = await self.service.before(notes.site, limits, self._signing(flow))
         if offer.action == "refuse":
             answer_locally(flow, 402, "paused", offer.reason, offer.retry_after_s)
@@ -116,26 +123,33 @@ class Payments:
             request.headers[offer.header[0]] = offer.header[1]
             notes.facts[_OFFER] = offer
 
-    async def responseheaders(self, flow: http.HTTPFlow) -> None:
+    def responseheaders(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
+        # Synchronous for most answers (no offer made, no 402, no payment field): the rest,
+        # which may ask the ledger or pay, in `_answered`.
         response = flow.response
         if response is None:
-            return
+            return None
         notes = notes_of(flow)
         offer: Offer | None = notes.facts.pop(_OFFER, None)
         if notes.local or notes.facts.get("internal"):
             if offer is not None:
-                await self.service.release(notes.site, offer)
-            return  # the proxy's own answers
+                return self.service.release(notes.site, offer)
+            return None  # the proxy's own answers
+        if offer is None and response.status_code != 402:
+            fields = response.headers.fields
+            names = names_lowered(fields)  # every payment field's name has one of these in it
+            if not (b"crawler-" in names or b"payment-required" in names) or not has_field(fields, _PAYMENT_FIELDS):
+                return None
+        return self._answered(flow, notes, offer)
+
+    async def _answered(self, flow: http.HTTPFlow, notes: FlowNotes, offer: Offer | None) -> None:
+        response = flow.response
+        assert response is not None
         status = response.status_code
         if offer is not None:
             notes.extra.update(await self.service.after_offer(
                 notes.site, offer, status, {k.lower(): v for k, v in response.headers.items()}))
             if status != 402:
-                return
-        if status != 402:
-            fields = response.headers.fields
-            names = names_lowered(fields)  # every payment field's name has one of these in it
-            if not (b"crawler-" in names or b"payment-required" in names) or not has_field(fields, _PAYMENT_FIELDS):
                 return
         price = response.headers.get("crawler-price")
         limits = self._limits.get(notes.site)

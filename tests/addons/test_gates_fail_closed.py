@@ -147,9 +147,11 @@ def test_a_hook_that_does_not_judge_requests_is_logged_once_and_the_chain_goes_o
     assert seen == [200, 200, 200] and len(caplog.records) == 1
 
 
-# Pacing: the fast start (a site under its rate), the departure after it, and the whole
-# admission sequence are three places a request can fail while it is judged.
-INNER = [(RobotsGate, "_gate"), (Pacing, "service.start_at_once"), (Pacing, "_leave"), (Pacing, "_hold"),
+# Pacing: the fast start (a site under its rate), the departure after it (on a connection not
+# yet open, or through the departure gate of one that is), and the whole admission sequence are
+# the places a request can fail while it is judged.
+INNER = [(RobotsGate, "_gate"), (Pacing, "service.start_at_once"), (Pacing, "service.departing.started"),
+         (Pacing, "service.gates.leave_now"), (Pacing, "service.gates.depart"), (Pacing, "_hold"),
          (RunawayWatch, "service.guard"), (GoneMemory, "_check")]
 
 
@@ -169,6 +171,10 @@ def test_gates_that_catch_their_own_errors_fail_closed_the_same_way(tmp_path, ca
     monkeypatch.setattr(target, name, broken)
     if kind is Pacing and inner == "_hold":  # the whole admission: as for a site with a line
         monkeypatch.setattr(member.service, "start_at_once", lambda site: None)
+    if kind is Pacing and inner.startswith("service.gates."):  # a connection already open
+        monkeypatch.setattr(member.service.departing, "started", lambda *a, **kw: True)
+    if inner == "service.gates.depart":  # somebody at the departure gate: this one waits there
+        monkeypatch.setattr(member.service.gates, "leave_now", lambda site: False)
     caplog.set_level(logging.WARNING)
     for _ in range(3):
         f = tflow.tflow()

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 from addons.notes import notes_of
+from tests.addons.test_chain_dispatch import settled
 from addons.pacing import Pacing
 from addons.runtime import Runtime
 from mitmproxy.test import tflow
@@ -29,7 +30,7 @@ def test_a_paused_restraint_answers_locally_503_paused():
     rt, restraints = runtime(), Restraints()
     restraints.restrain("site.test:80", Restraint("health", paused=True, reason="health 12: hostile"))
     f = flow()
-    asyncio.run(Pacing(rt, restraints).request(f))
+    asyncio.run(settled(Pacing(rt, restraints).request(f)))
     assert f.response is not None and f.response.status_code == 503
     assert f.response.headers["Retry-After"] == "60"
     notes = notes_of(f)
@@ -40,7 +41,7 @@ def test_a_paused_restraint_in_observe_mode_is_only_logged():
     rt, restraints = runtime("mode=observe"), Restraints()
     restraints.restrain("site.test:80", Restraint("health", paused=True, reason="health 12: hostile"))
     f = flow()
-    asyncio.run(Pacing(rt, restraints).request(f))
+    asyncio.run(settled(Pacing(rt, restraints).request(f)))
     assert f.response is None and notes_of(f).would == "paused"
 
 
@@ -54,13 +55,13 @@ def test_restraints_multiply_rates_take_the_lowest_cap_and_scale_concurrency():
     pacing = Pacing(rt, restraints)
     assert pacing.rates.of(site) == 1000.0  # before the first request: the configured rate
     f = flow()
-    asyncio.run(pacing.request(f))
+    asyncio.run(settled(pacing.request(f)))
     budget = pacing.budget(site)
     assert budget.rate == 50.0 and budget.max_concurrency() == 2  # 1000 x 0.125 = 125 > cap 50
     assert pacing.rates.of(site) == 50.0  # the audit log's rate
     restraints.release(site, "retired")
     restraints.release(site, "crawl-delay")
-    asyncio.run(pacing.request(flow()))
+    asyncio.run(settled(pacing.request(flow())))
     assert budget.rate == 125.0
 
 
@@ -68,7 +69,7 @@ def test_bad_restraint_numbers_are_ignored_not_fatal():
     rt, restraints = runtime(), Restraints()
     restraints.restrain("site.test:80", Restraint("odd", rate_factor=float("nan")))
     f = flow()
-    asyncio.run(Pacing(rt, restraints).request(f))
+    asyncio.run(settled(Pacing(rt, restraints).request(f)))
     assert f.response is None and "pacing_ticket" in notes_of(f).facts
 
 
@@ -115,7 +116,7 @@ def answered(pacing: Pacing, host: str, status: int = 200, **fields: str):
     f = tflow.tflow(resp=True)
     f.request.host, f.request.port = host, 80
     response, f.response = f.response, None
-    asyncio.run(pacing.request(f))
+    asyncio.run(settled(pacing.request(f)))
     assert f.response is None, f.response
     f.response = response
     f.response.status_code = status
