@@ -17,6 +17,7 @@ from addons.robots_gate import RobotsGate
 from addons.runaway import RunawayWatch
 from addons.runtime import Runtime
 from addons.settings import Settings
+from tests.addons.test_chain_dispatch import settled
 from mitmproxy.test import tflow
 
 from etiquette_proxy.config import load_config_file
@@ -41,7 +42,7 @@ def test_every_feature_restrains_through_the_one_table_pacing_reads(tmp_path):
     f = tflow.tflow()
     f.request.host, f.request.port = "site.test", 80
     notes_of(f).site = SITE
-    asyncio.run(by[Pacing].request(f))
+    asyncio.run(settled(by[Pacing].request(f)))  # sync when the site may go at once
     assert f.response is None and by[Pacing].budget(SITE).rate == 4.0  # halved by health
     fields = {}
     for provider in by[Dashboard].providers:
