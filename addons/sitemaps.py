@@ -79,7 +79,9 @@ class SitemapHooks:
 
     # -- hooks ---------------------------------------------------------------------------------
 
-    async def request(self, flow: http.HTTPFlow) -> None:
+    def request(self, flow: http.HTTPFlow) -> None:
+        # Synchronous: it awaits nothing (start_refresh schedules the refresh as a task), and a
+        # coroutine per flow would be built, scheduled and awaited by the chain for no work.
         if skip(flow):
             return
         notes = notes_of(flow)

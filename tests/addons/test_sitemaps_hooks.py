@@ -54,7 +54,7 @@ def fetch_through(hooks: SitemapHooks, reval: Revalidation, path: str, body: byt
     f = flow(path)
 
     async def go() -> None:
-        await hooks.request(f)
+        hooks.request(f)
         await reval.request(f)
         if f.response is None:
             answer(f, body, **headers)
@@ -108,8 +108,8 @@ def test_fetch_mode_asks_robots_for_sitemaps_except_in_observe_mode(tmp_path: Pa
 
     async def go() -> None:
         hooks = SitemapHooks(runtime, robots_sitemaps=robots, take_turn=None)
-        await hooks.request(flow("/page"))
-        await hooks.request(flow("/other"))  # one refresh per interval, not one per request
+        hooks.request(flow("/page"))
+        hooks.request(flow("/other"))  # one refresh per interval, not one per request
         for _ in range(3):
             await asyncio.sleep(0)  # the refresh runs in the background: let it start
         await hooks.done()
