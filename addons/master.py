@@ -25,7 +25,7 @@ own). `mitmdump -s addons/etiquette.py` still runs the chain inside a full mitmd
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from mitmproxy import addonmanager, exceptions, flow, hooks, http, master, options
@@ -89,18 +89,44 @@ class HookTable(addonmanager.AddonManager):
         super().clear()
         self._table.clear()
 
+    def _configure_all(self, updated: set[str]) -> None:
+        if "proxyauth" in updated:
+            self._table.clear()  # before the configure event, so ProxyAuth's configure runs
+        super()._configure_all(updated)
+
     def _hooks(self, event: hooks.Hook) -> tuple[tuple[Callable[..., Any], ...], ...]:
         found = self._table.get(event.name)
         if found is None:
             # One group per top-level addon, as mitmproxy's safecall wraps each addon's subtree.
-            groups = (tuple(func for _, func in self._iter_hooks(top, event)) for top in self.chain)
+            # mitmproxy's ProxyAuth does nothing while its `proxyauth` option is unset (the
+            # default: `listen.proxyauth` not configured), so its hooks stay out of the table
+            # then; `_configure_all` rebuilds the table when that option changes.
+            idle = () if getattr(self.master.options, "proxyauth", None) else (proxyauth.ProxyAuth,)
+            groups = (tuple(func for _, func in self._iter_hooks(top, event))
+                      for top in self.chain if not isinstance(top, idle))
             found = self._table[event.name] = tuple(g for g in groups if g)
         return found
 
-    async def trigger_event(self, event: hooks.Hook) -> None:
-        await self._run(self._hooks(event), event.args())
+    def trigger_event(self, event: hooks.Hook) -> Coroutine[Any, Any, None]:
+        # A plain function returning `_fire`'s coroutine: callers await it (or make a task of
+        # it) as before, and one coroutine, not two nested ones, runs per event.
+        return self._fire(self._hooks(event), event.args())
 
-    async def _run(self, groups: Sequence[tuple[Callable[..., Any], ...]], args: list[Any]) -> None:
+    def handle_lifecycle(self, event: hooks.Hook) -> Coroutine[Any, Any, None]:
+        # As AddonManager.handle_lifecycle: the event, then `update` for a flow. No addon here
+        # has an `update` hook, so then the event's own coroutine is all that runs (the table
+        # lookup is made when the event is fired; the table changes only when addons do).
+        args = event.args()
+        if isinstance(args[0], flow.Flow) and self._hooks(_UPDATE):
+            return self._fire_with_update(event, args)
+        return self._fire(self._hooks(event), args)
+
+    async def _fire_with_update(self, event: hooks.Hook, args: list[Any]) -> None:
+        await self._fire(self._hooks(event), args)
+        await self._fire(self._hooks(_UPDATE), [[args[0]]])
+
+    @staticmethod
+    async def _fire(groups: Sequence[tuple[Callable[..., Any], ...]], args: list[Any]) -> None:
         for group in groups:
             try:
                 for func in group:
@@ -112,16 +138,6 @@ class HookTable(addonmanager.AddonManager):
             except Exception as e:  # noqa: BLE001 -- handed to mitmproxy's own handler below
                 with addonmanager.safecall():
                     raise e
-
-    async def handle_lifecycle(self, event: hooks.Hook) -> None:
-        # As AddonManager.handle_lifecycle: the event, then `update` for a flow (no addon here
-        # has an `update` hook, so that second event costs one table lookup).
-        args = event.args()
-        await self._run(self._hooks(event), args)
-        if isinstance(args[0], flow.Flow):
-            update = self._hooks(_UPDATE)
-            if update:
-                await self._run(update, [[args[0]]])
 
 
 class ProductMaster(master.Master):

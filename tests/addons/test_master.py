@@ -127,3 +127,28 @@ def test_run_skips_mitmproxys_debug_typechecks_only_where_it_is_called() -> None
         "skip_message_typechecks()\nbuild()\nprint('skipped')\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["checked", "skipped"], out.stderr
+
+
+def test_proxyauth_hooks_only_while_its_option_is_set() -> None:
+    """ProxyAuth does nothing without `proxyauth`: out of the table then, back (and enforcing)
+    once the option is set, as `listen.proxyauth` sets it (SPEC §12)."""
+    async def go() -> tuple[bool, bool, int | None, bool]:
+        master = ProductMaster(options.Options())
+        try:
+            def in_table() -> bool:
+                return any(getattr(f, "__self__", None).__class__.__name__ == "ProxyAuth"
+                           for group in master.addons._hooks(http.HttpRequestHeadersHook(tflow.tflow()))
+                           for f in group)
+            before = in_table()
+            master.options.update(proxyauth="user:secret-pass")
+            after = in_table()
+            f = tflow.tflow()
+            await master.addons.handle_lifecycle(http.HttpRequestHeadersHook(f))
+            status = f.response.status_code if f.response else None
+            master.options.update(proxyauth=None)
+            return before, after, status, in_table()
+        finally:
+            master._legacy_log_events.uninstall()
+    before, after, status, unset_again = asyncio.run(go())
+    assert (before, after, unset_again) == (False, True, False)
+    assert status == 407  # ProxyAuth's configure ran on the change: it asks for credentials
