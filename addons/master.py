@@ -12,6 +12,7 @@ Kept, and why each:
 - `Block`: refuses clients from outside the host when listening beyond loopback (SPEC §12,
   mitmproxy's `block_global`/`block_private`).
 - `ProxyAuth`: `listen.proxyauth` (SPEC §12) sets mitmproxy's `proxyauth` option.
+  Its hooks are dispatched only while that option is set (it does nothing otherwise).
 - `Proxyserver`, `NextLayer`, `TlsConfig`: the proxy itself, its layers, HTTPS interception and
   upstream certificate checks (`upstream.insecure`, `upstream.ca_file`).
 - `DisableH2C`: a request to upgrade to h2c, which mitmproxy cannot intercept, is refused.
