@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple, TypeVar
 
 from addons.answers import FAULTS, answer_locally, fail_closed
@@ -159,23 +160,42 @@ class Revalidation:
 
     # -- request: served-stored, or inject validators ------------------------------------------
 
-    async def request(self, flow: http.HTTPFlow) -> None:
+    def request(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
+        # Synchronous on the common path (validators injected from a body kept in memory): the
+        # chain then builds no coroutine for this member (chain.py). Only a body read in a
+        # worker thread (over THREAD_ABOVE) or served unchecked returns a coroutine.
         if skip(flow) or self.rt.store is None or flow.request.method != "GET":
-            return
+            return None
         notes = notes_of(flow)
         try:
-            await self._before(flow, notes)
+            pending = self._before(flow, notes)
         except Exception as e:  # noqa: BLE001 - a saving, not a permission: forward unaltered
-            FAULTS.report("revalidation", e, "requests it meets are forwarded without validators")
-            flow.metadata.pop(_INJECTED, None)
-            notes.extra.pop("injected", None)
+            self._forward_plain(flow, notes, e)
+            return None
+        if pending is None:
+            return None
+        return self._before_rest(flow, notes, pending)
 
-    async def _before(self, flow: http.HTTPFlow, notes: FlowNotes) -> None:
+    async def _before_rest(self, flow: http.HTTPFlow, notes: FlowNotes, pending: Awaitable[None]) -> None:
+        try:
+            await pending
+        except Exception as e:  # noqa: BLE001 - as in request()
+            self._forward_plain(flow, notes, e)
+
+    @staticmethod
+    def _forward_plain(flow: http.HTTPFlow, notes: FlowNotes, e: Exception) -> None:
+        FAULTS.report("revalidation", e, "requests it meets are forwarded without validators")
+        flow.metadata.pop(_INJECTED, None)
+        notes.extra.pop("injected", None)
+
+    def _before(self, flow: http.HTTPFlow, notes: FlowNotes) -> Awaitable[None] | None:
+        """Serve the stored copy, or inject the stored validators: None when done at once, else
+        the coroutine that reads a stored body in a worker thread and finishes the work."""
         store = self.rt.store
         assert store is not None
         key = store_key(flow, self.rt, self.rules)
         if key is None:
-            return
+            return None
         rules = self.rules.get(self.rt.config, notes.site)
         policy = rules.revisit
         state: RevisitState | None = None
@@ -184,7 +204,7 @@ class Revalidation:
         else:
             entry = store.get(key)
         if entry is None:
-            return
+            return None
         flow.metadata[_HAD_ENTRY] = True
 
         if policy.enforce:
@@ -197,29 +217,37 @@ class Revalidation:
                 reason = f"stored copy, not checked with the site: {decision.reason} (revisit.enforce)"
                 if self.rt.observe:
                     notes.would_do("served-stored", reason)
-                    return
-                body = await stored_body(store, entry)
-                if body is not None:
-                    notes.outcome, notes.reason, notes.local = "served-stored", reason, True
-                    # RFC 9111 §5.1: a stored response carries its Age.
-                    age = str(int(max(0.0, wall() - entry.stored_at)))
-                    headers = tuple((k, v) for k, v in stored_response_headers(entry)
-                                    if k.lower() != "age") + (("Age", age),)
-                    flow.response = http.Response.make(200)
-                    set_stored_response(flow.response, body, headers)
-                    store.touch(entry)  # a use: keeps the page young for eviction
-                    return
+                    return None
+                return self._serve_stored(flow, notes, key, entry, reason)
+        return self._validate(flow, notes, key, entry)
 
+    def _validate(self, flow: http.HTTPFlow, notes: FlowNotes, key: str, entry: StoredEntry) -> Awaitable[None] | None:
+        """The stored validators injected into the request (RFC 9110 §13.1): None when done at
+        once, else the coroutine reading a large stored body first."""
+        store = self.rt.store
+        assert store is not None
         injection, fields, names, said = self._injection(entry, flow.request.headers.fields)
         if not injection.inject or injection.entry is None:
             log.debug("no validators for %s: %s", key, injection.reason)
-            return
+            return None
         if self.rt.observe:
             flow.metadata[_WOULD_INJECT] = injection.entry
-            return
-        # A small body straight from the store (no coroutine: most are kept in memory).
+            return None
         entry = injection.entry
-        body = store.body(entry) if entry.body_size <= THREAD_ABOVE else await stored_body(store, entry)
+        if entry.body_size > THREAD_ABOVE:
+            return self._inject_read(flow, notes, key, entry, fields, names, said)
+        # A small body straight from the store (no coroutine: most are kept in memory).
+        self._inject(flow, notes, key, entry, store.body(entry), fields, names, said)
+        return None
+
+    async def _inject_read(self, flow: http.HTTPFlow, notes: FlowNotes, key: str, entry: StoredEntry,
+                           fields: tuple[tuple[bytes, bytes], ...], names: tuple[str, ...], said: str) -> None:
+        assert self.rt.store is not None
+        self._inject(flow, notes, key, entry, await stored_body(self.rt.store, entry), fields, names, said)
+
+    @staticmethod
+    def _inject(flow: http.HTTPFlow, notes: FlowNotes, key: str, entry: StoredEntry, body: bytes | None,
+                fields: tuple[tuple[bytes, bytes], ...], names: tuple[str, ...], said: str) -> None:
         if body is None:  # evicted or damaged since the entry was read: a plain fetch
             log.info("stored body for %s is missing or damaged; not revalidating", key)
             return
@@ -228,6 +256,25 @@ class Revalidation:
         flow.request.headers.fields += fields
         flow.metadata[_INJECTED] = Injected(entry, body, names, said)
         notes.extra["injected"] = list(names)
+
+    async def _serve_stored(self, flow: http.HTTPFlow, notes: FlowNotes, key: str, entry: StoredEntry,
+                            reason: str) -> None:
+        store = self.rt.store
+        assert store is not None
+        body = await stored_body(store, entry)
+        if body is None:  # gone since the entry was read: ask the site, with validators if any
+            pending = self._validate(flow, notes, key, entry)
+            if pending is not None:
+                await pending
+            return
+        notes.outcome, notes.reason, notes.local = "served-stored", reason, True
+        # RFC 9111 §5.1: a stored response carries its Age.
+        age = str(int(max(0.0, wall() - entry.stored_at)))
+        headers = tuple((k, v) for k, v in stored_response_headers(entry)
+                        if k.lower() != "age") + (("Age", age),)
+        flow.response = http.Response.make(200)
+        set_stored_response(flow.response, body, headers)
+        store.touch(entry)  # a use: keeps the page young for eviction
 
     def _injection(self, entry: StoredEntry, request_fields: tuple[tuple[bytes, bytes], ...],
                    ) -> tuple[Injection, tuple[tuple[bytes, bytes], ...], tuple[str, ...], str]:
@@ -245,34 +292,56 @@ class Revalidation:
 
     # -- response: 304 -> 200, unchanged, store and fingerprint ------------------------------
 
-    async def response(self, flow: http.HTTPFlow) -> None:
+    def response(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
+        # Synchronous on the common paths (a 304 merged into the stored 200, a small 200
+        # stored): a coroutine only to fetch again or to work on a large body in a thread.
         if flow.response is None or self.rt.store is None or flow.request.method != "GET":
-            return
+            return None
         notes = notes_of(flow)
         if notes.local:
-            return
+            return None
         injected: Injected | None = flow.metadata.pop(_INJECTED, None)
-        status = flow.response.status_code
         try:
-            if status == 304 and injected is not None:
-                await self._not_modified(flow, notes, injected)
-            elif status == 304:
-                notes.outcome = "unchanged"
-                notes.reason = "site answered 304 to the client's own conditional request"
-            elif status == 200:
-                await self._fetched(flow, notes)
-            elif status in (404, 410) and flow.metadata.get(_HAD_ENTRY):
-                key = store_key(flow, self.rt, self.rules)
-                if key is not None:
-                    self.rt.store.forget(key)  # never serve a page the site says is gone
+            pending = self._answered(flow, notes, injected)
         except Exception as e:  # noqa: BLE001
-            if injected is not None and flow.response.status_code == 304:
-                # The client did not ask conditionally: it must never see this 304.
-                fail_closed(flow, "revalidation", e)
-            else:
-                log.exception("revalidation bookkeeping failed on %s", flow.request.url)
+            self._answer_fault(flow, injected, e)
+            return None
+        if pending is None:
+            return None
+        return self._answered_rest(flow, injected, pending)
 
-    async def _not_modified(self, flow: http.HTTPFlow, notes: FlowNotes, injected: Injected) -> None:
+    def _answered(self, flow: http.HTTPFlow, notes: FlowNotes, injected: Injected | None) -> Awaitable[None] | None:
+        assert flow.response is not None and self.rt.store is not None
+        status = flow.response.status_code
+        if status == 304 and injected is not None:
+            return self._not_modified(flow, notes, injected)
+        if status == 304:
+            notes.outcome = "unchanged"
+            notes.reason = "site answered 304 to the client's own conditional request"
+        elif status == 200:
+            return self._fetched(flow, notes)
+        elif status in (404, 410) and flow.metadata.get(_HAD_ENTRY):
+            key = store_key(flow, self.rt, self.rules)
+            if key is not None:
+                self.rt.store.forget(key)  # never serve a page the site says is gone
+        return None
+
+    async def _answered_rest(self, flow: http.HTTPFlow, injected: Injected | None, pending: Awaitable[None]) -> None:
+        try:
+            await pending
+        except Exception as e:  # noqa: BLE001 - as in response()
+            self._answer_fault(flow, injected, e)
+
+    @staticmethod
+    def _answer_fault(flow: http.HTTPFlow, injected: Injected | None, e: Exception) -> None:
+        assert flow.response is not None
+        if injected is not None and flow.response.status_code == 304:
+            # The client did not ask conditionally: it must never see this 304.
+            fail_closed(flow, "revalidation", e)
+        else:
+            log.exception("revalidation bookkeeping failed on %s", flow.request.url)
+
+    def _not_modified(self, flow: http.HTTPFlow, notes: FlowNotes, injected: Injected) -> Awaitable[None] | None:
         assert flow.response is not None and self.rt.store is not None
         now = wall()
         entry = injected.entry
@@ -283,9 +352,7 @@ class Revalidation:
             kept = self._merges.put((id(entry), flow.response.headers.fields), (entry, merged, fields))
         _, answer, fields = kept
         if not answer.usable or answer.entry is None:
-            if await _fetched_again(self.rt, flow, notes, injected, answer.reason):
-                await self._fetched(flow, notes)
-            return
+            return self._ask_again(flow, notes, injected, answer.reason)
         # Written less than a minute ago, same validators: the client gets the merged headers;
         # the row is not rewritten for each repeat (variants.py REFRESH_EVERY_S says why).
         write = rewrite_after_304(entry, answer.entry, now)
@@ -303,26 +370,35 @@ class Revalidation:
             key = store_key(flow, self.rt, self.rules)
             if self.sitemaps is not None and key is not None:
                 self.sitemaps.checked(notes.site, key, None, False, read_before=True)
-            return
+            return None
         # Written back only while the store still holds this body (RFC 9111 §4.3.4 updates the
         # stored response; one that was replaced or evicted meanwhile is not ours to touch).
         # The new revisit schedule goes into the same row, in the same write.
         revisit = self._revisit(flow, notes, None, now)
         if not self.rt.store.refresh(answer.entry, {REVISIT: revisit}):
             self.rt.store.put_record(REVISIT, answer.entry.url, revisit)
+        return None
 
-    async def _fetched(self, flow: http.HTTPFlow, notes: FlowNotes) -> None:
+    async def _ask_again(self, flow: http.HTTPFlow, notes: FlowNotes, injected: Injected, why: str) -> None:
+        if await _fetched_again(self.rt, flow, notes, injected, why):
+            pending = self._fetched(flow, notes)
+            if pending is not None:
+                await pending
+
+    def _fetched(self, flow: http.HTTPFlow, notes: FlowNotes) -> Awaitable[None] | None:
+        """A 200 stored and fingerprinted: None when done at once, else the coroutine doing the
+        work of a body over THREAD_ABOVE in a worker thread."""
         response = flow.response
         store = self.rt.store
         assert response is not None and store is not None
         key = store_key(flow, self.rt, self.rules)
         if key is None:
-            return
+            return None
         if response.raw_content is None:
             copy = body_of(flow)
             if copy is not None and copy.sha256 is not None:
                 self._fetched_unkept(flow, notes, key, copy.sha256)
-            return
+            return None
         raw = response.raw_content
         request_headers = decoded(flow.request.headers.fields)
         response_headers = site_headers(response)
@@ -369,13 +445,27 @@ class Revalidation:
             return revisit, entry
 
         if len(raw) > THREAD_ABOVE:
-            revisit, entry = await asyncio.to_thread(work)
-        else:
-            revisit, entry = work()
+            return self._fetched_in_thread(flow, notes, key, decision.reason, response_headers, work)
+        self._fetched_kept(flow, notes, key, decision.reason, response_headers, *work())
+        return None
+
+    async def _fetched_in_thread(self, flow: http.HTTPFlow, notes: FlowNotes, key: str, why: str,
+                                 response_headers: HeaderPairs,
+                                 work: Callable[[], tuple[dict[str, Any] | None, StoredEntry | None]]) -> None:
+        revisit, entry = await asyncio.to_thread(work)
+        self._fetched_kept(flow, notes, key, why, response_headers, revisit, entry)
+
+    def _fetched_kept(self, flow: http.HTTPFlow, notes: FlowNotes, key: str, why: str,
+                      response_headers: HeaderPairs, revisit: dict[str, Any] | None,
+                      entry: StoredEntry | None) -> None:
+        """What follows the store's work on a 200: an outdated copy forgotten, the schedule of
+        a page not stored written on its own."""
+        store = self.rt.store
+        assert store is not None
         if entry is None and flow.metadata.get(_HAD_ENTRY):
             store.forget(key)  # the stored copy is outdated and the new one is not storable
         if entry is None:
-            log.debug("%s not stored: %s", key, decision.reason)
+            log.debug("%s not stored: %s", key, why)
             assert revisit is not None  # worked out whenever no entry is kept
             store.put_record(REVISIT, key, revisit)
 

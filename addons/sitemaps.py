@@ -95,31 +95,42 @@ class SitemapHooks:
             ua = self.rt.config.identity.user_agent or "etiquette-proxy"
             service.start_refresh(notes.origin, notes.site, settings.interval_s, ua)
 
-    async def response(self, flow: http.HTTPFlow) -> None:
+    def response(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
+        # Synchronous unless there is something to wait for (robots.txt asked whether it names
+        # this URL as a text sitemap, or a large sitemap read in a worker thread): most 200s
+        # are pages, told from their first bytes, and the chain builds no coroutine for them.
         response = flow.response
         if (response is None or response.status_code != 200 or flow.request.method != "GET"
                 or response.raw_content is None):
-            return
+            return None
         notes = notes_of(flow)
         service = None if notes.local else self.service(notes.site)
         if service is None:
-            return
+            return None
         # Asked of every 200: the URL and Content-Encoding read from the raw fields (request_url
         # builds request.url's string; field_value is Headers.get's), without mitmproxy's
         # per-lookup decoding.
         url, raw = request_url(flow.request), response.raw_content
         encoding = field_value(response.headers.fields, b"content-encoding")
         found = service.sitemap_body(url, raw, encoding, DECODE_LIMIT)
-        if found is None and not encoding \
-                and await service.listed_in_robots(notes.origin, notes.site, url, raw[:64]):
-            found = raw, True  # a text sitemap robots.txt names (SPEC §6)
         if found is None:
-            return
-        body, text_ok = found
+            if encoding or not service.may_list(raw[:64]):
+                return None
+            return self._listed_in_robots(service, notes.origin, notes.site, url, raw)
+        return self._read(service, url, notes.site, *found)
+
+    async def _listed_in_robots(self, service: SitemapService, origin: str, site: str, url: str, raw: bytes) -> None:
+        if await service.listed_in_robots(origin, site, url, raw[:64]):
+            pending = self._read(service, url, site, raw, True)  # a text sitemap robots.txt names (SPEC §6)
+            if pending is not None:
+                await pending
+
+    @staticmethod
+    def _read(service: SitemapService, url: str, site: str, body: bytes, text_ok: bool) -> Awaitable[None] | None:
         if len(body) > THREAD_ABOVE:
-            await asyncio.to_thread(service.read, url, notes.site, (body,), text_ok)
-        else:
-            service.read(url, notes.site, (body,), text_ok)
+            return asyncio.to_thread(service.read, url, site, (body,), text_ok)
+        service.read(url, site, (body,), text_ok)
+        return None
 
     async def done(self) -> None:
         if self._service is not None:

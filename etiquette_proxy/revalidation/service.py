@@ -231,6 +231,11 @@ class SitemapService:
             raw = whole
         return raw, text_ok
 
+    def may_list(self, head: bytes) -> bool:
+        """Whether a 200 starting with `head` could be a text sitemap robots.txt names: only
+        then is `listed_in_robots` worth asking (most 200s are pages, told from their start)."""
+        return self._robots is not None and starts_with_url(head)
+
     async def listed_in_robots(self, origin: str, site: str, url: str, head: bytes) -> bool:
         """A 200 whose body starts with a URL: is it a text sitemap robots.txt names? (asked
         of the robots.txt the gate already holds for this request; remembered when it is)."""

@@ -198,6 +198,6 @@ def test_revalidation_is_a_saving_it_forwards_unaltered_and_says_so_once(tmp_pat
     caplog.set_level(logging.WARNING)
     for _ in range(3):
         f = tflow.tflow()
-        asyncio.run(member.request(f))
+        asyncio.run(settled(member.request(f)))
         assert f.response is None and "injected" not in notes_of(f).extra  # forwarded without validators
     assert len(caplog.records) == 1 and "revalidation raised Boom: store" in caplog.records[0].getMessage()

@@ -23,6 +23,7 @@ from etiquette_proxy.revalidation.revisit import NAMESPACE as REVISIT
 from etiquette_proxy.revalidation.store import ValidatorStore
 from etiquette_proxy.revalidation.validators import StoredEntry
 from etiquette_proxy.side_fetch import SideResponse
+from tests.addons.test_chain_dispatch import settled
 
 URL = "http://site.test/page"
 BODY = b"<html>the stored page</html>"
@@ -59,7 +60,7 @@ def stored(rt: Runtime, etag: str | None = '"v1"', body: bytes = BODY, **extra: 
 
 
 def run(coro) -> None:  # type: ignore[no-untyped-def]
-    asyncio.run(coro)
+    asyncio.run(settled(coro))  # hooks are synchronous on their common paths
 
 
 def test_a_validator_with_cr_lf_is_never_injected(rt: Runtime) -> None:
@@ -428,7 +429,7 @@ def test_every_entry_the_store_keeps_hot_keeps_its_injection(rt: Runtime, monkey
 
         async def all_of_them() -> None:
             for f in flows:
-                await addon.request(f)
+                await settled(addon.request(f))
         run(all_of_them())
         return flows
 

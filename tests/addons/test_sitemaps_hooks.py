@@ -20,6 +20,7 @@ from mitmproxy.test import tflow, tutils
 from etiquette_proxy.config import load_config_file
 from etiquette_proxy.revalidation.lastmod import NAMESPACE, SitemapRecord
 from etiquette_proxy.revalidation.store import ValidatorStore
+from tests.addons.test_chain_dispatch import settled
 
 PAGE = b"<html>the page</html>"
 
@@ -55,11 +56,11 @@ def fetch_through(hooks: SitemapHooks, reval: Revalidation, path: str, body: byt
 
     async def go() -> None:
         hooks.request(f)
-        await reval.request(f)
+        await settled(reval.request(f))
         if f.response is None:
             answer(f, body, **headers)
-            await hooks.response(f)
-            await reval.response(f)
+            await settled(hooks.response(f))
+            await settled(reval.response(f))
 
     asyncio.run(go())
     return f

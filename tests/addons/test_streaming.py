@@ -104,11 +104,11 @@ def test_a_close_delimited_body_goes_chunked_to_an_http11_client(rt: Runtime) ->
 def fetched(addon: Revalidation, chunks: list[bytes], headers: dict[str, str]) -> http.HTTPFlow:
     """A GET through revalidation and streaming, its body in `chunks`."""
     f = flow()
-    asyncio.run(addon.request(f))
+    asyncio.run(settled(addon.request(f)))
     head_arrives(f, headers=headers)
     BodyStreams(addon.rt).responseheaders(f)
     body_streams(f, chunks)
-    asyncio.run(addon.response(f))
+    asyncio.run(settled(addon.response(f)))
     return f
 
 
@@ -116,19 +116,19 @@ def test_a_200_above_store_max_body_is_not_stored_and_gets_no_validators_next_ti
     addon = Revalidation(rt)
     fetched(addon, [b"<html>old</html>"], {"ETag": '"v1"', "Content-Type": "text/html"})  # stored, scheduled
     f = flow()
-    asyncio.run(addon.request(f))
+    asyncio.run(settled(addon.request(f)))
     assert f.request.headers["if-none-match"] == '"v1"'  # the small page had them
     big = [b"a" * 3000, b"b" * 3000]  # 6000 bytes > store.max_body (4096), Content-Length unknown
     head_arrives(f, headers={"ETag": '"v2"', "Content-Type": "text/html"})
     BodyStreams(rt).responseheaders(f)
     body_streams(f, big)
-    asyncio.run(addon.response(f))
+    asyncio.run(settled(addon.response(f)))
     assert rt.store is not None and rt.store.get(URL) is None  # not stored; the old copy forgotten
     assert notes_of(f).extra["changed"] is True  # fingerprinted on the stream
     copy = body_of(f)
     assert copy is not None and copy.sha256 == hashlib.sha256(b"".join(big)).hexdigest()
     again = flow()
-    asyncio.run(addon.request(again))
+    asyncio.run(settled(addon.request(again)))
     assert "if-none-match" not in again.request.headers  # a 304 could not be turned into the page
 
 
