@@ -148,6 +148,42 @@ def test_big_bodies_are_fingerprinted_off_the_event_loop(rt: Runtime, monkeypatc
     assert threaded and rt.store is not None and rt.store.get(URL) is not None
 
 
+def test_a_small_stored_body_is_revalidated_without_a_coroutine_and_a_big_one_in_a_thread(
+        rt: Runtime, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # The common path (the body kept in memory) is decided in the hook itself; a stored body
+    # over THREAD_ABOVE is read in a worker thread, then injected as before.
+    from etiquette_proxy.revalidation import service as service_module
+
+    threaded: list[object] = []
+    real = asyncio.to_thread
+
+    async def spy(func, *args):  # type: ignore[no-untyped-def]
+        threaded.append(func)
+        return await real(func, *args)
+
+    monkeypatch.setattr(service_module.asyncio, "to_thread", spy)
+    addon = Revalidation(rt)
+    stored(rt)
+    small = flow()
+    assert addon.request(small) is None and not threaded
+    assert small.request.headers["If-None-Match"] == '"v1"'
+    respond(small, 304, headers={"ETag": '"v1"'})
+    assert addon.response(small) is None
+    assert small.response is not None and small.response.status_code == 200 and small.response.raw_content == BODY
+
+    big_body = b"y" * (reval_module.THREAD_ABOVE + 1)
+    stored(rt, etag='"big"', body=big_body)
+    big = flow()
+    pending = addon.request(big)
+    assert pending is not None and "If-None-Match" not in big.request.headers  # not yet: the body first
+    run(pending)
+    assert threaded and big.request.headers["If-None-Match"] == '"big"'
+    respond(big, 304, headers={"ETag": '"big"'})
+    run(addon.response(big))
+    assert big.response is not None and big.response.status_code == 200 and big.response.raw_content == big_body
+    assert notes_of(big).outcome == "revalidated"
+
+
 def test_gzip_bodies_are_fingerprinted_decoded_and_bombs_are_bounded() -> None:
     page = b"<p>hello</p>" * 10
     assert decoded_for_fingerprint(gzip.compress(page), "gzip", 10_000) == page
