@@ -131,3 +131,37 @@ def test_efficiency_counted_from_audit_records(rt: Runtime) -> None:
     live = hooks.status("site.test:80")
     assert live["efficiency"]["unchanged_redownloads"] == 2 and live["efficiency"]["local"] == 1
     assert live["recrawl"].startswith("50 % unchanged re-downloads (2 of 4)")
+
+
+def test_a_text_sitemap_robots_names_is_read_and_a_page_never_asks_robots(rt: Runtime) -> None:
+    # SPEC §6: a 200 of plain URLs is a sitemap only when robots.txt names it; a page (most
+    # 200s, told from their first bytes) neither asks robots.txt nor makes a coroutine.
+    from etiquette_proxy.revalidation.service import SITEMAP_FILES
+
+    asked: list[str] = []
+
+    async def robots(origin: str, site: str) -> tuple[str, ...]:
+        asked.append(origin)
+        return ("http://site.test/urls.txt",)
+
+    async def go() -> None:
+        hooks = SitemapHooks(rt, robots_sitemaps=robots, take_turn=None)
+        page = flow("/page")
+        answer(page, PAGE)
+        assert hooks.response(page) is None and asked == []
+        named = flow("/urls.txt")
+        answer(named, b"http://site.test/page\nhttp://site.test/more\n", **{"Content-Type": "text/plain"})
+        pending = hooks.response(named)
+        assert pending is not None  # robots.txt to ask
+        await pending
+        unnamed = flow("/other.txt")
+        answer(unnamed, b"http://site.test/page\n", **{"Content-Type": "text/plain"})
+        await settled(hooks.response(unnamed))  # robots.txt asked again: it is not named there
+        await hooks.done()
+
+    asyncio.run(go())
+    assert len(asked) == 2
+    assert rt.store is not None
+    assert rt.store.get_record(SITEMAP_FILES, "http://site.test/urls.txt") is not None
+    assert rt.store.get_record(SITEMAP_FILES, "http://site.test/other.txt") is None
+    assert rt.store.get_record(NAMESPACE, "http://site.test/more") is not None  # its URLs are listed
