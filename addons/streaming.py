@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import Awaitable, Generator
 from typing import Any
 
@@ -64,25 +65,36 @@ class ResponseTee:
     before the client can have the whole answer, as when bodies were buffered (SPEC §3: one
     line per decision, written as it happens)."""
 
-    __slots__ = ("flow", "copy", "length")
+    __slots__ = ("_flow", "copy", "length")
 
     def __init__(self, flow: http.HTTPFlow, copy: BodyCopy, length: int | None = None):
-        self.flow = flow
+        # A weak reference: the tee is the response's `stream`, so a strong one would make
+        # every streamed flow a reference cycle (flow -> response -> tee -> flow), freed only
+        # by the cyclic GC, whose passes then stall the loop and grow with the flows waiting
+        # for them. mitmproxy's HttpStream holds the flow for as long as its body streams.
+        self._flow = weakref.ref(flow)
         self.copy = copy
         self.length = length
+
+    @property
+    def flow(self) -> http.HTTPFlow | None:
+        return self._flow()
 
     def __call__(self, chunk: bytes) -> bytes | list[bytes]:
         self.copy.feed(chunk)
         if not chunk:  # mitmproxy's end of the body
             self._ended()
         elif self.length is not None and self.copy.size >= self.length:
-            self.flow.metadata[TAIL] = chunk
-            return []  # nothing now (b"" would be a chunked body's last chunk)
+            flow = self._flow()
+            if flow is not None:
+                flow.metadata[TAIL] = chunk
+                return []  # nothing now (b"" would be a chunked body's last chunk)
         return chunk
 
     def _ended(self) -> None:
-        response = self.flow.response
-        if response is None:
+        flow = self._flow()
+        response = flow.response if flow is not None else None
+        if flow is None or response is None:
             return
         whole = self.copy.whole
         if whole is not None:
@@ -90,7 +102,7 @@ class ResponseTee:
             # than the copy's bound); it is not sent again (mitmproxy: already streamed).
             response.data.content = whole
         else:
-            notes_of(self.flow).extra["bytes"] = self.copy.size
+            notes_of(flow).extra["bytes"] = self.copy.size
 
 
 class RequestTee:
