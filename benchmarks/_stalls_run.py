@@ -9,8 +9,14 @@ far longer than a request's own work: every connection waits behind it. Between 
 - for each callback over `STALL_MS`, where the loop's thread was: a watchdog thread samples
   the loop thread's stack (sys._current_frames) while the callback runs long, and the innermost
   frames of this checkout's code (or the innermost frames) are counted per stall;
-- every garbage collection's pause (gc.callbacks), by generation.
+- every garbage collection's pause (gc.callbacks), by generation, and how many unreachable
+  objects it freed (objects in reference cycles: what refcounting alone could not free).
 STOP writes a JSON summary to OUT (profile_proxy.py --profiler stalls prints it).
+
+With ETIQUETTE_GC_CENSUS=1 (profile_proxy.py --census) the collector keeps what it finds
+unreachable (gc.DEBUG_SAVEALL) between START and STOP, and the summary counts it by type: which
+objects requests leave in reference cycles. A diagnostic: the kept garbage changes the run's
+memory and timing, so its other figures are not comparable with a run without it.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import asyncio.events
 import gc
 import json
+import os
 import runpy
 import signal
 import sys
@@ -38,6 +45,7 @@ _stalls: Counter[str] = Counter()  # where the loop was during a stall (sampled 
 _stall_ms: list[float] = []
 _callbacks = 0
 _gc: dict[int, list[float]] = {0: [], 1: [], 2: []}
+_gc_collected: Counter[int] = Counter()  # unreachable objects the collector freed, by generation
 _gc_t0 = [0.0]
 _loop_thread = threading.get_ident()
 _run = asyncio.events.Handle._run
@@ -100,16 +108,31 @@ def _gc_event(phase: str, info: dict[str, Any]) -> None:
         _gc_t0[0] = time.perf_counter()
     else:
         _gc[info["generation"]].append((time.perf_counter() - _gc_t0[0]) * 1000)
+        # Objects only the cyclic GC could free (reference cycles): what requests leave to it.
+        _gc_collected[info["generation"]] += info.get("collected", 0)
+
+
+CENSUS = bool(os.environ.get("ETIQUETTE_GC_CENSUS"))
 
 
 def start(*_: Any) -> None:
     global _on
+    if CENSUS:
+        gc.collect()
+        gc.garbage.clear()
+        gc.set_debug(gc.DEBUG_SAVEALL)
     _on = True
 
 
 def stop(*_: Any) -> None:
     global _on
     _on = False
+    census: list[tuple[str, int]] = []
+    if CENSUS:
+        gc.collect()
+        gc.set_debug(0)
+        census = Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.garbage).most_common(40)
+        gc.garbage.clear()
     summary = {
         "callbacks": _callbacks,
         "histogram_us_log2": {str(1 << k): v for k, v in sorted(_hist.items())},
@@ -118,9 +141,11 @@ def stop(*_: Any) -> None:
         "stall_places": _stalls.most_common(40),
         "gc_ms": {str(g): sorted(v, reverse=True) for g, v in _gc.items()},
         "gc_counts": {str(g): len(v) for g, v in _gc.items()},
+        "gc_collected": {str(g): _gc_collected[g] for g in _gc},
         "gc_tracked_objects": len(gc.get_objects()),
         "gc_frozen_objects": gc.get_freeze_count(),
         "gc_threshold": gc.get_threshold(),
+        "gc_census": census,
     }
     with open(out, "w") as f:
         json.dump(summary, f)

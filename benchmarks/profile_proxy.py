@@ -135,10 +135,16 @@ def summarise_stalls(path: Path, requests: int, top: int) -> None:
     for gen in ("0", "1", "2"):
         pauses = s["gc_ms"][gen]
         if pauses:
+            freed = s.get("gc_collected", {}).get(gen, 0)
             print(f"  gc generation {gen}: {len(pauses)} collections, total {sum(pauses):.1f} ms, "
-                  f"longest {', '.join(f'{x:.2f}' for x in pauses[:5])} ms")
+                  f"longest {', '.join(f'{x:.2f}' for x in pauses[:5])} ms; freed {freed:,} objects in "
+                  f"cycles ({freed / max(1, requests):.1f} per request)")
     print(f"  objects the collector tracks: {s['gc_tracked_objects']:,} (frozen, never scanned: "
           f"{s['gc_frozen_objects']:,}); gc thresholds {tuple(s['gc_threshold'])}")
+    if s.get("gc_census"):
+        print("what the collector found unreachable (--census), per request:")
+        for kind, n in s["gc_census"][:top]:
+            print(f"  {n / max(1, requests):8.2f}  {kind}")
     print(f"where the loop was {over:g} ms into a long callback (sampled once per stall):")
     for place, n in s["stall_places"][:top]:
         print(f"  {n:5d}  {place}")
@@ -159,7 +165,13 @@ def main() -> int:
     ap.add_argument("--close", action="store_true", help="a new client connection per request")
     ap.add_argument("--checkout", metavar="DIR",
                     help="profile the chain of another checkout DIR (as overhead.py --before)")
+    ap.add_argument("--census", action="store_true",
+                    help="with --profiler stalls: count what the collector finds in reference cycles, by type")
     args = ap.parse_args()
+    if args.census:
+        if args.profiler != "stalls":
+            ap.error("--census goes with --profiler stalls")
+        os.environ["ETIQUETTE_GC_CENSUS"] = "1"  # read by _stalls_run.py in the proxy's process
     if not 1 <= args.duration <= 120:
         ap.error("duration in 1..120 s")
     pyspy = shutil.which("py-spy", path=str(BIN)) or shutil.which("py-spy")
