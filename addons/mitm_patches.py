@@ -205,6 +205,43 @@ def install() -> None:
 
     _upstream_proxy.HttpUpstreamProxy.__init__ = tunnel_init_noted  # type: ignore[method-assign]
 
+    http_layer_init = http_layer.HttpLayer.__init__
+
+    def http_layer_init_releasing(self: Any, context: Any, mode: Any) -> None:
+        http_layer_init(self, context, mode)
+        self.streams = _Streams()
+
+    http_layer.HttpLayer.__init__ = http_layer_init_releasing  # type: ignore[method-assign]
+
+
+def _no_more_events(_event: Any) -> Generator[Any, Any, None]:
+    """A dropped stream's state: every event consumed (as HttpStream.state_done), holding no
+    reference to the stream."""
+    yield from ()
+
+
+class _Streams(dict):  # type: ignore[type-arg]
+    """HttpLayer.streams: when mitmproxy drops a finished stream (DropStream, "can be dropped
+    from memory"), the stream's own reference cycles are undone, so it and its flow (with every
+    object the chain hung on it) are freed by reference count once its last step returns,
+    instead of waiting for the cyclic collector (benchmarks/README.md: 28 objects per request,
+    collections that held the event loop for milliseconds). The cycles: `client_state` and
+    `server_state` are bound methods of the stream, and its forked Context lists it in `layers`.
+    After DropStream the stream's generator only finishes sending (flow_done's end of message)
+    and no event reaches it again (HttpLayer routes through this dict), so its states become a
+    no-op; in `layers` it is replaced by a weak proxy, which still compares equal to it (a
+    debug log's `repr` finds its place) but holds it no longer."""
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        stream = dict.pop(self, key, *default)
+        if isinstance(stream, http_layer.HttpStream):
+            stream.client_state = stream.server_state = _no_more_events
+            layers = stream.context.layers
+            for i, layer in enumerate(layers):
+                if layer is stream:
+                    layers[i] = weakref.proxy(stream)
+        return stream
+
 
 def lift_upstream_proxy_limit(max_conns: Any, proxy_mode: Any) -> None:
     """In upstream mode, no per-address connection limit on the upstream proxy's address (every
