@@ -49,6 +49,11 @@ When the request line is whole, it then becomes a flow that target_check refuses
 answer has its audit line like any other refusal; a head whose request line alone is over 16
 times the limit gets the 431 and a log line, having named no URL.
 
+And one for memory: mitmproxy's HttpStream is a reference cycle (its states are bound methods
+of itself; its context lists it), so every flow, with all the chain hangs on it, waited for the
+cyclic collector, whose passes held the event loop for milliseconds. When mitmproxy drops a
+finished stream, `_Streams` undoes those cycles and the flow goes by reference count.
+
 All are verified on the mitmproxy releases in `mitm_version.VERIFIED_ON`, imported first: any
 other release stops start-up with an error naming both. `tests/addons/test_mitm_patches.py`
 fails on another release, and `tests/addons/test_connections.py` if the patched names or their
