@@ -76,10 +76,6 @@ class ResponseTee:
         self.copy = copy
         self.length = length
 
-    @property
-    def flow(self) -> http.HTTPFlow | None:
-        return self._flow()
-
     def __call__(self, chunk: bytes) -> bytes | list[bytes]:
         self.copy.feed(chunk)
         if not chunk:  # mitmproxy's end of the body
@@ -93,8 +89,8 @@ class ResponseTee:
 
     def _ended(self) -> None:
         flow = self._flow()
-        response = flow.response if flow is not None else None
-        if flow is None or response is None:
+        response = None if flow is None else flow.response
+        if response is None:
             return
         whole = self.copy.whole
         if whole is not None:

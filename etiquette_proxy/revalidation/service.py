@@ -239,8 +239,9 @@ class SitemapService:
     async def listed_in_robots(self, origin: str, site: str, url: str, head: bytes) -> bool:
         """A 200 whose body starts with a URL: is it a text sitemap robots.txt names? (asked
         of the robots.txt the gate already holds for this request; remembered when it is)."""
-        if self._robots is None or not starts_with_url(head):
+        if not self.may_list(head):
             return False
+        assert self._robots is not None  # may_list says so
         try:
             listed = await self._robots(origin, site)
         except Exception as e:  # noqa: BLE001 - robots.txt not known now: not read as a sitemap

@@ -132,7 +132,8 @@ def test_a_200_is_stored_fingerprinted_and_scheduled(rt: Runtime) -> None:
     assert rt.store.get_record(REVISIT, URL)["fetches"] == 3  # type: ignore[index]
 
 
-def test_big_bodies_are_fingerprinted_off_the_event_loop(rt: Runtime, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def threads_of(monkeypatch, module) -> list[object]:  # type: ignore[no-untyped-def]
+    """What `module` runs in worker threads (its asyncio.to_thread), listed as it goes."""
     threaded: list[object] = []
     real = asyncio.to_thread
 
@@ -140,7 +141,12 @@ def test_big_bodies_are_fingerprinted_off_the_event_loop(rt: Runtime, monkeypatc
         threaded.append(func)
         return await real(func, *args)
 
-    monkeypatch.setattr(reval_module.asyncio, "to_thread", spy)
+    monkeypatch.setattr(module.asyncio, "to_thread", spy)
+    return threaded
+
+
+def test_big_bodies_are_fingerprinted_off_the_event_loop(rt: Runtime, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    threaded = threads_of(monkeypatch, reval_module)
     addon, f = Revalidation(rt), flow()
     run(addon.request(f))
     respond(f, 200, b"x" * (reval_module.THREAD_ABOVE + 1), {"ETag": '"big"'})
@@ -154,14 +160,7 @@ def test_a_small_stored_body_is_revalidated_without_a_coroutine_and_a_big_one_in
     # over THREAD_ABOVE is read in a worker thread, then injected as before.
     from etiquette_proxy.revalidation import service as service_module
 
-    threaded: list[object] = []
-    real = asyncio.to_thread
-
-    async def spy(func, *args):  # type: ignore[no-untyped-def]
-        threaded.append(func)
-        return await real(func, *args)
-
-    monkeypatch.setattr(service_module.asyncio, "to_thread", spy)
+    threaded = threads_of(monkeypatch, service_module)
     addon = Revalidation(rt)
     stored(rt)
     small = flow()
