@@ -1,7 +1,8 @@
 """The mitmproxy releases the patches to its private internals were verified on.
 
-`mitm_patches.py` and `streaming.py` replace functions inside mitmproxy's HTTP layer
-(`_http1`, `_upstream_proxy`, `HttpStream`, `mode_servers`): names and call shapes no release
+`mitm_patches.py`, `streaming.py` and `inline_hooks.py` replace functions inside mitmproxy's
+HTTP layer and proxy server (`_http1`, `_upstream_proxy`, `HttpStream`, `mode_servers`,
+`ConnectionHandler.hook_task`/`server_event`): names and call shapes no release
 promises to keep. pyproject allows `mitmproxy>=11,<13`, so another release can be installed;
 importing this module then stops start-up with an error that names both versions, rather than
 patching what may have changed (STYLE: private internals are a contract with one version).

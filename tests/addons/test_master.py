@@ -50,6 +50,13 @@ async def dispatch(kind: str, build) -> list[str]:
     try:
         await master.addons.handle_lifecycle(http.HttpRequestHook(flow))
         await master.addons.trigger_event(http.HttpRequestHook(flow))
+        if kind == "table":  # fire_now (addons/inline_hooks.py): the same calls, the rest awaited
+            hook = http.HttpRequestHook(flow)
+            pending = master.addons.fire_now(hook, hook.args())
+            if pending is not None:
+                await pending
+        else:
+            await master.addons.handle_lifecycle(http.HttpRequestHook(flow))
     finally:
         master._legacy_log_events.uninstall()  # its handler posts to this loop: gone after the test
     return [c.split(":")[0] for c in calls]
@@ -152,3 +159,32 @@ def test_proxyauth_hooks_only_while_its_option_is_set() -> None:
     before, after, status, unset_again = asyncio.run(go())
     assert (before, after, unset_again) == (False, True, False)
     assert status == 407  # ProxyAuth's configure ran on the change: it asks for credentials
+
+
+def test_fire_now_leaves_nothing_to_await_when_every_hook_returned_at_once() -> None:
+    class Sync:
+        def __init__(self, calls: list[str], name: str) -> None:
+            self.calls, self.name = calls, name
+
+        def request(self, flow) -> None:
+            self.calls.append("sync")
+
+    async def go() -> tuple[bool, bool, list[str]]:
+        master = Master(options.Options())
+        master.addons = HookTable(master)
+        calls: list[str] = []
+        try:
+            master.addons.add(Sync(calls, "s1"), Sync(calls, "s2"))
+            hook = http.HttpRequestHook(tflow.tflow())
+            at_once = master.addons.fire_now(hook, hook.args()) is None
+            master.addons.add(Recorder("waits", calls, sleep=True), Sync(calls, "s3"))
+            pending = master.addons.fire_now(hook, hook.args())
+            before_wait = list(calls)
+            assert pending is not None
+            await pending
+            return at_once, before_wait == ["sync"] * 4, calls
+        finally:
+            master._legacy_log_events.uninstall()
+    at_once, stopped_at_the_wait, calls = asyncio.run(go())
+    assert at_once and stopped_at_the_wait  # the hook after the waiting one had not run yet
+    assert calls == ["sync"] * 4 + ["waits:" + calls[4].split(":")[1], "sync"]
