@@ -281,11 +281,12 @@ def _start_master(script: str, confdir: Path, port: int, extra: Sequence[str], p
 
 
 def start_product_master(confdir: Path, extra: Sequence[str] = (), prefix: Sequence[str] = (),
-                         pythonpath: str | None = None, optimize: bool = True) -> Started:
+                         pythonpath: str | None = None, optimize: bool = True, timeout: float = 90.0) -> Started:
     """`run`'s own mitmproxy master (benchmarks/_product_master.py): with no `extra`, lean
     mitmproxy with no etiquette addon; `extra` e.g. `--chain STATE --reverse URL`."""
     return _start_master("_product_master.py", confdir, free_port(), extra, prefix, pythonpath,
-                         "mitmproxy, run's master, no etiquette addon", ["-O"] if optimize else [])  # as `run`
+                         "mitmproxy, run's master, no etiquette addon", ["-O"] if optimize else [],  # as `run`
+                         timeout)
 
 
 def start_lean(confdir: Path, extra: Sequence[str] = (), prefix: Sequence[str] = (),

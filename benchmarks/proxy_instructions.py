@@ -11,7 +11,9 @@ requests (`callgrind_control -i on/off`): `--requests` GETs of the site's 1 KiB 
   (cn)  etiquette-proxy, diskcache, the no-validator path (every page fetched and stored);
   (b'n) the lean proxy in front of the no-validator site (the floor for cn);
   (c0), (cn0) (c), (cn) from another checkout (`--before DIR`, as overhead.py);
-  (d)   state.backend redis; (d0) (d) from another checkout.
+  (d)   state.backend redis; (d0) (d) from another checkout;
+  (m)   `run`'s own mitmproxy master with no etiquette addon (`_product_master.py`, revalidation
+        site): what the master alone does against (b'); (m0) the same from another checkout.
 The lean arm beside (c)/(cn) is the real target: the difference is the whole etiquette layer,
 its master included. `--keep DIR` keeps the callgrind files (`callgrind_annotate --inclusive=yes
 DIR/c.callgrind.out` breaks an arm down by function). Under callgrind the proxy runs ~50x
@@ -46,6 +48,7 @@ from _harness import (  # noqa: E402
     etiquette_command,
     header,
     start_lean,
+    start_product_master,
     start_site,
     started,
 )
@@ -68,11 +71,12 @@ def start_lean_under_callgrind(confdir: Path, out: Path) -> Started:
                                        f"--callgrind-out-file={out}"], timeout=600.0)
 
 
-ARMS = ("b'", "c", "b'n", "cn", "c0", "cn0", "d", "d0")
+ARMS = ("b'", "c", "b'n", "cn", "c0", "cn0", "d", "d0", "m", "m0")
 LABELS = {"b'": "lean mitmproxy, revalidation site", "c": "etiquette, revalidation path",
           "b'n": "lean mitmproxy, no-validator site", "cn": "etiquette, no-validator path",
           "c0": "etiquette (before), revalidation path", "cn0": "etiquette (before), no-validator path",
-          "d": "etiquette, Redis backend", "d0": "etiquette (before), Redis backend"}
+          "d": "etiquette, Redis backend", "d0": "etiquette (before), Redis backend",
+          "m": "run's master, no etiquette addon", "m0": "run's master (before), no etiquette addon"}
 
 
 def load(proxy: Started, site_url: str, requests: int, connections: int) -> None:
@@ -117,7 +121,7 @@ def main() -> int:
     ap.add_argument("--keep", metavar="DIR", help="keep each arm's callgrind file in DIR (ARM.callgrind.out)")
     args = ap.parse_args()
     if set(args.arms) - set(ARMS) or (any(a.endswith("0") for a in args.arms) and not args.before):
-        ap.error(f"--arms: a choice of {', '.join(ARMS)}; c0, cn0, d0 need --before")
+        ap.error(f"--arms: a choice of {', '.join(ARMS)}; c0, cn0, d0, m0 need --before")
     if not 1 <= args.connections <= 64 or not args.connections <= args.requests <= 5000:
         ap.error("connections in 1..64, requests in connections..5000")
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
@@ -136,6 +140,10 @@ def main() -> int:
                 url = plain.url if arm in ("b'n", "cn", "cn0") else site.url
                 if arm.startswith("b'"):
                     proxy = start_lean_under_callgrind(tmp / f"lean-{arm}", out)
+                elif arm.startswith("m"):
+                    proxy = start_product_master(tmp / arm, prefix=["valgrind", "--tool=callgrind", "--instr-atstart=no",
+                                                                    f"--callgrind-out-file={out}"],
+                                                 pythonpath=before if arm == "m0" else None, timeout=600.0)
                 else:
                     assert redis is not None or not arm.startswith("d")
                     sets = list(FAST_PACING) + (
@@ -157,7 +165,7 @@ def main() -> int:
                     Path(args.keep).mkdir(parents=True, exist_ok=True)
                     for i, name in enumerate(sorted(glob.glob(f"{out}*"))):
                         shutil.copy(name, Path(args.keep) / (out.name + (f".{i}" if i else "")))
-    for lean, arms in (("b'", ("c", "c0", "d", "d0")), ("b'n", ("cn", "cn0"))):
+    for lean, arms in (("b'", ("c", "c0", "d", "d0", "m", "m0")), ("b'n", ("cn", "cn0"))):
         for arm in arms:
             if lean in counted and arm in counted:
                 print(f"  ({arm}) - ({lean}): {counted[arm] - counted[lean]:+13,.0f} instructions per request over "
