@@ -21,8 +21,8 @@ addons is the same. That addon's awaitable is run up to its first wait on the sp
 task runs it: what it queues for (a pacing turn) is queued before any task an earlier addon
 started for the same flow (a robots.txt or sitemap refresh), as when the whole hook ran in one
 task (tests/e2e/test_sitemaps.py saw the difference: the proxy's own sitemap fetch took the
-turn of the request that started it). Other masters (`mitmdump -s addons/etiquette.py`, tests' DumpMaster) keep
-mitmproxy's path untouched.
+turn of the request that started it). Other masters (`mitmdump -s addons/etiquette.py`, the
+tests' DumpMaster) keep mitmproxy's path untouched.
 """
 
 from __future__ import annotations
@@ -49,9 +49,6 @@ class _Finished:
 
     def add_done_callback(self, callback: Any) -> None:
         callback(self)  # `hook_tasks.remove`: it is done already
-
-    def __hash__(self) -> int:
-        return id(self)
 
 
 _FINISHED = _Finished()
