@@ -133,53 +133,50 @@ class HookTable(addonmanager.AddonManager):
         awaitable of the rest, from the hook that returned one (addons/inline_hooks.py)."""
         if isinstance(args[0], flow.Flow) and self._hooks(_UPDATE):
             return self._fire_with_update(event, args)
-        groups = self._hooks(event)
+        return self._start(self._hooks(event), args, 0, 0)
+
+    async def _fire(self, groups: Sequence[tuple[Callable[..., Any], ...]], args: list[Any]) -> None:
+        rest = self._start(groups, args, 0, 0)
+        if rest is not None:
+            await rest
+
+    def _start(self, groups: Sequence[tuple[Callable[..., Any], ...]], args: list[Any], g: int,
+               i: int) -> Coroutine[Any, Any, None] | None:
+        """The hooks from hook `i` of group `g` on, in order, until one returns an awaitable:
+        None when none did, else the coroutine that awaits it and runs the rest (`_after`).
+        An exception ends its group (mitmproxy's safecall logs it), AddonHalt the event."""
         one = len(args) == 1
         arg = args[0] if one else None
-        for g, group in enumerate(groups):
+        for g in range(g, len(groups)):
+            group = groups[g]
             try:
-                for i, func in enumerate(group):
+                for i in range(i, len(group)):
                     # func(arg): a plain call, cheaper than func(*args) (CPython 3.11 inlines it)
-                    res = func(arg) if one else func(*args)
+                    res = group[i](arg) if one else group[i](*args)
                     if res is not None and inspect.isawaitable(res):
-                        return self._fire_rest(groups, g, i, res, args)
+                        return self._after(groups, args, g, i, res)
             except exceptions.AddonHalt:
                 return None
             except Exception as e:  # noqa: BLE001 -- handed to mitmproxy's own handler below
                 with addonmanager.safecall():
                     raise e
+            i = 0
         return None
 
-    async def _fire_rest(self, groups: Sequence[tuple[Callable[..., Any], ...]], g: int, i: int,
-                         pending: Awaitable[Any], args: list[Any]) -> None:
-        """fire_now's rest: `pending` (hook `i` of group `g`) awaited, then the hooks after it
-        in that group and the groups after it, as `_fire` runs them."""
+    async def _after(self, groups: Sequence[tuple[Callable[..., Any], ...]], args: list[Any], g: int, i: int,
+                     pending: Awaitable[Any]) -> None:
+        """`pending` (what hook `i` of group `g` returned) awaited, then the hooks after it."""
         try:
             await pending
-            for func in groups[g][i + 1:]:
-                res = func(*args)
-                if res is not None and inspect.isawaitable(res):
-                    await res
         except exceptions.AddonHalt:
             return
         except Exception as e:  # noqa: BLE001
             with addonmanager.safecall():
                 raise e
-        await self._fire(groups[g + 1:], args)
-
-    @staticmethod
-    async def _fire(groups: Sequence[tuple[Callable[..., Any], ...]], args: list[Any]) -> None:
-        for group in groups:
-            try:
-                for func in group:
-                    res = func(*args)
-                    if res is not None and inspect.isawaitable(res):
-                        await res
-            except exceptions.AddonHalt:
-                return
-            except Exception as e:  # noqa: BLE001 -- handed to mitmproxy's own handler below
-                with addonmanager.safecall():
-                    raise e
+            g, i = g + 1, -1  # the rest of its group is skipped, as for a hook that raised
+        rest = self._start(groups, args, g, i + 1)
+        if rest is not None:
+            await rest
 
 
 class ProductMaster(master.Master):
